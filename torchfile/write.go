@@ -73,13 +73,13 @@ type record struct {
 // (goroutines or processes) can fill disjoint ranges of the same pre-sized
 // file and the tail is written last. It is a pure function of the object.
 type Layout struct {
-	Prefix  string
+	Prefix   string
 	Blobs    []*Blob
 	blobData []int64 // file offset of each blob's payload
 	records  []record
-	cdOff   int64
-	cdLen   int64
-	size    int64
+	cdOff    int64
+	cdLen    int64
+	size     int64
 }
 
 // NewLayout plans the file that torch.save(root, "<prefix>.pt") would write,
