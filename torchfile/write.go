@@ -367,6 +367,7 @@ type Writer struct {
 	f      *os.File
 	mu     sync.Mutex
 	pieces [][]Piece
+	crcs   []uint32 // per blob, set by Commit
 }
 
 // Create starts writing root to path. Blob payloads are written with
@@ -442,6 +443,7 @@ func (w *Writer) Commit() error {
 		}
 		crcs[i] = c
 	}
+	w.crcs = crcs
 	tail, err := w.Layout.Tail(crcs)
 	if err == nil {
 		for _, s := range tail {

@@ -1,0 +1,85 @@
+package atomic
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+
+	"github.com/ucp-project/ucp/fragment"
+)
+
+// Manifest is ucp.json, the last file written into an atomic checkpoint.
+type Manifest struct {
+	Format  string       `json:"format"`  // always "ucp-atomic"
+	Version int          `json:"version"` // ManifestVersion
+	Tool    string       `json:"tool,omitempty"`
+	Source  SourceInfo   `json:"source"`
+	Params  []ParamEntry `json:"params"`
+	Files   []FileEntry  `json:"files"` // global files: optimizer_state.pt, model-state copies, extra_state.pt
+	Notes   []string     `json:"notes,omitempty"`
+}
+
+// SourceInfo describes the checkpoint that was converted.
+type SourceInfo struct {
+	Format  string           `json:"format"`
+	Path    string           `json:"path"`
+	Tag     string           `json:"tag,omitempty"`
+	Degrees fragment.Degrees `json:"degrees"`
+}
+
+// ParamEntry describes one parameter and its files.
+type ParamEntry struct {
+	Name        string       `json:"name"`
+	Shape       []int64      `json:"shape"`
+	DType       string       `json:"dtype"`
+	Pattern     string       `json:"pattern"`
+	SplitDims   []int        `json:"split_dims,omitempty"` // -1: a flattened tensor split in ranges
+	Frozen      bool         `json:"frozen,omitempty"`
+	VocabSize   int64        `json:"vocab_size,omitempty"`
+	PaddedVocab int64        `json:"padded_vocab_size,omitempty"`
+	Aliases     []string     `json:"aliases,omitempty"`
+	Files       []StateEntry `json:"files"`
+}
+
+// StateEntry is one state file of a parameter.
+type StateEntry struct {
+	State string `json:"state"`
+	FileEntry
+}
+
+// FileEntry is a file with its size and the CRC-32 (IEEE) of all its bytes.
+type FileEntry struct {
+	Path  string `json:"path"`
+	Bytes int64  `json:"bytes"`
+	CRC32 string `json:"crc32"`
+}
+
+func newCRC() hash.Hash32 { return crc32.NewIEEE() }
+
+// ReadManifest reads DIR/ucp.json.
+func ReadManifest(dir string) (*Manifest, error) {
+	path := filepath.Join(dir, ManifestName)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if m.Format != ManifestFormat {
+		return nil, fmt.Errorf("%s: format %q, want %q", path, m.Format, ManifestFormat)
+	}
+	if m.Version != ManifestVersion {
+		return nil, fmt.Errorf("%s: manifest version %d is not supported (want %d)", path, m.Version, ManifestVersion)
+	}
+	for _, p := range m.Params {
+		if err := CheckName(p.Name); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return &m, nil
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/formats"
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/mapreduce"
+)
+
+type convertOptions struct {
+	From          string
+	Tag           string
+	Workers       int
+	Force         bool
+	DryRun        bool
+	CheckReplicas bool
+	Quiet         bool
+	VocabSize     int64
+}
+
+func newConvertCommand() *cobra.Command {
+	var opts convertOptions
+	cmd := &cobra.Command{
+		Use:   "convert SRC DST",
+		Short: "Convert a sharded checkpoint into an atomic checkpoint",
+		Long: `Convert the checkpoint in SRC into an atomic checkpoint in DST.
+
+SRC is a checkpoint folder (a DeepSpeed save folder with 'latest', or a tag
+folder). The format is detected; --from names it. ucp indexes the source
+(pickles only), checks that every element of every state is covered exactly
+once, then reads exactly the byte ranges it needs, converts them to float32
+and writes DST/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,
+DST/zero/optimizer_state.pt, the model-state files, and DST/ucp.json last.
+DST appears only when it is complete; a 'latest_universal' file naming it is
+written beside it, as DeepSpeed's ds_to_universal does.`,
+		Example: `  ucp convert checkpoints/ checkpoints/global_step1000_universal
+  ucp convert --workers 8 --from deepspeed ckpt/global_step3 out/
+  ucp convert --dry-run ckpt/ out/      # print the plan only`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runConvert(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], args[1], opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.From, "from", "", "source format (default: detect; one of "+strings.Join(formats.Names(), ", ")+")")
+	f.StringVar(&opts.Tag, "tag", "", "checkpoint tag or iteration to convert (default: the latest)")
+	f.IntVar(&opts.Workers, "workers", runtime.NumCPU(), "concurrent reducers")
+	f.BoolVar(&opts.Force, "force", false, "replace DST if it exists")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "print the plan (per worker: parameters, bytes, share) and stop")
+	f.BoolVar(&opts.CheckReplicas, "check-replicas", true, "require replicated copies to be identical")
+	f.BoolVar(&opts.Quiet, "quiet", false, "no progress bar and no summary")
+	f.Int64Var(&opts.VocabSize, "vocab-size", 0, "true vocabulary size, for checkpoints that do not record it")
+	return cmd
+}
+
+func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opts convertOptions) error {
+	if opts.Workers <= 0 {
+		return fmt.Errorf("--workers must be at least 1")
+	}
+	start := time.Now()
+	t, err := formats.Index(ctx, src, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize})
+	if err != nil {
+		return err
+	}
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, err)
+	}
+	indexed := time.Since(start)
+	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: 1, Cores: opts.Workers})
+	if err != nil {
+		return err
+	}
+	if opts.DryRun {
+		return printPlan(out, t, plan)
+	}
+	w, err := atomic.Create(dst, t, atomic.Options{Force: opts.Force, Tool: versionString()})
+	if err != nil {
+		return err
+	}
+	srcBytes, outBytes := t.Bytes()
+	bar := newProgress(errOut, srcBytes+outBytes, opts.Quiet)
+	stats, err := mapreduce.Run(ctx, t, plan, w, mapreduce.Options{Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
+		Progress: bar.add})
+	bar.finish()
+	if err != nil {
+		w.Abort()
+		return err
+	}
+	m, err := w.Finish()
+	if err != nil {
+		w.Abort()
+		return err
+	}
+	if opts.Quiet {
+		return nil
+	}
+	secs := time.Since(start).Seconds()
+	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
+	fmt.Fprintf(out, "  %d parameters, %d files, %s read, %s written in %.2fs (index %.2fs): %.2f GB/s read, %.2f GB/s written\n",
+		len(m.Params), stateFiles(m)+len(m.Files), humanBytes(stats.BytesRead), humanBytes(stats.BytesWritten), secs,
+		indexed.Seconds(), float64(stats.BytesRead)/secs/1e9, float64(stats.BytesWritten)/secs/1e9)
+	for _, n := range t.Notes {
+		fmt.Fprintln(out, "  note:", n)
+	}
+	return nil
+}
+
+func stateFiles(m *atomic.Manifest) int {
+	n := 0
+	for _, p := range m.Params {
+		n += len(p.Files)
+	}
+	return n
+}
+
+func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
+	var total int64
+	for _, b := range plan.NodeBytes {
+		total += b
+	}
+	fmt.Fprintf(out, "plan: %d tasks over %d node(s) x %d worker(s), chunks of at most %d elements, %s to move\n",
+		len(plan.Tasks), plan.Nodes, plan.Cores, plan.ChunkElems, humanBytes(total))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tWORKER\tTASKS\tPARAMETERS\tBYTES\tSHARE")
+	for n := 0; n < plan.Nodes; n++ {
+		for wi, share := range plan.WorkerShares(n) {
+			var b int64
+			params := map[int]bool{}
+			for _, tk := range share {
+				b += tk.Bytes
+				params[tk.Param] = true
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(b), 100*float64(b)/float64(max(total, 1)))
+		}
+	}
+	return tw.Flush()
+}
+
+// progress shows a bar on a terminal and nothing otherwise.
+type progress struct {
+	bar interface {
+		Add64(int64) error
+		Finish() error
+	}
+}
+
+func newProgress(w io.Writer, total int64, quiet bool) *progress {
+	if quiet || !isTerminal(w) {
+		return &progress{}
+	}
+	return &progress{bar: newBar(w, total)}
+}
+
+func (p *progress) add(read, written int64) {
+	if p.bar != nil {
+		p.bar.Add64(read + written)
+	}
+}
+
+func (p *progress) finish() {
+	if p.bar != nil {
+		p.bar.Finish()
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

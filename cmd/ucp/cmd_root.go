@@ -1,0 +1,24 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+)
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "ucp",
+		Short: "Universal checkpoints: make training checkpoints independent of their parallelism",
+		Long: `ucp converts distributed training checkpoints into atomic checkpoints: one
+consolidated float32 tensor per parameter and optimizer state, in DeepSpeed's
+universal checkpoint layout (zero/<param>/fp32.pt, exp_avg.pt, exp_avg_sq.pt,
+step.pt) with a manifest (ucp.json). Any target parallelism can load them.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(
+		newConvertCommand(),
+		newInspectCommand(),
+		newVersionCommand(),
+	)
+	return root
+}

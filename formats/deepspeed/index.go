@@ -1,0 +1,770 @@
+package deepspeed
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/patterns"
+	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// Options configure Index.
+type Options struct {
+	Tag     string // tag folder to read instead of the one 'latest' names
+	Workers int    // files decoded at once (0: all cores)
+}
+
+// modelState is one mp_rank_XX_model_states.pt.
+type modelState struct {
+	path   string
+	root   *pyobj.Dict
+	shapes []*pyobj.Dict // param_shapes: per group, name -> torch.Size, in flat-buffer order
+}
+
+// optimState is one ZeRO-1/2 or BF16_Optimizer optimizer file.
+type optimState struct {
+	path    string
+	dp, mp  int
+	osd     *pyobj.Dict
+	stage   int
+	bf16opt bool
+	groups  []*group
+}
+
+// group is one flattened parameter group of one rank.
+type group struct {
+	fp32     *torchfile.Tensor
+	state    *pyobj.Dict // torch optimizer state of the group's flat parameter
+	mappings *pyobj.Dict // param_slice_mappings[g], or nil
+	padding  int64
+	count    int64 // partition count (DP degree of the group)
+	size     int64 // partition size S, padding included
+}
+
+// Index builds the fragment table of a DeepSpeed ZeRO-1/2 checkpoint at
+// path (a save folder with 'latest', or a tag folder).
+func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
+	dir, tag, err := ResolveTag(path, opt.Tag)
+	if err != nil {
+		return nil, err
+	}
+	files, err := ListFiles(dir, tag)
+	if err != nil {
+		return nil, err
+	}
+	if len(files.Model) == 0 {
+		if len(files.Zero3) > 0 {
+			return nil, fmt.Errorf("%s: a ZeRO-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt files), not ZeRO-1/2", dir)
+		}
+		return nil, fmt.Errorf("%s: no mp_rank_*_model_states.pt files", dir)
+	}
+	M := len(files.Model)
+	for mp := 0; mp < M; mp++ {
+		if _, ok := files.Model[mp]; !ok {
+			return nil, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (found %d model-state files)", dir, mp, M)
+		}
+	}
+	if len(files.Optim) == 0 {
+		return nil, fmt.Errorf("%s: no ZeRO optimizer files (*zero_pp_rank_*_optim_states.pt); conversion needs ZeRO-1/2 optimizer state", dir)
+	}
+	if len(files.Optim)%M != 0 {
+		return nil, fmt.Errorf("%s: %d optimizer files do not divide into %d model-parallel ranks", dir, len(files.Optim), M)
+	}
+	D := len(files.Optim) / M
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
+				return nil, fmt.Errorf("%s: missing rank file %s", dir, files.optimName(dp, mp))
+			}
+		}
+	}
+	for k, p := range files.Optim {
+		if k[0] >= D || k[1] >= M {
+			return nil, fmt.Errorf("%s: unexpected rank file %s (dp %d, mp %d) for %d data-parallel x %d model-parallel ranks",
+				dir, filepath.Base(p), k[0], k[1], D, M)
+		}
+	}
+
+	// Map: decode every pickle, in parallel.
+	var paths []string
+	for mp := 0; mp < M; mp++ {
+		paths = append(paths, files.Model[mp])
+	}
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			paths = append(paths, files.Optim[[2]int{dp, mp}])
+		}
+	}
+	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
+	if err != nil {
+		return nil, err
+	}
+	models := make([]*modelState, M)
+	for mp := 0; mp < M; mp++ {
+		if models[mp], err = parseModelState(decoded[mp]); err != nil {
+			return nil, err
+		}
+	}
+	optims := map[[2]int]*optimState{}
+	for i, f := range decoded[M:] {
+		dp, mp := i/M, i%M
+		o, err := parseOptimState(f, dp, mp)
+		if err != nil {
+			return nil, err
+		}
+		optims[[2]int{dp, mp}] = o
+	}
+
+	T, P, err := degrees(files, models)
+	if err != nil {
+		return nil, err
+	}
+	uci, _ := models[0].root.Get("universal_checkpoint_info")
+	uciDict, _ := uci.(*pyobj.Dict)
+	r, err := parseRules(uciDict)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", models[0].path, err)
+	}
+	if len(r.unsupported) > 0 {
+		return nil, fmt.Errorf("%s: the checkpoint marks parameters as unsupported for universal conversion: %v", models[0].path, r.unsupported)
+	}
+	b := &builder{T: T, P: P, D: D, models: models, optims: optims, rules: r,
+		table: &fragment.Table{Format: "deepspeed", Source: dir, Tag: tag}}
+	if err := b.build(); err != nil {
+		return nil, err
+	}
+	o00 := optims[[2]int{0, 0}]
+	b.table.Degrees = fragment.Degrees{TP: T, PP: P, DP: D, EP: 1, ZeRO: o00.stage}
+	if b.table.Optimizer, err = universalOptimizerState(o00, D); err != nil {
+		return nil, err
+	}
+	for mp := 0; mp < M; mp++ {
+		b.table.CopyFiles = append(b.table.CopyFiles, fragment.CopyFile{Name: filepath.Base(files.Model[mp]), Src: files.Model[mp]})
+	}
+	if um := r.unmatched(); len(um) > 0 {
+		b.table.Notes = append(b.table.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
+	}
+	if !r.present {
+		b.table.Notes = append(b.table.Notes, "the checkpoint has no universal_checkpoint_info (plain DeepSpeed); tensor parallelism 1 needs none")
+	}
+	return b.table, nil
+}
+
+func parseModelState(f *torchfile.File) (*modelState, error) {
+	root, ok := f.Root.(*pyobj.Dict)
+	if !ok {
+		return nil, fmt.Errorf("%s: model state is %s, not a dict", f.Name, pyobj.TypeName(f.Root))
+	}
+	ms := &modelState{path: f.Name, root: root}
+	v, ok := root.Get("param_shapes")
+	if !ok || v == nil {
+		return nil, fmt.Errorf("%s: no param_shapes (not a ZeRO checkpoint, or BF16 without ZeRO); ucp needs them to place fragments", f.Name)
+	}
+	groups, ok := pyobj.Seq(v)
+	if !ok {
+		return nil, fmt.Errorf("%s: param_shapes is %s, not a list", f.Name, pyobj.TypeName(v))
+	}
+	for g, gv := range groups {
+		d, ok := gv.(*pyobj.Dict)
+		if !ok {
+			return nil, fmt.Errorf("%s: param_shapes[%d] is %s, not a dict", f.Name, g, pyobj.TypeName(gv))
+		}
+		for i := 0; i < d.Len(); i++ {
+			k, s := d.Item(i)
+			if _, ok := k.(string); !ok {
+				return nil, fmt.Errorf("%s: param_shapes[%d] has a non-string name", f.Name, g)
+			}
+			if _, ok := pyobj.Ints(s); !ok {
+				return nil, fmt.Errorf("%s: param_shapes[%d][%v] is %s, not a shape", f.Name, g, k, pyobj.TypeName(s))
+			}
+		}
+		ms.shapes = append(ms.shapes, d)
+	}
+	return ms, nil
+}
+
+func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
+	fail := func(format string, a ...any) (*optimState, error) {
+		return nil, fmt.Errorf("%s: %s", f.Name, fmt.Sprintf(format, a...))
+	}
+	root, ok := f.Root.(*pyobj.Dict)
+	if !ok {
+		return fail("optimizer file is %s, not a dict", pyobj.TypeName(f.Root))
+	}
+	osd, err := pyobj.Key[*pyobj.Dict](root, "optimizer_state_dict")
+	if err != nil {
+		return fail("%v", err)
+	}
+	o := &optimState{path: f.Name, dp: dp, mp: mp, osd: osd, stage: 1}
+	if zs, ok := osd.Get("zero_stage"); ok {
+		o.stage = zeroStage(zs)
+		if o.stage == 3 {
+			return fail("a ZeRO-3 optimizer file; ZeRO-3 checkpoints are read by the zero3 reader")
+		}
+		if o.stage <= 0 {
+			return fail("unknown zero_stage %s", pyobj.Repr(zs))
+		}
+	} else {
+		o.bf16opt = true // BF16_Optimizer saves no zero_stage
+	}
+	base, ok := osd.Get("base_optimizer_state")
+	if !ok {
+		return fail("no base_optimizer_state")
+	}
+	baseDict, ok := base.(*pyobj.Dict)
+	if !ok {
+		if _, isList := base.(*pyobj.List); isList {
+			return fail("an elastic checkpoint (base_optimizer_state is a list); save with elastic_checkpoint disabled")
+		}
+		return fail("base_optimizer_state is %s", pyobj.TypeName(base))
+	}
+	states, err := pyobj.Key[*pyobj.Dict](baseDict, "state")
+	if err != nil {
+		return fail("base_optimizer_state: %v", err)
+	}
+	fp32v, ok := osd.Get("single_partition_of_fp32_groups")
+	if !ok {
+		return fail("no single_partition_of_fp32_groups")
+	}
+	fp32s, ok := pyobj.Seq(fp32v)
+	if !ok {
+		return fail("single_partition_of_fp32_groups is %s", pyobj.TypeName(fp32v))
+	}
+	paddings, _ := listInts(osd, "group_paddings", len(fp32s))
+	counts, ok := listInts(osd, "partition_count", len(fp32s))
+	if !ok {
+		return fail("partition_count is missing or not one int per group")
+	}
+	var mappings []pyobj.Value
+	if v, ok := osd.Get("param_slice_mappings"); ok && v != nil {
+		mappings, _ = pyobj.Seq(v)
+	}
+	for g, tv := range fp32s {
+		t, ok := tv.(*torchfile.Tensor)
+		if !ok {
+			return fail("single_partition_of_fp32_groups[%d] is %s, not a tensor", g, pyobj.TypeName(tv))
+		}
+		sv, ok := states.Get(int64(g))
+		if !ok {
+			return fail("optimizer state of group %d is empty (saved before the first optimizer step?)", g)
+		}
+		sd, ok := sv.(*pyobj.Dict)
+		if !ok {
+			return fail("optimizer state of group %d is %s", g, pyobj.TypeName(sv))
+		}
+		gr := &group{fp32: t, state: sd, count: counts[g]}
+		if paddings != nil {
+			gr.padding = paddings[g]
+		}
+		if g < len(mappings) {
+			gr.mappings, _ = mappings[g].(*pyobj.Dict)
+		}
+		gr.size = t.Numel()
+		if !o.bf16opt {
+			gr.size += gr.padding // ZeRO-1/2 strip the padding from the saved fp32 partition
+		}
+		if ea, ok := sd.Get("exp_avg"); ok {
+			if et, ok := ea.(*torchfile.Tensor); ok && et.Numel() != gr.size {
+				return fail("group %d: exp_avg has %d elements but the partition has %d", g, et.Numel(), gr.size)
+			}
+		}
+		o.groups = append(o.groups, gr)
+	}
+	return o, nil
+}
+
+// zeroStage reads ZeroStageEnum pickled by name or by value.
+func zeroStage(v pyobj.Value) int {
+	switch x := v.(type) {
+	case pyobj.Enum:
+		if x.ByName {
+			return map[string]int{"disabled": 0, "optimizer_states": 1, "gradients": 2, "weights": 3, "max_stage": 3}[x.Name]
+		}
+		n, _ := pyobj.Int(x.Value)
+		return int(n)
+	case *pyobj.Object:
+		if len(x.Args) == 1 {
+			n, _ := pyobj.Int(x.Args[0])
+			return int(n)
+		}
+	}
+	n, ok := pyobj.Int(v)
+	if !ok {
+		return -1
+	}
+	return int(n)
+}
+
+// listInts reads a list of n ints (or a single int repeated).
+func listInts(d *pyobj.Dict, key string, n int) ([]int64, bool) {
+	v, ok := d.Get(key)
+	if !ok {
+		return nil, false
+	}
+	if x, ok := pyobj.Int(v); ok {
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = x
+		}
+		return out, true
+	}
+	ints, ok := pyobj.Ints(v)
+	if !ok || len(ints) < n {
+		return nil, false
+	}
+	return ints, true
+}
+
+// degrees infers tensor and pipeline parallelism (deepspeed.md §2.3).
+func degrees(files *Files, models []*modelState) (T, P int, err error) {
+	M := len(models)
+	ms0 := models[0]
+	if v, ok := ms0.root.Get("checkpoint_parallel_dimensions"); ok {
+		if d, ok := v.(*pyobj.Dict); ok {
+			pp, err1 := pyobj.IntKey(d, "pp_degree")
+			tp, err2 := pyobj.IntKey(d, "tp_degree")
+			if err1 == nil && err2 == nil && pp > 0 && tp > 0 {
+				T, P = int(tp), int(pp)
+			}
+		}
+	}
+	if T == 0 {
+		if len(files.Layers) > 0 {
+			first := -1
+			for k := range files.Layers {
+				if first < 0 || k[0] < first {
+					first = k[0]
+				}
+			}
+			for k := range files.Layers {
+				if k[0] == first {
+					T++
+				}
+			}
+		} else {
+			T = M
+		}
+		P = M / T
+	}
+	if T*P != M {
+		return 0, 0, fmt.Errorf("%s: %d model-state files do not match tensor parallel %d x pipeline %d", files.Dir, M, T, P)
+	}
+	if v, ok := ms0.root.Get("mp_world_size"); ok {
+		if n, ok := pyobj.Int(v); ok && int(n) != M {
+			return 0, 0, fmt.Errorf("%s: mp_world_size is %d but there are %d mp_rank model-state files", ms0.path, n, M)
+		}
+	}
+	return T, P, nil
+}
+
+// universalOptimizerState is zero/optimizer_state.pt (deepspeed.md §5.3):
+// rank 0's optimizer state without its tensors, paddings zeroed, partition
+// counts set, param_groups last.
+func universalOptimizerState(o *optimState, D int) (*pyobj.Dict, error) {
+	d := o.osd.Clone()
+	base, _ := d.Get("base_optimizer_state")
+	for _, k := range []string{"base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups"} {
+		d.Delete(k)
+	}
+	G := len(o.groups)
+	zeros, counts := make([]pyobj.Value, G), make([]pyobj.Value, G)
+	for g := range zeros {
+		zeros[g], counts[g] = int64(0), int64(D)
+	}
+	if _, ok := d.Get("group_paddings"); ok {
+		d.Set("group_paddings", &pyobj.List{Items: zeros})
+	}
+	if _, ok := d.Get("partition_count"); ok {
+		d.Set("partition_count", &pyobj.List{Items: counts})
+	}
+	if bd, ok := base.(*pyobj.Dict); ok {
+		pg, ok := bd.Get("param_groups")
+		if !ok {
+			return nil, fmt.Errorf("%s: base_optimizer_state has no param_groups", o.path)
+		}
+		d.Set("param_groups", pg)
+	}
+	return d, nil
+}
+
+// builder assembles parameters from all ranks' files.
+type builder struct {
+	T, P, D int
+	models  []*modelState
+	optims  map[[2]int]*optimState
+	rules   *rules
+	table   *fragment.Table
+}
+
+// located is where one parameter lives on one pipeline stage.
+type located struct {
+	pp, g int
+}
+
+func (b *builder) build() error {
+	// Parameter order: pipeline stage, group, flat order; the first stage
+	// holding a name owns it (tied weights on several stages).
+	var names []string
+	where := map[string][]located{}
+	for p := 0; p < b.P; p++ {
+		ms := b.models[p*b.T]
+		for g, shapes := range ms.shapes {
+			for _, k := range shapes.Keys() {
+				name := k.(string)
+				if _, seen := where[name]; !seen {
+					names = append(names, name)
+				}
+				where[name] = append(where[name], located{pp: p, g: g})
+			}
+		}
+	}
+	for _, name := range names {
+		locs := where[name]
+		if len(locs) > 1 {
+			if pat, err := b.rules.match(b.rules.pipeReplica, name); err != nil {
+				return err
+			} else if pat == nil {
+				b.table.Notes = append(b.table.Notes, fmt.Sprintf("%s is held by %d pipeline stages; the first stage's copy is used", name, len(locs)))
+			}
+			if err := b.sameShapes(name, locs); err != nil {
+				return err
+			}
+		}
+		p, err := b.param(name, locs[0])
+		if err != nil {
+			return err
+		}
+		b.table.Params = append(b.table.Params, p)
+	}
+	return b.extras()
+}
+
+func (b *builder) sameShapes(name string, locs []located) error {
+	for t := 0; t < b.T; t++ {
+		first := b.shape(name, locs[0], t)
+		for _, l := range locs[1:] {
+			if s := b.shape(name, l, t); !equal(s, first) {
+				return fmt.Errorf("%s has shape %v on pipeline stage %d but %v on stage %d", name, first, locs[0].pp, s, l.pp)
+			}
+		}
+	}
+	return nil
+}
+
+func (b *builder) shape(name string, l located, t int) []int64 {
+	ms := b.models[l.pp*b.T+t]
+	if l.g >= len(ms.shapes) {
+		return nil
+	}
+	v, ok := ms.shapes[l.g].Get(name)
+	if !ok {
+		return nil
+	}
+	s, _ := pyobj.Ints(v)
+	return s
+}
+
+func (b *builder) param(name string, l located) (*fragment.Param, error) {
+	shapes := make([][]int64, b.T)
+	for t := range shapes {
+		if shapes[t] = b.shape(name, l, t); shapes[t] == nil {
+			return nil, fmt.Errorf("%s: parameter %s is missing from param_shapes[%d]", b.models[l.pp*b.T+t].path, name, l.g)
+		}
+	}
+	pl, err := b.rules.classify(name, shapes)
+	if err != nil {
+		return nil, err
+	}
+	shards, err := patterns.Shards(pl.pattern, pl.full, b.T)
+	if err != nil {
+		return nil, fmt.Errorf("parameter %s: %w", name, err)
+	}
+	shape := pl.full
+	if pl.info.VocabSize > 0 {
+		shape = clone(pl.full)
+		shape[0] = pl.info.VocabSize
+		for t := range shards {
+			shards[t] = patterns.StripPad(shards[t], pl.full, 0, pl.info.VocabSize)
+		}
+	}
+	for t, s := range shards {
+		if prod(s.Shape) != prod(shapes[t]) {
+			return nil, fmt.Errorf("parameter %s: rank %d holds shape %v but the pattern gives it %v", name, t, shapes[t], s.Shape)
+		}
+	}
+	p := &fragment.Param{Name: name, Shape: shape, Average: pl.average, Info: pl.info}
+	for t := 0; t < b.T; t++ {
+		if err := b.addFragments(p, shards, l, t); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// addFragments adds the fragments of TP rank t's shard of p from every DP
+// rank, computed from param_shapes and the partition rules (§4.1) and
+// checked against param_slice_mappings.
+func (b *builder) addFragments(p *fragment.Param, shards []fragment.Shard, l located, t int) error {
+	mp := l.pp*b.T + t
+	ms := b.models[mp]
+	o0 := b.optims[[2]int{0, mp}]
+	if l.g >= len(o0.groups) {
+		return fmt.Errorf("%s: no optimizer group %d for parameter %s", o0.path, l.g, p.Name)
+	}
+	// Offset of the parameter in the group's flat buffer.
+	var off, numel int64
+	found := false
+	for _, k := range ms.shapes[l.g].Keys() {
+		v, _ := ms.shapes[l.g].Get(k)
+		s, _ := pyobj.Ints(v)
+		if k.(string) == p.Name {
+			numel, found = prod(s), true
+			break
+		}
+		off += prod(s)
+	}
+	if !found {
+		return fmt.Errorf("%s: parameter %s is not in group %d", ms.path, p.Name, l.g)
+	}
+	var total int64
+	for _, v := range ms.shapes[l.g].Values() {
+		s, _ := pyobj.Ints(v)
+		total += prod(s)
+	}
+	for dp := 0; dp < b.D; dp++ {
+		o := b.optims[[2]int{dp, mp}]
+		if l.g >= len(o.groups) {
+			return fmt.Errorf("%s: has %d optimizer groups, parameter %s needs group %d", o.path, len(o.groups), p.Name, l.g)
+		}
+		gr := o.groups[l.g]
+		if int(gr.count) != b.D {
+			return fmt.Errorf("%s: group %d is partitioned %d ways but there are %d data-parallel ranks (expert groups are not supported)", o.path, l.g, gr.count, b.D)
+		}
+		S := gr.size
+		if S*int64(b.D) < total {
+			return fmt.Errorf("%s: group %d partitions of %d elements cannot hold the group's %d elements", o.path, l.g, S, total)
+		}
+		lo, hi := int64(dp)*S, int64(dp+1)*S
+		fs, fe := max(off, lo), min(off+numel, hi)
+		if err := checkMapping(o, gr, p.Name, fs, fe, lo); err != nil {
+			return err
+		}
+		if fs >= fe {
+			continue
+		}
+		hp, lp, n := fs-lo, fs-off, fe-fs
+		if err := b.addStates(p, shards, o, l.g, t, hp, lp, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkMapping compares the fragment computed from the partition rules
+// with the one DeepSpeed recorded in param_slice_mappings.
+func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error {
+	if gr.mappings == nil {
+		return nil
+	}
+	v, ok := gr.mappings.Get(name)
+	if fs >= fe {
+		if ok {
+			if obj, isObj := v.(*pyobj.Object); isObj {
+				if n, _ := obj.Attr("numel"); n != int64(0) {
+					return fmt.Errorf("%s: param_slice_mappings places %s on this rank, but the partition rules do not", o.path, name)
+				}
+			}
+		}
+		return nil
+	}
+	obj, isObj := v.(*pyobj.Object)
+	if !ok || !isObj {
+		return fmt.Errorf("%s: param_slice_mappings has no fragment for %s, but the partition rules place [%d,%d) of it here", o.path, name, fs-lo, fe-lo)
+	}
+	nv, _ := obj.Attr("numel")
+	sv, _ := obj.Attr("start")
+	n, ok1 := pyobj.Int(nv)
+	s, ok2 := pyobj.Int(sv)
+	if !ok1 || !ok2 || n != fe-fs || s != fs-lo {
+		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %v, start %v) but param_shapes and the partition rules give (numel %d, start %d); "+
+			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, nv, sv, fe-fs, fs-lo)
+	}
+	return nil
+}
+
+// stateOrder puts the standard states first, then others by name.
+func stateOrder(keys []string) []string {
+	rank := map[string]int{fragment.FP32: 0, fragment.ExpAvg: 1, fragment.ExpAvgSq: 2}
+	sort.SliceStable(keys, func(i, j int) bool {
+		ri, oki := rank[keys[i]]
+		rj, okj := rank[keys[j]]
+		switch {
+		case oki && okj:
+			return ri < rj
+		case oki != okj:
+			return oki
+		}
+		return keys[i] < keys[j]
+	})
+	return keys
+}
+
+func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
+	gr := o.groups[g]
+	srcs := map[string]*torchfile.Tensor{fragment.FP32: gr.fp32}
+	for i := 0; i < gr.state.Len(); i++ {
+		k, v := gr.state.Item(i)
+		ks, _ := k.(string)
+		if tt, ok := v.(*torchfile.Tensor); ok && ks != fragment.StepState && tt.Numel() == gr.size {
+			srcs[ks] = tt
+		}
+	}
+	var keys []string
+	for k := range srcs {
+		keys = append(keys, k)
+	}
+	for _, k := range stateOrder(keys) {
+		st := p.State(k)
+		if st == nil {
+			// A state missing on some ranks leaves a hole that Validate reports.
+			st = p.AddState(k)
+			st.Shards = append([]fragment.Shard(nil), shards...)
+		}
+		src := srcs[k]
+		if hp+n > src.Numel() {
+			return fmt.Errorf("%s: %s of %s needs elements [%d,%d) of a partition of %d", o.path, k, p.Name, hp, hp+n, src.Numel())
+		}
+		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(o.path, src, 0), hp, n, t, lp))
+	}
+	if p.Step == nil {
+		if sv, ok := gr.state.Get(fragment.StepState); ok {
+			switch x := sv.(type) {
+			case *torchfile.Tensor:
+				ref := fragment.Ref(o.path, x, 0)
+				p.Step = &fragment.Step{Tensor: &ref}
+			default:
+				p.Step = &fragment.Step{Value: x}
+			}
+		}
+	}
+	return nil
+}
+
+// extras adds frozen parameters and buffers from the model states, and the
+// aliases of tied weights.
+func (b *builder) extras() error {
+	ms0 := b.models[0]
+	if v, ok := ms0.root.Get("shared_params"); ok {
+		if d, ok := v.(*pyobj.Dict); ok {
+			for i := 0; i < d.Len(); i++ {
+				alias, canon := d.Item(i)
+				as, _ := alias.(string)
+				cs, _ := canon.(string)
+				if p := b.table.Param(cs); p != nil && as != "" {
+					p.Info.Aliases = append(p.Info.Aliases, as)
+				}
+			}
+		}
+	}
+	if b.P > 1 {
+		return nil // module weights and buffers live in layer files; UCP does not carry them
+	}
+	// Frozen parameters: full low-precision tensors per TP rank (ZeRO-2).
+	frozenShapes := map[int]*pyobj.Dict{}
+	frozenFrags := map[int]*pyobj.Dict{}
+	for t := 0; t < b.T; t++ {
+		root := b.models[t].root
+		if v, ok := root.Get("frozen_param_shapes"); ok {
+			frozenShapes[t], _ = v.(*pyobj.Dict)
+		}
+		if v, ok := root.Get("frozen_param_fragments"); ok {
+			frozenFrags[t], _ = v.(*pyobj.Dict)
+		}
+	}
+	if fs := frozenShapes[0]; fs != nil && frozenFrags[0] != nil {
+		for _, k := range fs.Keys() {
+			name, _ := k.(string)
+			tensors := make([]*torchfile.Tensor, b.T)
+			for t := 0; t < b.T; t++ {
+				v, _ := frozenFrags[t].Get(name)
+				tt, ok := v.(*torchfile.Tensor)
+				if !ok {
+					return fmt.Errorf("%s: frozen parameter %s has no fragment tensor", b.models[t].path, name)
+				}
+				tensors[t] = tt
+			}
+			if err := b.addWhole(name, tensors, b.models, false); err != nil {
+				return err
+			}
+		}
+	}
+	// Buffers: persistent buffers of the module state dict.
+	if v, ok := ms0.root.Get("buffer_names"); ok {
+		names, _ := pyobj.Strings(v)
+		for _, name := range names {
+			tensors := make([]*torchfile.Tensor, b.T)
+			for t := 0; t < b.T; t++ {
+				mod, err := pyobj.Key[*pyobj.Dict](b.models[t].root, "module")
+				if err != nil {
+					return fmt.Errorf("%s: %w", b.models[t].path, err)
+				}
+				bv, _ := mod.Get(name)
+				tt, ok := bv.(*torchfile.Tensor)
+				if !ok {
+					return fmt.Errorf("%s: buffer %s is not in the module state", b.models[t].path, name)
+				}
+				tensors[t] = tt
+			}
+			if err := b.addWhole(name, tensors, b.models, true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// addWhole adds a parameter whose TP shards are whole stored tensors (frozen
+// parameters, buffers); buffers are replicated across TP ranks.
+func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*modelState, buffer bool) error {
+	if b.table.Param(name) != nil {
+		return nil
+	}
+	shapes := make([][]int64, len(tensors))
+	for t, tt := range tensors {
+		shapes[t] = tt.Shape
+	}
+	var pl *placement
+	var err error
+	if buffer && b.T > 1 {
+		pl = &placement{pattern: patterns.Replicated{}, full: clone(shapes[0]), info: fragment.Info{CatDim: -1}}
+	} else if pl, err = b.rules.classify(name, shapes); err != nil {
+		return err
+	}
+	shards, err := patterns.Shards(pl.pattern, pl.full, b.T)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	shape := pl.full
+	if pl.info.VocabSize > 0 {
+		shape = clone(pl.full)
+		shape[0] = pl.info.VocabSize
+		for t := range shards {
+			shards[t] = patterns.StripPad(shards[t], pl.full, 0, pl.info.VocabSize)
+		}
+	}
+	p := &fragment.Param{Name: name, Shape: shape, Frozen: true, Average: pl.average, Info: pl.info}
+	st := p.AddState(fragment.FP32)
+	st.Shards = shards
+	for t, tt := range tensors {
+		if tt.Numel() != prod(shards[t].Shape) {
+			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", models[t].path, name, tt.Numel(), prod(shards[t].Shape))
+		}
+		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(models[t].path, tt, 0), 0, tt.Numel(), t, 0))
+	}
+	b.table.Params = append(b.table.Params, p)
+	return nil
+}

@@ -1,0 +1,504 @@
+package deepspeed
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/patterns"
+	"github.com/ucp-project/ucp/pyobj"
+)
+
+// rules are the parameter classification lists of a checkpoint's
+// universal_checkpoint_info (deepspeed.md §3.9), compiled.
+type rules struct {
+	version       float64
+	vocabSize     int64
+	paddedVocab   int64
+	vocab         []*pattern
+	pipeReplica   []*pattern
+	tpReplicated  []*pattern
+	average       []*pattern
+	rowParallel   []*pattern
+	twoSubParams  []*pattern
+	subParams     []subParamRule
+	shardWidths   map[string][][]int64
+	unsupported   map[string]string
+	present       bool
+	matched       map[*pattern]bool
+	allPatterns   []*pattern
+	patternByText map[string]*pattern
+}
+
+type pattern struct {
+	text string
+	re   *regexp.Regexp
+}
+
+type subParamRule struct {
+	patterns []*pattern
+	shape    pyobj.Value // the 'shape' entry as saved: list/tuple of ints and tuples
+	partDim  int
+	raw      *pyobj.Dict
+}
+
+// parseRules compiles the UCI dict (nil when the checkpoint has none).
+// Python's re.match anchors at the start only, hence ^(?:...).
+func parseRules(uci *pyobj.Dict) (*rules, error) {
+	r := &rules{matched: map[*pattern]bool{}, patternByText: map[string]*pattern{}, present: uci != nil}
+	if uci == nil {
+		return r, nil
+	}
+	if v, ok := uci.Get("universal_checkpoint_version"); ok {
+		r.version, _ = pyobj.Float(v)
+	}
+	if v, ok := uci.Get("original_vocab_size"); ok {
+		r.vocabSize, _ = pyobj.Int(v)
+	}
+	if v, ok := uci.Get("padded_vocab_size"); ok {
+		r.paddedVocab, _ = pyobj.Int(v)
+	}
+	list := func(key string) ([]*pattern, error) {
+		v, ok := uci.Get(key)
+		if !ok || v == nil {
+			return nil, nil
+		}
+		ss, ok := pyobj.Strings(v)
+		if !ok {
+			return nil, fmt.Errorf("universal_checkpoint_info[%q] is not a list of strings", key)
+		}
+		return r.compile(key, ss)
+	}
+	var err error
+	for _, l := range []struct {
+		key string
+		dst *[]*pattern
+	}{
+		{"vocabulary_parameter_patterns", &r.vocab},
+		{"pipeline_replicated_parameter_patterns", &r.pipeReplica},
+		{"tp_replicated_parameter_patterns", &r.tpReplicated},
+		{"parameter_to_average_patterns", &r.average},
+		{"parameter_with_row_parallelism_patterns", &r.rowParallel},
+		{"parameter_with_2_sub_params_cat_dim_0", &r.twoSubParams},
+	} {
+		if *l.dst, err = list(l.key); err != nil {
+			return nil, err
+		}
+	}
+	if v, ok := uci.Get("parameter_with_sub_params"); ok && v != nil {
+		items, ok := pyobj.Seq(v)
+		if !ok {
+			return nil, fmt.Errorf("universal_checkpoint_info['parameter_with_sub_params'] is not a list")
+		}
+		for i, it := range items {
+			d, ok := it.(*pyobj.Dict)
+			if !ok {
+				return nil, fmt.Errorf("parameter_with_sub_params[%d] is not a dict", i)
+			}
+			pv, _ := d.Get("patterns")
+			ps, ok := pyobj.Strings(pv)
+			if !ok {
+				return nil, fmt.Errorf("parameter_with_sub_params[%d]['patterns'] is not a list of strings", i)
+			}
+			cps, err := r.compile("parameter_with_sub_params", ps)
+			if err != nil {
+				return nil, err
+			}
+			shape, _ := d.Get("shape")
+			pd, err := pyobj.IntKey(d, "partition_dim")
+			if err != nil {
+				return nil, fmt.Errorf("parameter_with_sub_params[%d]: %w", i, err)
+			}
+			r.subParams = append(r.subParams, subParamRule{patterns: cps, shape: shape, partDim: int(pd), raw: d})
+		}
+	}
+	if v, ok := uci.Get("sub_param_shard_widths"); ok && v != nil {
+		d, ok := v.(*pyobj.Dict)
+		if !ok {
+			return nil, fmt.Errorf("universal_checkpoint_info['sub_param_shard_widths'] is not a dict")
+		}
+		r.shardWidths = map[string][][]int64{}
+		for i := 0; i < d.Len(); i++ {
+			k, val := d.Item(i)
+			ks, _ := k.(string)
+			rows, ok := pyobj.Seq(val)
+			if !ok {
+				return nil, fmt.Errorf("sub_param_shard_widths[%q] is not a list", ks)
+			}
+			for _, row := range rows {
+				ints, ok := pyobj.Ints(row)
+				if !ok {
+					return nil, fmt.Errorf("sub_param_shard_widths[%q] holds a non-integer width", ks)
+				}
+				r.shardWidths[ks] = append(r.shardWidths[ks], ints)
+			}
+		}
+	}
+	if v, ok := uci.Get("autotp_unsupported_parameter_patterns"); ok {
+		if d, ok := v.(*pyobj.Dict); ok && d.Len() > 0 {
+			r.unsupported = map[string]string{}
+			for i := 0; i < d.Len(); i++ {
+				k, val := d.Item(i)
+				r.unsupported[fmt.Sprint(k)] = fmt.Sprint(val)
+			}
+		}
+	}
+	return r, nil
+}
+
+func (r *rules) compile(key string, ss []string) ([]*pattern, error) {
+	var out []*pattern
+	for _, s := range ss {
+		re, err := regexp.Compile("^(?:" + s + ")")
+		if err != nil {
+			return nil, fmt.Errorf("universal_checkpoint_info[%q]: pattern %q is not supported: %w", key, s, err)
+		}
+		p := &pattern{text: s, re: re}
+		out = append(out, p)
+		r.allPatterns = append(r.allPatterns, p)
+		if _, ok := r.patternByText[s]; !ok {
+			r.patternByText[s] = p
+		}
+	}
+	return out, nil
+}
+
+// match returns the one pattern of list that matches name; two matches are
+// an error, as in ds_to_universal.
+func (r *rules) match(list []*pattern, name string) (*pattern, error) {
+	var found *pattern
+	for _, p := range list {
+		if p.re.MatchString(name) {
+			if found != nil {
+				return nil, fmt.Errorf("parameter %s matches two patterns of one list: %q and %q", name, found.text, p.text)
+			}
+			found = p
+		}
+	}
+	if found != nil {
+		r.matched[found] = true
+	}
+	return found, nil
+}
+
+func (r *rules) matchSubParams(name string) *subParamRule {
+	for i := range r.subParams {
+		for _, p := range r.subParams[i].patterns {
+			if p.re.MatchString(name) {
+				r.matched[p] = true
+				return &r.subParams[i]
+			}
+		}
+	}
+	return nil
+}
+
+// unmatched lists patterns that matched no parameter.
+func (r *rules) unmatched() []string {
+	var out []string
+	for _, p := range r.allPatterns {
+		if !r.matched[p] {
+			out = append(out, p.text)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// placement is how one parameter's TP shards rebuild it.
+type placement struct {
+	pattern patterns.Pattern
+	full    []int64 // full shape (before vocabulary stripping)
+	info    fragment.Info
+	average bool
+}
+
+// classify applies the first matching rule of §6.3 to a parameter whose
+// tensor-parallel shards have the given shapes.
+func (r *rules) classify(name string, shapes [][]int64) (*placement, error) {
+	T := len(shapes)
+	for t := 1; t < T; t++ {
+		if len(shapes[t]) != len(shapes[0]) {
+			return nil, fmt.Errorf("parameter %s has shapes %v on tensor-parallel ranks", name, shapes)
+		}
+	}
+	pl := &placement{info: fragment.Info{CatDim: -1}}
+	sameShapes := true
+	for t := 1; t < T; t++ {
+		sameShapes = sameShapes && equal(shapes[t], shapes[0])
+	}
+	if T == 1 {
+		pl.pattern, pl.full, pl.info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
+	} else if !r.present {
+		return nil, fmt.Errorf("parameter %s is split over %d tensor-parallel ranks but the checkpoint has no universal_checkpoint_info to say how; it cannot be classified", name, T)
+	} else if p, err := r.match(r.tpReplicated, name); err != nil {
+		return nil, err
+	} else if p != nil {
+		if !sameShapes {
+			return nil, fmt.Errorf("parameter %s is marked TP-replicated but its shards have shapes %v", name, shapes)
+		}
+		pl.pattern, pl.full = patterns.Replicated{}, clone(shapes[0])
+	} else if p, err := r.match(r.average, name); err != nil {
+		return nil, err
+	} else if p != nil {
+		if !sameShapes {
+			return nil, fmt.Errorf("parameter %s is marked averaged but its shards have shapes %v", name, shapes)
+		}
+		pl.pattern, pl.full, pl.average = patterns.Averaged{}, clone(shapes[0]), true
+	} else if p, err := r.match(r.twoSubParams, name); err != nil {
+		return nil, err
+	} else if p != nil {
+		// torch.chunk(slice, 2, dim 0): the first half gets the ceiling.
+		w := [][]int64{make([]int64, T), make([]int64, T)}
+		full := clone(shapes[0])
+		full[0] = 0
+		for t, s := range shapes {
+			if len(s) == 0 {
+				return nil, fmt.Errorf("parameter %s: a 0-dim tensor cannot hold 2 sub-parameters", name)
+			}
+			w[0][t], w[1][t] = (s[0]+1)/2, s[0]/2
+			full[0] += s[0]
+		}
+		pl.pattern, pl.full = patterns.SubParams{Dim: 0, Widths: w}, full
+		pl.info.CatDim, pl.info.NSubParams = 0, 2
+	} else if sp := r.matchSubParams(name); sp != nil {
+		if err := r.subParamPlacement(name, sp, shapes, pl); err != nil {
+			return nil, err
+		}
+	} else {
+		p, err := r.match(r.rowParallel, name)
+		if err != nil {
+			return nil, err
+		}
+		dim := 0
+		if p != nil {
+			dim = 1
+		}
+		if err := concatPlacement(name, dim, shapes, pl); err != nil {
+			return nil, err
+		}
+	}
+	if p, err := r.match(r.vocab, name); err != nil {
+		return nil, err
+	} else if p != nil {
+		if len(pl.full) != 2 {
+			return nil, fmt.Errorf("vocabulary parameter %s has shape %v; only 2-D vocabularies are supported", name, pl.full)
+		}
+		if r.vocabSize <= 0 {
+			return nil, fmt.Errorf("parameter %s matches a vocabulary pattern but universal_checkpoint_info has no original_vocab_size", name)
+		}
+		if r.vocabSize > pl.full[0] {
+			return nil, fmt.Errorf("vocabulary parameter %s has %d rows, fewer than original_vocab_size %d", name, pl.full[0], r.vocabSize)
+		}
+		pl.info.VocabSize, pl.info.PaddedVocab = r.vocabSize, pl.full[0]
+	}
+	return pl, nil
+}
+
+// concatPlacement splits along dim with the ranks' own lengths.
+func concatPlacement(name string, dim int, shapes [][]int64, pl *placement) error {
+	full := clone(shapes[0])
+	if dim >= len(full) {
+		return fmt.Errorf("parameter %s of shape %v cannot be concatenated along dim %d", name, full, dim)
+	}
+	sizes := make([]int64, len(shapes))
+	full[dim] = 0
+	for t, s := range shapes {
+		for d := range s {
+			if d != dim && s[d] != shapes[0][d] {
+				return fmt.Errorf("parameter %s: shards %v differ outside the concatenation dim %d", name, shapes, dim)
+			}
+		}
+		sizes[t] = s[dim]
+		full[dim] += s[dim]
+	}
+	pl.pattern, pl.full, pl.info.CatDim = patterns.Split{Dim: dim, Sizes: sizes}, full, dim
+	return nil
+}
+
+// subParamPlacement handles parameter_with_sub_params (SubparamShape): the
+// shape spec gives the sub-parameter sizes at partition_dim, and
+// sub_param_shard_widths (UCI >= 0.4) each rank's share of each.
+func (r *rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int64, pl *placement) error {
+	T := len(shapes)
+	spec, ok := pyobj.Seq(sp.shape)
+	if !ok || sp.partDim < 0 || sp.partDim >= len(spec) {
+		return fmt.Errorf("parameter %s: sub-parameter shape %s with partition_dim %d is malformed", name, pyobj.Repr(sp.shape), sp.partDim)
+	}
+	var sizes []int64
+	switch x := spec[sp.partDim].(type) {
+	case pyobj.Tuple:
+		s, ok := pyobj.Ints(x)
+		if !ok {
+			return fmt.Errorf("parameter %s: sub-parameter sizes %s are not ints", name, pyobj.Repr(x))
+		}
+		sizes = s
+	default:
+		n, ok := pyobj.Int(x)
+		if !ok || n <= 0 {
+			return fmt.Errorf("parameter %s: sub-parameter count %s is not a positive int", name, pyobj.Repr(x))
+		}
+		var total int64
+		for _, s := range shapes {
+			if sp.partDim >= len(s) {
+				return fmt.Errorf("parameter %s: shard shape %v has no partition dim %d", name, s, sp.partDim)
+			}
+			total += s[sp.partDim]
+		}
+		if total%n != 0 {
+			return fmt.Errorf("parameter %s: %d rows do not hold %d equal sub-parameters", name, total, n)
+		}
+		for k := int64(0); k < n; k++ {
+			sizes = append(sizes, total/n)
+		}
+	}
+	// Logical full shape: sums at tuple entries, sizes at partition_dim, one -1 resolved.
+	logical := make([]int64, len(spec))
+	neg := -1
+	for d, e := range spec {
+		if d == sp.partDim {
+			for _, s := range sizes {
+				logical[d] += s
+			}
+			continue
+		}
+		switch x := e.(type) {
+		case pyobj.Tuple:
+			ints, _ := pyobj.Ints(x)
+			for _, v := range ints {
+				logical[d] += v
+			}
+		default:
+			v, ok := pyobj.Int(x)
+			if !ok {
+				return fmt.Errorf("parameter %s: sub-parameter shape entry %s is not an int", name, pyobj.Repr(x))
+			}
+			if v == -1 {
+				if neg >= 0 {
+					return fmt.Errorf("parameter %s: sub-parameter shape has two -1 entries", name)
+				}
+				neg = d
+			}
+			logical[d] = v
+		}
+	}
+	var total int64
+	for _, s := range shapes {
+		total += prod(s)
+	}
+	if neg >= 0 {
+		rest := int64(1)
+		for d, v := range logical {
+			if d != neg {
+				rest *= v
+			}
+		}
+		if rest == 0 || total%rest != 0 {
+			return fmt.Errorf("parameter %s: cannot resolve -1 in sub-parameter shape", name)
+		}
+		logical[neg] = total / rest
+	}
+	if prod(logical) != total {
+		return fmt.Errorf("parameter %s: sub-parameter shape %v holds %d elements but the shards hold %d", name, logical, prod(logical), total)
+	}
+	widths := make([][]int64, len(sizes))
+	if ws, ok := r.lookupWidths(sp); ok {
+		if len(ws) != len(sizes) {
+			return fmt.Errorf("parameter %s: sub_param_shard_widths has %d rows for %d sub-parameters", name, len(ws), len(sizes))
+		}
+		for k := range ws {
+			if len(ws[k]) != T {
+				return fmt.Errorf("parameter %s: sub_param_shard_widths row %d has %d ranks, not %d", name, k, len(ws[k]), T)
+			}
+			var s int64
+			for _, w := range ws[k] {
+				s += w
+			}
+			if s != sizes[k] {
+				return fmt.Errorf("parameter %s: shard widths %v of sub-parameter %d add up to %d, not %d", name, ws[k], k, s, sizes[k])
+			}
+			widths[k] = ws[k]
+		}
+	} else {
+		if r.version >= 0.4 && T > 1 {
+			return fmt.Errorf("parameter %s: universal_checkpoint_version %v needs sub_param_shard_widths for its sub-parameters", name, r.version)
+		}
+		for k, s := range sizes {
+			if s%int64(T) != 0 {
+				return fmt.Errorf("parameter %s: sub-parameter %d of size %d does not split evenly over %d ranks", name, k, s, T)
+			}
+			widths[k] = make([]int64, T)
+			for t := range widths[k] {
+				widths[k][t] = s / int64(T)
+			}
+		}
+	}
+	for t, s := range shapes {
+		var local int64
+		for k := range widths {
+			local += widths[k][t]
+		}
+		want := clone(logical)
+		want[sp.partDim] = local
+		if prod(want) != prod(s) {
+			return fmt.Errorf("parameter %s: rank %d holds shape %v, but its sub-parameter widths need %v", name, t, s, want)
+		}
+	}
+	pl.pattern, pl.full = patterns.SubParams{Dim: sp.partDim, Widths: widths}, logical
+	pl.info.CatDim, pl.info.SubParamWidths = sp.partDim, sizes
+	pl.info.SubParamShape = subparamShapeObject(sp, sizes)
+	return nil
+}
+
+func (r *rules) lookupWidths(sp *subParamRule) ([][]int64, bool) {
+	for _, p := range sp.patterns {
+		if ws, ok := r.shardWidths[p.text]; ok {
+			return ws, true
+		}
+	}
+	return nil, false
+}
+
+// subparamShapeObject builds the SubparamShape dataclass that
+// ds_to_universal stores under 'sub_param_shape', with the sizes at
+// partition_dim always a tuple (pitfall P8).
+func subparamShapeObject(sp *subParamRule, sizes []int64) pyobj.Value {
+	spec, _ := pyobj.Seq(sp.shape)
+	shape := make(pyobj.Tuple, len(spec))
+	copy(shape, spec)
+	t := make(pyobj.Tuple, len(sizes))
+	for i, s := range sizes {
+		t[i] = s
+	}
+	shape[sp.partDim] = t
+	pats := make([]pyobj.Value, len(sp.patterns))
+	for i, p := range sp.patterns {
+		pats[i] = p.text
+	}
+	state := pyobj.DictOf("patterns", &pyobj.List{Items: pats}, "shape", shape, "partition_dim", int64(sp.partDim))
+	return &pyobj.Object{Class: &pyobj.Global{Module: "deepspeed.checkpoint.universal_checkpoint", Name: "SubparamShape"},
+		Via: pyobj.ByNewObj, State: state, Built: true}
+}
+
+func clone(s []int64) []int64 { return append([]int64(nil), s...) }
+
+func equal(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func prod(s []int64) int64 {
+	n := int64(1)
+	for _, d := range s {
+		n *= d
+	}
+	return n
+}

@@ -1,0 +1,85 @@
+// Package formats is the registry of source formats: each one detects its
+// checkpoints and indexes them into a fragment table.
+package formats
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/fragment"
+)
+
+// Options are the reading options every format understands.
+type Options struct {
+	Tag       string // DeepSpeed tag / Megatron iteration to read
+	Workers   int    // files decoded at once
+	VocabSize int64  // true vocabulary size, when the checkpoint does not record it
+}
+
+// Format is one source format.
+type Format struct {
+	Name   string
+	Help   string
+	Detect func(path string) bool
+	Index  func(ctx context.Context, path string, o Options) (*fragment.Table, error)
+}
+
+// All returns the known formats in detection order.
+func All() []Format {
+	return []Format{
+		{
+			Name:   "deepspeed",
+			Help:   "DeepSpeed ZeRO-1/2 and BF16_Optimizer, with Megatron-DeepSpeed TP/PP",
+			Detect: deepspeed.Detect,
+			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+				return deepspeed.Index(ctx, path, deepspeed.Options{Tag: o.Tag, Workers: o.Workers})
+			},
+		},
+	}
+}
+
+// Names lists the format names.
+func Names() []string {
+	var out []string
+	for _, f := range All() {
+		out = append(out, f.Name)
+	}
+	return out
+}
+
+// Lookup returns the format with the given name.
+func Lookup(name string) (Format, error) {
+	for _, f := range All() {
+		if f.Name == name {
+			return f, nil
+		}
+	}
+	return Format{}, fmt.Errorf("unknown format %q (known: %s)", name, strings.Join(Names(), ", "))
+}
+
+// Detect returns the format of the checkpoint at path.
+func Detect(path string) (Format, error) {
+	for _, f := range All() {
+		if f.Detect(path) {
+			return f, nil
+		}
+	}
+	return Format{}, fmt.Errorf("%s: not a checkpoint ucp recognises (formats: %s); use --from to name one", path, strings.Join(Names(), ", "))
+}
+
+// Index detects (or looks up, when name is set) the format and indexes path.
+func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, error) {
+	var f Format
+	var err error
+	if name != "" {
+		f, err = Lookup(name)
+	} else {
+		f, err = Detect(path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return f.Index(ctx, path, o)
+}

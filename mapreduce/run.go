@@ -1,0 +1,420 @@
+package mapreduce
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	ucpatomic "github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// Options configure Run.
+type Options struct {
+	Node    int // which node of the plan this process is
+	Workers int // concurrent reducers (0: all cores)
+	// CheckReplicas reads every replica of replicated parameters and
+	// requires them to be identical, as ds_to_universal does.
+	CheckReplicas bool
+	// Progress, if set, is told of bytes read and written as they happen.
+	Progress func(read, written int64)
+}
+
+// Stats report what a run did.
+type Stats struct {
+	Tasks        int           `json:"tasks"`
+	BytesRead    int64         `json:"bytes_read"`
+	BytesWritten int64         `json:"bytes_written"`
+	Elapsed      time.Duration `json:"elapsed_ns"`
+	Workers      []WorkerStats `json:"workers"`
+}
+
+// WorkerStats are one reducer's phase timings and its tasks on a timeline.
+type WorkerStats struct {
+	Tasks        int           `json:"tasks"`
+	BytesRead    int64         `json:"bytes_read"`
+	BytesWritten int64         `json:"bytes_written"`
+	Read         time.Duration `json:"read_ns"`
+	Convert      time.Duration `json:"convert_ns"`
+	Write        time.Duration `json:"write_ns"`
+	Wait         time.Duration `json:"wait_ns"`
+	Spans        []Span        `json:"spans"`
+}
+
+// Span is one task on the timeline, in nanoseconds since the run started.
+type Span struct {
+	Start int64  `json:"start_ns"`
+	End   int64  `json:"end_ns"`
+	Label string `json:"label"`
+	Bytes int64  `json:"bytes"`
+}
+
+// outFile is one output state file shared by the tasks that write it.
+type outFile struct {
+	mu      sync.Mutex
+	sf      *ucpatomic.StateFile
+	err     error
+	pending int32
+}
+
+type runner struct {
+	t       *fragment.Table
+	w       *ucpatomic.Writer
+	opt     Options
+	src     *sources
+	files   map[[2]int]*outFile
+	read    atomic.Int64
+	written atomic.Int64
+	start   time.Time
+}
+
+// Run executes the plan's tasks of node opt.Node, writing into w. On error
+// every file of this run is removed; the caller aborts w.
+func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer, opt Options) (*Stats, error) {
+	if plan.Nodes != 1 {
+		return nil, fmt.Errorf("a plan over %d nodes needs the node runner", plan.Nodes)
+	}
+	workers := opt.Workers
+	if workers <= 0 {
+		workers = runtime.NumCPU()
+	}
+	tasks := plan.NodeTasks(opt.Node)
+	r := &runner{t: t, w: w, opt: opt, src: newSources(), files: map[[2]int]*outFile{}, start: time.Now()}
+	defer r.src.close()
+	for _, tk := range tasks {
+		if tk.State == StepTask {
+			continue
+		}
+		k := [2]int{tk.Param, tk.State}
+		if r.files[k] == nil {
+			r.files[k] = &outFile{}
+		}
+		r.files[k].pending++
+	}
+	stats := &Stats{Tasks: len(tasks), Workers: make([]WorkerStats, workers)}
+	var next atomic.Int64
+	g, ctx := errgroup.WithContext(ctx)
+	for wi := 0; wi < workers; wi++ {
+		ws := &stats.Workers[wi]
+		g.Go(func() error {
+			red := &reducer{r: r, ws: ws}
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(tasks) {
+					return nil
+				}
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				t0 := time.Now()
+				if err := red.run(tasks[i]); err != nil {
+					return err
+				}
+				ws.Tasks++
+				ws.Spans = append(ws.Spans, Span{Start: int64(t0.Sub(r.start)), End: int64(time.Since(r.start)),
+					Label: r.label(tasks[i]), Bytes: tasks[i].Bytes})
+			}
+		})
+	}
+	err := g.Wait()
+	stats.Elapsed = time.Since(r.start)
+	for i := range stats.Workers {
+		ws := &stats.Workers[i]
+		busy := ws.Read + ws.Convert + ws.Write
+		ws.Wait = max(stats.Elapsed-busy, 0)
+		stats.BytesRead += ws.BytesRead
+		stats.BytesWritten += ws.BytesWritten
+	}
+	if err != nil {
+		for _, f := range r.files {
+			if f.sf != nil {
+				f.sf.Abort()
+			}
+		}
+		return stats, err
+	}
+	return stats, nil
+}
+
+func (r *runner) label(tk Task) string {
+	p := r.t.Params[tk.Param]
+	if tk.State == StepTask {
+		return p.Name + "/step"
+	}
+	s := p.Name + "/" + p.States[tk.State].Name
+	if tk.Of > 1 {
+		s += fmt.Sprintf(" [%d/%d]", tk.Chunk+1, tk.Of)
+	}
+	return s
+}
+
+// reducer is one worker's state: reusable buffers and its statistics.
+type reducer struct {
+	r   *runner
+	ws  *WorkerStats
+	out []byte
+	tmp []byte
+	raw []byte
+	f32 []byte
+}
+
+func grow(b []byte, n int64) []byte {
+	if int64(cap(b)) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+func (red *reducer) run(tk Task) error {
+	r := red.r
+	p := r.t.Params[tk.Param]
+	if tk.State == StepTask {
+		return red.step(tk.Param)
+	}
+	st := p.States[tk.State]
+	n := tk.End - tk.Start
+	red.out = grow(red.out, 4*n)
+	var err error
+	switch {
+	case p.Average:
+		err = red.average(p, st, tk.Start, tk.End)
+	default:
+		err = red.gather(p, st, 0, tk.Start, tk.End, red.out)
+		if err == nil && r.opt.CheckReplicas {
+			err = red.checkReplicas(p, st, tk.Start, tk.End)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("parameter %s, state %s: %w", p.Name, st.Name, err)
+	}
+	t0 := time.Now()
+	of := r.files[[2]int{tk.Param, tk.State}]
+	of.mu.Lock()
+	if of.sf == nil && of.err == nil {
+		of.sf, of.err = r.w.StateFile(tk.Param, tk.State)
+	}
+	sf, ferr := of.sf, of.err
+	of.mu.Unlock()
+	if ferr != nil {
+		return ferr
+	}
+	if err := sf.WriteAt(red.out, tk.Start); err != nil {
+		return err
+	}
+	if atomic.AddInt32(&of.pending, -1) == 0 {
+		if err := sf.Commit(); err != nil {
+			return err
+		}
+	}
+	red.ws.Write += time.Since(t0)
+	red.ws.BytesWritten += 4 * n
+	r.written.Add(4 * n)
+	if r.opt.Progress != nil {
+		r.opt.Progress(0, 4*n)
+	}
+	return nil
+}
+
+// gather places the fragments of the shards with the given replica index
+// that fall in full elements [start, end) into out (float32 bytes).
+func (red *reducer) gather(p *fragment.Param, st *fragment.State, replica int, start, end int64, out []byte) error {
+	var runs []placeRun
+	for _, f := range st.Frags {
+		sh := &st.Shards[f.Shard]
+		if sh.Replica != replica {
+			continue
+		}
+		runs = runs[:0]
+		lo, hi := int64(math.MaxInt64), int64(-1)
+		sh.Runs(p.Shape, f.LocalStart, f.Len, func(rn fragment.Run) {
+			a, b := max(rn.Full, start), min(rn.Full+rn.N, end)
+			if a >= b {
+				return
+			}
+			l := rn.Local + (a - rn.Full)
+			runs = append(runs, placeRun{local: l, full: a, n: b - a})
+			lo, hi = min(lo, l), max(hi, l+b-a)
+		})
+		if len(runs) == 0 {
+			continue
+		}
+		if err := red.readInto(f, lo, hi, out, start, runs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// placeRun is a run clipped to a task: n elements from shard element local
+// to full-tensor element full.
+type placeRun struct{ local, full, n int64 }
+
+// readInto reads the fragment's shard elements [lo, hi), converts them to
+// float32 and copies each run to its place in out.
+func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, start int64, runs []placeRun) error {
+	r := red.r
+	file, err := r.src.get(f.Src.Path)
+	if err != nil {
+		return err
+	}
+	dt := f.Src.DType()
+	n := hi - lo
+	srcStart := f.SrcStart + (lo - f.LocalStart)
+	t0 := time.Now()
+	if dt == dtype.Float32 && len(runs) == 1 && runs[0].local == lo && runs[0].n == n {
+		// Already float32 and contiguous in the output: read in place.
+		dst := out[4*(runs[0].full-start) : 4*(runs[0].full-start+n)]
+		if err := torchfile.ReadRange(file, f.Src.T, srcStart, n, dst); err != nil {
+			return fmt.Errorf("%s: %w", f.Src.Path, err)
+		}
+		red.account(time.Since(t0), 0, 4*n)
+		return nil
+	}
+	red.raw = grow(red.raw, n*int64(dt.Size()))
+	if err := torchfile.ReadRange(file, f.Src.T, srcStart, n, red.raw); err != nil {
+		return fmt.Errorf("%s: %w", f.Src.Path, err)
+	}
+	t1 := time.Now()
+	red.f32 = grow(red.f32, 4*n)
+	if err := dtype.ToFloat32(red.f32, red.raw, dt); err != nil {
+		return fmt.Errorf("%s: %w", f.Src.Path, err)
+	}
+	for _, rn := range runs {
+		copy(out[4*(rn.full-start):4*(rn.full-start+rn.n)], red.f32[4*(rn.local-lo):4*(rn.local-lo+rn.n)])
+	}
+	red.account(t1.Sub(t0), time.Since(t1), n*int64(dt.Size()))
+	return nil
+}
+
+func (red *reducer) account(read, convert time.Duration, bytesRead int64) {
+	red.ws.Read += read
+	red.ws.Convert += convert
+	red.ws.BytesRead += bytesRead
+	red.r.read.Add(bytesRead)
+	if red.r.opt.Progress != nil {
+		red.r.opt.Progress(bytesRead, 0)
+	}
+}
+
+// replicas returns the replica indexes of a state in order.
+func replicas(st *fragment.State) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, s := range st.Shards {
+		if !seen[s.Replica] {
+			seen[s.Replica] = true
+			out = append(out, s.Replica)
+		}
+	}
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && out[j] < out[j-1]; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+// average computes the mean of all replicas in float32 exactly as
+// ds_to_universal does: sum(slices) / len(slices), left to right from 0.
+func (red *reducer) average(p *fragment.Param, st *fragment.State, start, end int64) error {
+	n := end - start
+	reps := replicas(st)
+	acc := make([]float32, n)
+	red.tmp = grow(red.tmp, 4*n)
+	for _, rep := range reps {
+		if err := red.gather(p, st, rep, start, end, red.tmp); err != nil {
+			return err
+		}
+		for i := range acc {
+			acc[i] += math.Float32frombits(binary.LittleEndian.Uint32(red.tmp[4*i:]))
+		}
+	}
+	div := float32(len(reps))
+	for i, v := range acc {
+		binary.LittleEndian.PutUint32(red.out[4*i:], math.Float32bits(v/div))
+	}
+	return nil
+}
+
+func (red *reducer) checkReplicas(p *fragment.Param, st *fragment.State, start, end int64) error {
+	reps := replicas(st)
+	if len(reps) < 2 {
+		return nil
+	}
+	red.tmp = grow(red.tmp, 4*(end-start))
+	for _, rep := range reps[1:] {
+		if err := red.gather(p, st, rep, start, end, red.tmp); err != nil {
+			return err
+		}
+		if !bytes.Equal(red.tmp, red.out) {
+			for i := int64(0); i < end-start; i++ {
+				if !bytes.Equal(red.tmp[4*i:4*i+4], red.out[4*i:4*i+4]) {
+					return fmt.Errorf("replica %d differs from replica 0 at element %d (%v vs %v); the copies are not identical",
+						rep, start+i, math.Float32frombits(binary.LittleEndian.Uint32(red.tmp[4*i:])),
+						math.Float32frombits(binary.LittleEndian.Uint32(red.out[4*i:])))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (red *reducer) step(pi int) error {
+	r := red.r
+	p := r.t.Params[pi]
+	s := p.Step
+	if s.Tensor == nil {
+		return r.w.WriteStep(pi, s.Value)
+	}
+	file, err := r.src.get(s.Tensor.Path)
+	if err != nil {
+		return err
+	}
+	raw := make([]byte, s.Tensor.T.NBytes())
+	if err := torchfile.ReadRange(file, s.Tensor.T, 0, s.Tensor.Numel(), raw); err != nil {
+		return fmt.Errorf("%s: step of %s: %w", s.Tensor.Path, p.Name, err)
+	}
+	return r.w.WriteStep(pi, torchfile.NewBlob(s.Tensor.DType(), s.Tensor.T.Shape, raw))
+}
+
+// sources keeps source files open for concurrent preads.
+type sources struct {
+	mu    sync.Mutex
+	files map[string]*os.File
+}
+
+func newSources() *sources { return &sources{files: map[string]*os.File{}} }
+
+func (s *sources) get(path string) (*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.files[path]; ok {
+		return f, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	s.files[path] = f
+	return f, nil
+}
+
+func (s *sources) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.files {
+		f.Close()
+	}
+	s.files = map[string]*os.File{}
+}
