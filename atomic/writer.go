@@ -205,6 +205,10 @@ func (w *Writer) WriteStep(pi int, v pyobj.Value) error {
 }
 
 func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
+	v, err := materialize(v)
+	if err != nil {
+		return nil, err
+	}
 	tw, err := torchfile.Create(filepath.Join(w.tmp, rel), v)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/formats/zero3"
 	"github.com/ucp-project/ucp/fragment"
 )
 
@@ -35,6 +36,14 @@ func All() []Format {
 			Detect: deepspeed.Detect,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
 				return deepspeed.Index(ctx, path, deepspeed.Options{Tag: o.Tag, Workers: o.Workers})
+			},
+		},
+		{
+			Name:   "zero3",
+			Help:   "DeepSpeed ZeRO-3, including AutoTP grids",
+			Detect: zero3.Detect,
+			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+				return zero3.Index(ctx, path, zero3.Options{Tag: o.Tag, Workers: o.Workers})
 			},
 		},
 	}

@@ -218,3 +218,21 @@ func (t *Table) Bytes() (src int64, out int64) {
 func (f Fragment) String() string {
 	return fmt.Sprintf("shard %d [%d,%d) <- %s %v@%d", f.Shard, f.LocalStart, f.LocalStart+f.Len, f.Src.Path, f.Src.T.Shape, f.SrcStart)
 }
+
+// StateOrder sorts state names with the standard states first (fp32,
+// exp_avg, exp_avg_sq), then the others by name, in place.
+func StateOrder(keys []string) []string {
+	rank := map[string]int{FP32: 0, ExpAvg: 1, ExpAvgSq: 2}
+	sort.SliceStable(keys, func(i, j int) bool {
+		ri, oki := rank[keys[i]]
+		rj, okj := rank[keys[j]]
+		switch {
+		case oki && okj:
+			return ri < rj
+		case oki != okj:
+			return oki
+		}
+		return keys[i] < keys[j]
+	})
+	return keys
+}

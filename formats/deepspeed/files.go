@@ -83,11 +83,15 @@ func hasRankFiles(dir string) bool {
 	return false
 }
 
-// Detect reports whether path looks like a DeepSpeed checkpoint (a save
-// folder with 'latest' or a tag folder with rank files).
+// Detect reports whether path looks like a DeepSpeed ZeRO-0/1/2 checkpoint
+// (a save folder with 'latest' or a tag folder with mp_rank model states).
 func Detect(path string) bool {
-	dir, _, err := ResolveTag(path, "")
-	return err == nil && hasRankFiles(dir)
+	dir, tag, err := ResolveTag(path, "")
+	if err != nil {
+		return false
+	}
+	f, err := ListFiles(dir, tag)
+	return err == nil && len(f.Model) > 0
 }
 
 // ListFiles classifies the rank files of a tag folder. Two files for the

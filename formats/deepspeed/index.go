@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sort"
 
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/patterns"
@@ -125,7 +124,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	}
 	uci, _ := models[0].root.Get("universal_checkpoint_info")
 	uciDict, _ := uci.(*pyobj.Dict)
-	r, err := parseRules(uciDict)
+	r, err := ParseRules(uciDict)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", models[0].path, err)
 	}
@@ -145,7 +144,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	for mp := 0; mp < M; mp++ {
 		b.table.CopyFiles = append(b.table.CopyFiles, fragment.CopyFile{Name: filepath.Base(files.Model[mp]), Src: files.Model[mp]})
 	}
-	if um := r.unmatched(); len(um) > 0 {
+	if um := r.Unmatched(); len(um) > 0 {
 		b.table.Notes = append(b.table.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
 	}
 	if !r.present {
@@ -396,7 +395,7 @@ type builder struct {
 	T, P, D int
 	models  []*modelState
 	optims  map[[2]int]*optimState
-	rules   *rules
+	rules   *Rules
 	table   *fragment.Table
 }
 
@@ -475,28 +474,20 @@ func (b *builder) param(name string, l located) (*fragment.Param, error) {
 			return nil, fmt.Errorf("%s: parameter %s is missing from param_shapes[%d]", b.models[l.pp*b.T+t].path, name, l.g)
 		}
 	}
-	pl, err := b.rules.classify(name, shapes)
+	pl, err := b.rules.Classify(name, shapes)
 	if err != nil {
 		return nil, err
 	}
-	shards, err := patterns.Shards(pl.pattern, pl.full, b.T)
+	shards, shape, err := pl.Shards(name, b.T)
 	if err != nil {
-		return nil, fmt.Errorf("parameter %s: %w", name, err)
-	}
-	shape := pl.full
-	if pl.info.VocabSize > 0 {
-		shape = clone(pl.full)
-		shape[0] = pl.info.VocabSize
-		for t := range shards {
-			shards[t] = patterns.StripPad(shards[t], pl.full, 0, pl.info.VocabSize)
-		}
+		return nil, err
 	}
 	for t, s := range shards {
 		if prod(s.Shape) != prod(shapes[t]) {
 			return nil, fmt.Errorf("parameter %s: rank %d holds shape %v but the pattern gives it %v", name, t, shapes[t], s.Shape)
 		}
 	}
-	p := &fragment.Param{Name: name, Shape: shape, Average: pl.average, Info: pl.info}
+	p := pl.Param(name, shape)
 	for t := 0; t < b.T; t++ {
 		if err := b.addFragments(p, shards, l, t); err != nil {
 			return nil, err
@@ -596,23 +587,6 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 	return nil
 }
 
-// stateOrder puts the standard states first, then others by name.
-func stateOrder(keys []string) []string {
-	rank := map[string]int{fragment.FP32: 0, fragment.ExpAvg: 1, fragment.ExpAvgSq: 2}
-	sort.SliceStable(keys, func(i, j int) bool {
-		ri, oki := rank[keys[i]]
-		rj, okj := rank[keys[j]]
-		switch {
-		case oki && okj:
-			return ri < rj
-		case oki != okj:
-			return oki
-		}
-		return keys[i] < keys[j]
-	})
-	return keys
-}
-
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
 	gr := o.groups[g]
 	srcs := map[string]*torchfile.Tensor{fragment.FP32: gr.fp32}
@@ -627,7 +601,7 @@ func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optim
 	for k := range srcs {
 		keys = append(keys, k)
 	}
-	for _, k := range stateOrder(keys) {
+	for _, k := range fragment.StateOrder(keys) {
 		st := p.State(k)
 		if st == nil {
 			// A state missing on some ranks leaves a hole that Validate reports.
@@ -737,26 +711,19 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 	for t, tt := range tensors {
 		shapes[t] = tt.Shape
 	}
-	var pl *placement
+	var pl *Placement
 	var err error
 	if buffer && b.T > 1 {
-		pl = &placement{pattern: patterns.Replicated{}, full: clone(shapes[0]), info: fragment.Info{CatDim: -1}}
-	} else if pl, err = b.rules.classify(name, shapes); err != nil {
+		pl = &Placement{Pattern: patterns.Replicated{}, Full: clone(shapes[0]), Info: fragment.Info{CatDim: -1}}
+	} else if pl, err = b.rules.Classify(name, shapes); err != nil {
 		return err
 	}
-	shards, err := patterns.Shards(pl.pattern, pl.full, b.T)
+	shards, shape, err := pl.Shards(name, b.T)
 	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return err
 	}
-	shape := pl.full
-	if pl.info.VocabSize > 0 {
-		shape = clone(pl.full)
-		shape[0] = pl.info.VocabSize
-		for t := range shards {
-			shards[t] = patterns.StripPad(shards[t], pl.full, 0, pl.info.VocabSize)
-		}
-	}
-	p := &fragment.Param{Name: name, Shape: shape, Frozen: true, Average: pl.average, Info: pl.info}
+	p := pl.Param(name, shape)
+	p.Frozen = true
 	st := p.AddState(fragment.FP32)
 	st.Shards = shards
 	for t, tt := range tensors {

@@ -10,9 +10,9 @@ import (
 	"github.com/ucp-project/ucp/pyobj"
 )
 
-// rules are the parameter classification lists of a checkpoint's
+// Rules are the parameter classification lists of a checkpoint's
 // universal_checkpoint_info (deepspeed.md §3.9), compiled.
-type rules struct {
+type Rules struct {
 	version       float64
 	vocabSize     int64
 	paddedVocab   int64
@@ -43,10 +43,10 @@ type subParamRule struct {
 	raw      *pyobj.Dict
 }
 
-// parseRules compiles the UCI dict (nil when the checkpoint has none).
+// ParseRules compiles the UCI dict (nil when the checkpoint has none).
 // Python's re.match anchors at the start only, hence ^(?:...).
-func parseRules(uci *pyobj.Dict) (*rules, error) {
-	r := &rules{matched: map[*pattern]bool{}, patternByText: map[string]*pattern{}, present: uci != nil}
+func ParseRules(uci *pyobj.Dict) (*Rules, error) {
+	r := &Rules{matched: map[*pattern]bool{}, patternByText: map[string]*pattern{}, present: uci != nil}
 	if uci == nil {
 		return r, nil
 	}
@@ -147,7 +147,7 @@ func parseRules(uci *pyobj.Dict) (*rules, error) {
 	return r, nil
 }
 
-func (r *rules) compile(key string, ss []string) ([]*pattern, error) {
+func (r *Rules) compile(key string, ss []string) ([]*pattern, error) {
 	var out []*pattern
 	for _, s := range ss {
 		re, err := regexp.Compile("^(?:" + s + ")")
@@ -166,7 +166,7 @@ func (r *rules) compile(key string, ss []string) ([]*pattern, error) {
 
 // match returns the one pattern of list that matches name; two matches are
 // an error, as in ds_to_universal.
-func (r *rules) match(list []*pattern, name string) (*pattern, error) {
+func (r *Rules) match(list []*pattern, name string) (*pattern, error) {
 	var found *pattern
 	for _, p := range list {
 		if p.re.MatchString(name) {
@@ -182,7 +182,7 @@ func (r *rules) match(list []*pattern, name string) (*pattern, error) {
 	return found, nil
 }
 
-func (r *rules) matchSubParams(name string) *subParamRule {
+func (r *Rules) matchSubParams(name string) *subParamRule {
 	for i := range r.subParams {
 		for _, p := range r.subParams[i].patterns {
 			if p.re.MatchString(name) {
@@ -194,8 +194,8 @@ func (r *rules) matchSubParams(name string) *subParamRule {
 	return nil
 }
 
-// unmatched lists patterns that matched no parameter.
-func (r *rules) unmatched() []string {
+// Unmatched lists patterns that matched no parameter.
+func (r *Rules) Unmatched() []string {
 	var out []string
 	for _, p := range r.allPatterns {
 		if !r.matched[p] {
@@ -206,30 +206,52 @@ func (r *rules) unmatched() []string {
 	return out
 }
 
-// placement is how one parameter's TP shards rebuild it.
-type placement struct {
-	pattern patterns.Pattern
-	full    []int64 // full shape (before vocabulary stripping)
-	info    fragment.Info
-	average bool
+// Placement is how one parameter's TP shards rebuild it.
+type Placement struct {
+	Pattern patterns.Pattern
+	Full    []int64 // full shape (before vocabulary stripping)
+	Info    fragment.Info
+	Average bool
 }
 
-// classify applies the first matching rule of §6.3 to a parameter whose
+// Shards builds the T shards of the parameter and its atomic shape, with
+// vocabulary padding stripped.
+func (pl *Placement) Shards(name string, T int) ([]fragment.Shard, []int64, error) {
+	shards, err := patterns.Shards(pl.Pattern, pl.Full, T)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parameter %s: %w", name, err)
+	}
+	shape := clone(pl.Full)
+	if pl.Info.VocabSize > 0 {
+		shape[0] = pl.Info.VocabSize
+		for t := range shards {
+			shards[t] = patterns.StripPad(shards[t], pl.Full, 0, pl.Info.VocabSize)
+		}
+	}
+	return shards, shape, nil
+}
+
+// Param returns an empty parameter for this placement.
+func (pl *Placement) Param(name string, shape []int64) *fragment.Param {
+	return &fragment.Param{Name: name, Shape: shape, Average: pl.Average, Info: pl.Info}
+}
+
+// Classify applies the first matching rule of §6.3 to a parameter whose
 // tensor-parallel shards have the given shapes.
-func (r *rules) classify(name string, shapes [][]int64) (*placement, error) {
+func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	T := len(shapes)
 	for t := 1; t < T; t++ {
 		if len(shapes[t]) != len(shapes[0]) {
 			return nil, fmt.Errorf("parameter %s has shapes %v on tensor-parallel ranks", name, shapes)
 		}
 	}
-	pl := &placement{info: fragment.Info{CatDim: -1}}
+	pl := &Placement{Info: fragment.Info{CatDim: -1}}
 	sameShapes := true
 	for t := 1; t < T; t++ {
 		sameShapes = sameShapes && equal(shapes[t], shapes[0])
 	}
 	if T == 1 {
-		pl.pattern, pl.full, pl.info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
+		pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
 	} else if !r.present {
 		return nil, fmt.Errorf("parameter %s is split over %d tensor-parallel ranks but the checkpoint has no universal_checkpoint_info to say how; it cannot be classified", name, T)
 	} else if p, err := r.match(r.tpReplicated, name); err != nil {
@@ -238,14 +260,14 @@ func (r *rules) classify(name string, shapes [][]int64) (*placement, error) {
 		if !sameShapes {
 			return nil, fmt.Errorf("parameter %s is marked TP-replicated but its shards have shapes %v", name, shapes)
 		}
-		pl.pattern, pl.full = patterns.Replicated{}, clone(shapes[0])
+		pl.Pattern, pl.Full = patterns.Replicated{}, clone(shapes[0])
 	} else if p, err := r.match(r.average, name); err != nil {
 		return nil, err
 	} else if p != nil {
 		if !sameShapes {
 			return nil, fmt.Errorf("parameter %s is marked averaged but its shards have shapes %v", name, shapes)
 		}
-		pl.pattern, pl.full, pl.average = patterns.Averaged{}, clone(shapes[0]), true
+		pl.Pattern, pl.Full, pl.Average = patterns.Averaged{}, clone(shapes[0]), true
 	} else if p, err := r.match(r.twoSubParams, name); err != nil {
 		return nil, err
 	} else if p != nil {
@@ -260,8 +282,8 @@ func (r *rules) classify(name string, shapes [][]int64) (*placement, error) {
 			w[0][t], w[1][t] = (s[0]+1)/2, s[0]/2
 			full[0] += s[0]
 		}
-		pl.pattern, pl.full = patterns.SubParams{Dim: 0, Widths: w}, full
-		pl.info.CatDim, pl.info.NSubParams = 0, 2
+		pl.Pattern, pl.Full = patterns.SubParams{Dim: 0, Widths: w}, full
+		pl.Info.CatDim, pl.Info.NSubParams = 0, 2
 	} else if sp := r.matchSubParams(name); sp != nil {
 		if err := r.subParamPlacement(name, sp, shapes, pl); err != nil {
 			return nil, err
@@ -282,22 +304,22 @@ func (r *rules) classify(name string, shapes [][]int64) (*placement, error) {
 	if p, err := r.match(r.vocab, name); err != nil {
 		return nil, err
 	} else if p != nil {
-		if len(pl.full) != 2 {
-			return nil, fmt.Errorf("vocabulary parameter %s has shape %v; only 2-D vocabularies are supported", name, pl.full)
+		if len(pl.Full) != 2 {
+			return nil, fmt.Errorf("vocabulary parameter %s has shape %v; only 2-D vocabularies are supported", name, pl.Full)
 		}
 		if r.vocabSize <= 0 {
 			return nil, fmt.Errorf("parameter %s matches a vocabulary pattern but universal_checkpoint_info has no original_vocab_size", name)
 		}
-		if r.vocabSize > pl.full[0] {
-			return nil, fmt.Errorf("vocabulary parameter %s has %d rows, fewer than original_vocab_size %d", name, pl.full[0], r.vocabSize)
+		if r.vocabSize > pl.Full[0] {
+			return nil, fmt.Errorf("vocabulary parameter %s has %d rows, fewer than original_vocab_size %d", name, pl.Full[0], r.vocabSize)
 		}
-		pl.info.VocabSize, pl.info.PaddedVocab = r.vocabSize, pl.full[0]
+		pl.Info.VocabSize, pl.Info.PaddedVocab = r.vocabSize, pl.Full[0]
 	}
 	return pl, nil
 }
 
 // concatPlacement splits along dim with the ranks' own lengths.
-func concatPlacement(name string, dim int, shapes [][]int64, pl *placement) error {
+func concatPlacement(name string, dim int, shapes [][]int64, pl *Placement) error {
 	full := clone(shapes[0])
 	if dim >= len(full) {
 		return fmt.Errorf("parameter %s of shape %v cannot be concatenated along dim %d", name, full, dim)
@@ -313,14 +335,14 @@ func concatPlacement(name string, dim int, shapes [][]int64, pl *placement) erro
 		sizes[t] = s[dim]
 		full[dim] += s[dim]
 	}
-	pl.pattern, pl.full, pl.info.CatDim = patterns.Split{Dim: dim, Sizes: sizes}, full, dim
+	pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Split{Dim: dim, Sizes: sizes}, full, dim
 	return nil
 }
 
 // subParamPlacement handles parameter_with_sub_params (SubparamShape): the
 // shape spec gives the sub-parameter sizes at partition_dim, and
 // sub_param_shard_widths (UCI >= 0.4) each rank's share of each.
-func (r *rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int64, pl *placement) error {
+func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int64, pl *Placement) error {
 	T := len(shapes)
 	spec, ok := pyobj.Seq(sp.shape)
 	if !ok || sp.partDim < 0 || sp.partDim >= len(spec) {
@@ -445,13 +467,13 @@ func (r *rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 			return fmt.Errorf("parameter %s: rank %d holds shape %v, but its sub-parameter widths need %v", name, t, s, want)
 		}
 	}
-	pl.pattern, pl.full = patterns.SubParams{Dim: sp.partDim, Widths: widths}, logical
-	pl.info.CatDim, pl.info.SubParamWidths = sp.partDim, sizes
-	pl.info.SubParamShape = subparamShapeObject(sp, sizes)
+	pl.Pattern, pl.Full = patterns.SubParams{Dim: sp.partDim, Widths: widths}, logical
+	pl.Info.CatDim, pl.Info.SubParamWidths = sp.partDim, sizes
+	pl.Info.SubParamShape = subparamShapeObject(sp, sizes)
 	return nil
 }
 
-func (r *rules) lookupWidths(sp *subParamRule) ([][]int64, bool) {
+func (r *Rules) lookupWidths(sp *subParamRule) ([][]int64, bool) {
 	for _, p := range sp.patterns {
 		if ws, ok := r.shardWidths[p.text]; ok {
 			return ws, true

@@ -1,0 +1,488 @@
+// Package zero3 indexes DeepSpeed ZeRO-3 checkpoints (including AutoTP
+// grids of tensor x data parallel ranks) into a fragment table.
+//
+// ZeRO-3 partitions every parameter on its own: flattened, padded to a
+// multiple of the data-parallel degree D and split evenly, Pn = ceil(n/D)
+// elements per rank, the padding at the end of the last rank(s). Each
+// rank's flat fp32 partition of a sub-group is the concatenation of its
+// Pn-element pieces of the sub-group's parameters (deepspeed.md §4.3).
+package zero3
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// Options configure Index.
+type Options struct {
+	Tag     string
+	Workers int
+}
+
+// Detect reports whether path holds a ZeRO-3 checkpoint: per-rank
+// zero_pp_rank_*_model_states.pt files and no mp_rank_* model states.
+func Detect(path string) bool {
+	dir, tag, err := deepspeed.ResolveTag(path, "")
+	if err != nil {
+		return false
+	}
+	f, err := deepspeed.ListFiles(dir, tag)
+	return err == nil && len(f.Zero3) > 0 && len(f.Model) == 0
+}
+
+// rank is one (tp, dp) cell of the grid.
+type rank struct {
+	tp, dp int
+	model  *pyobj.Dict
+	shapes []*pyobj.Dict // param_shapes per sub-group
+	osd    *pyobj.Dict   // optimizer_state_dict
+	flat   []*torchfile.Tensor
+	states []*pyobj.Dict // torch optimizer state per sub-group
+	count  []int64       // partition count per sub-group
+	rankIn []int64       // partition rank per sub-group
+	mpath  string
+	opath  string
+}
+
+// Index builds the fragment table of the ZeRO-3 checkpoint at path.
+func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
+	dir, tag, err := deepspeed.ResolveTag(path, opt.Tag)
+	if err != nil {
+		return nil, err
+	}
+	files, err := deepspeed.ListFiles(dir, tag)
+	if err != nil {
+		return nil, err
+	}
+	if len(files.Zero3) == 0 {
+		return nil, fmt.Errorf("%s: no zero_pp_rank_*_mp_rank_*_model_states.pt files (not a ZeRO-3 checkpoint)", dir)
+	}
+	T, D := 0, 0
+	for k := range files.Zero3 {
+		D, T = max(D, k[0]+1), max(T, k[1]+1)
+	}
+	for k := range files.Optim {
+		D, T = max(D, k[0]+1), max(T, k[1]+1)
+	}
+	var paths []string
+	for tp := 0; tp < T; tp++ {
+		for dp := 0; dp < D; dp++ {
+			m, ok := files.Zero3[[2]int{dp, tp}]
+			if !ok {
+				return nil, fmt.Errorf("%s: missing rank file zero_pp_rank_%d_mp_rank_%02d_model_states.pt (grid of %d tensor x %d data parallel ranks)", dir, dp, tp, T, D)
+			}
+			o, ok := files.Optim[[2]int{dp, tp}]
+			if !ok {
+				return nil, fmt.Errorf("%s: missing rank file zero_pp_rank_%d_mp_rank_%02d_optim_states.pt (grid of %d tensor x %d data parallel ranks)", dir, dp, tp, T, D)
+			}
+			paths = append(paths, m, o)
+		}
+	}
+	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
+	if err != nil {
+		return nil, err
+	}
+	grid := make([][]*rank, T)
+	for tp := 0; tp < T; tp++ {
+		grid[tp] = make([]*rank, D)
+		for dp := 0; dp < D; dp++ {
+			i := 2 * (tp*D + dp)
+			r, err := parseRank(decoded[i], decoded[i+1], tp, dp, D)
+			if err != nil {
+				return nil, err
+			}
+			grid[tp][dp] = r
+		}
+	}
+	return build(dir, tag, grid)
+}
+
+func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
+	r := &rank{tp: tp, dp: dp, mpath: mf.Name, opath: of.Name}
+	var ok bool
+	if r.model, ok = mf.Root.(*pyobj.Dict); !ok {
+		return nil, fmt.Errorf("%s: model state is %s, not a dict", mf.Name, pyobj.TypeName(mf.Root))
+	}
+	sv, ok := r.model.Get("param_shapes")
+	groups, ok2 := pyobj.Seq(sv)
+	if !ok || !ok2 {
+		return nil, fmt.Errorf("%s: no param_shapes list", mf.Name)
+	}
+	for g, gv := range groups {
+		d, ok := gv.(*pyobj.Dict)
+		if !ok {
+			return nil, fmt.Errorf("%s: param_shapes[%d] is %s, not a dict", mf.Name, g, pyobj.TypeName(gv))
+		}
+		for _, v := range d.Values() {
+			if _, ok := pyobj.Ints(v); !ok {
+				return nil, fmt.Errorf("%s: param_shapes[%d] holds %s, not a shape", mf.Name, g, pyobj.TypeName(v))
+			}
+		}
+		r.shapes = append(r.shapes, d)
+	}
+	root, ok := of.Root.(*pyobj.Dict)
+	if !ok {
+		return nil, fmt.Errorf("%s: optimizer file is %s, not a dict", of.Name, pyobj.TypeName(of.Root))
+	}
+	osd, err := pyobj.Key[*pyobj.Dict](root, "optimizer_state_dict")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", of.Name, err)
+	}
+	r.osd = osd
+	if zs, ok := osd.Get("zero_stage"); !ok || stage(zs) != 3 {
+		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
+	}
+	flatv, ok := osd.Get("fp32_flat_groups")
+	flats, ok2 := pyobj.Seq(flatv)
+	if !ok || !ok2 {
+		return nil, fmt.Errorf("%s: no fp32_flat_groups list", of.Name)
+	}
+	for s, fv := range flats {
+		t, ok := fv.(*torchfile.Tensor)
+		if !ok {
+			return nil, fmt.Errorf("%s: fp32_flat_groups[%d] is %s, not a tensor", of.Name, s, pyobj.TypeName(fv))
+		}
+		r.flat = append(r.flat, t)
+	}
+	if len(r.flat) != len(r.shapes) {
+		return nil, fmt.Errorf("%s: %d fp32 sub-groups but %s lists %d", of.Name, len(r.flat), filepath.Base(mf.Name), len(r.shapes))
+	}
+	inner, err := pyobj.Key[*pyobj.Dict](osd, "optimizer_state_dict")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", of.Name, err)
+	}
+	states, err := pyobj.Key[*pyobj.Dict](inner, "state")
+	if err != nil {
+		return nil, fmt.Errorf("%s: optimizer_state_dict: %w", of.Name, err)
+	}
+	count, err := pyobj.IntKey(osd, "partition_count")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", of.Name, err)
+	}
+	if int(count) != D {
+		return nil, fmt.Errorf("%s: partition_count %d, but the grid has %d data-parallel ranks", of.Name, count, D)
+	}
+	// AutoEP records each sub-group's own partition group.
+	var pgroups []pyobj.Value
+	if v, ok := osd.Get("ds_zero_partition_groups"); ok && v != nil {
+		pgroups, _ = pyobj.Seq(v)
+	}
+	for s := range r.flat {
+		st, ok := states.Get(int64(s))
+		sd, ok2 := st.(*pyobj.Dict)
+		if !ok || !ok2 {
+			return nil, fmt.Errorf("%s: optimizer state of sub-group %d is missing (saved before the first optimizer step?)", of.Name, s)
+		}
+		r.states = append(r.states, sd)
+		c, rk := count, int64(dp)
+		if s < len(pgroups) {
+			if pg, ok := pgroups[s].(*pyobj.Dict); ok {
+				if v, err := pyobj.IntKey(pg, "partition_count"); err == nil {
+					c = v
+				}
+				if v, err := pyobj.IntKey(pg, "partition_rank"); err == nil {
+					rk = v
+				}
+			}
+		}
+		if c <= 0 || rk < 0 || rk >= c {
+			return nil, fmt.Errorf("%s: sub-group %d has partition rank %d of %d", of.Name, s, rk, c)
+		}
+		r.count = append(r.count, c)
+		r.rankIn = append(r.rankIn, rk)
+	}
+	return r, nil
+}
+
+func stage(v pyobj.Value) int {
+	switch x := v.(type) {
+	case pyobj.Enum:
+		if x.ByName {
+			return map[string]int{"disabled": 0, "optimizer_states": 1, "gradients": 2, "weights": 3, "max_stage": 3}[x.Name]
+		}
+		n, _ := pyobj.Int(x.Value)
+		return int(n)
+	case *pyobj.Object:
+		if len(x.Args) == 1 {
+			n, _ := pyobj.Int(x.Args[0])
+			return int(n)
+		}
+	}
+	n, _ := pyobj.Int(v)
+	return int(n)
+}
+
+// piece is where one parameter's partition lies in a rank's flat group.
+type piece struct {
+	sub    int
+	offset int64 // in the flat sub-group tensor
+}
+
+func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
+	T, D := len(grid), len(grid[0])
+	r00 := grid[0][0]
+	uci, _ := r00.model.Get("universal_checkpoint_info")
+	uciDict, _ := uci.(*pyobj.Dict)
+	rules, err := deepspeed.ParseRules(uciDict)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r00.mpath, err)
+	}
+	t := &fragment.Table{Format: "deepspeed-zero3", Source: dir, Tag: tag,
+		Degrees: fragment.Degrees{TP: T, PP: 1, DP: D, EP: 1, ZeRO: 3}}
+	// Parameter names and per-TP shapes, from each TP rank's dp-0 file.
+	var names []string
+	where := make([]map[string]piece, T)
+	shapes := make([]map[string][]int64, T)
+	for tp := 0; tp < T; tp++ {
+		where[tp], shapes[tp] = map[string]piece{}, map[string][]int64{}
+		r := grid[tp][0]
+		for s, g := range r.shapes {
+			var off int64
+			for i := 0; i < g.Len(); i++ {
+				k, v := g.Item(i)
+				name, ok := k.(string)
+				if !ok {
+					return nil, fmt.Errorf("%s: param_shapes[%d] has a non-string name", r.mpath, s)
+				}
+				shape, _ := pyobj.Ints(v)
+				if _, dup := where[tp][name]; dup {
+					return nil, fmt.Errorf("%s: parameter %s appears in two sub-groups", r.mpath, name)
+				}
+				where[tp][name] = piece{sub: s, offset: off}
+				shapes[tp][name] = shape
+				off += ceilDiv(prod(shape), r.count[s])
+				if tp == 0 {
+					names = append(names, name)
+				}
+			}
+			// Every rank's flat group must hold exactly these pieces.
+			for dp := 0; dp < D; dp++ {
+				if n := grid[tp][dp].flat[s].Numel(); n != off {
+					return nil, fmt.Errorf("%s: fp32_flat_groups[%d] has %d elements, but its parameters' partitions need %d",
+						grid[tp][dp].opath, s, n, off)
+				}
+			}
+		}
+	}
+	for _, name := range names {
+		ts := make([][]int64, T)
+		for tp := 0; tp < T; tp++ {
+			s, ok := shapes[tp][name]
+			if !ok {
+				return nil, fmt.Errorf("%s: parameter %s is missing from param_shapes", grid[tp][0].mpath, name)
+			}
+			ts[tp] = s
+		}
+		pl, err := rules.Classify(name, ts)
+		if err != nil {
+			return nil, err
+		}
+		shards, shape, err := pl.Shards(name, T)
+		if err != nil {
+			return nil, err
+		}
+		p := pl.Param(name, shape)
+		for tp := 0; tp < T; tp++ {
+			if prod(shards[tp].Shape) != prod(ts[tp]) {
+				return nil, fmt.Errorf("parameter %s: rank %d holds shape %v but the pattern gives it %v", name, tp, ts[tp], shards[tp].Shape)
+			}
+			if err := addFragments(p, shards, grid[tp], where[tp][name], prod(ts[tp]), tp); err != nil {
+				return nil, err
+			}
+		}
+		t.Params = append(t.Params, p)
+	}
+	if err := addFrozen(t, grid, rules); err != nil {
+		return nil, err
+	}
+	if um := rules.Unmatched(); len(um) > 0 {
+		t.Notes = append(t.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
+	}
+	t.Optimizer = optimizerState(r00)
+	for tp := 0; tp < T; tp++ {
+		for dp := 0; dp < D; dp++ {
+			m := grid[tp][dp].mpath
+			t.CopyFiles = append(t.CopyFiles, fragment.CopyFile{Name: filepath.Base(m), Src: m})
+		}
+	}
+	return t, nil
+}
+
+// addFragments adds the DP fragments of TP rank tp's shard: rank r holds
+// elements [r*Pn, r*Pn + valid(r)) of the shard, valid(r) = clamp(n - r*Pn).
+func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc piece, n int64, tp int) error {
+	for _, r := range ranks {
+		c, rk := r.count[pc.sub], r.rankIn[pc.sub]
+		pn := ceilDiv(n, c)
+		valid := max(0, min(pn, n-rk*pn))
+		if tp == 0 && r.dp == 0 {
+			p.Info.Padding = c*pn - n
+		}
+		srcs := map[string]*torchfile.Tensor{fragment.FP32: r.flat[pc.sub]}
+		st := r.states[pc.sub]
+		for i := 0; i < st.Len(); i++ {
+			k, v := st.Item(i)
+			ks, _ := k.(string)
+			if tt, ok := v.(*torchfile.Tensor); ok && ks != fragment.StepState && tt.Numel() == r.flat[pc.sub].Numel() {
+				srcs[ks] = tt
+			}
+		}
+		var keys []string
+		for k := range srcs {
+			keys = append(keys, k)
+		}
+		for _, k := range fragment.StateOrder(keys) {
+			s := p.State(k)
+			if s == nil {
+				s = p.AddState(k)
+				s.Shards = append([]fragment.Shard(nil), shards...)
+			}
+			if valid > 0 {
+				s.Frags = append(s.Frags, fragment.Fragment{Shard: tp, LocalStart: rk * pn, Len: valid,
+					Src: fragment.Ref(r.opath, srcs[k], 0), SrcStart: pc.offset})
+			}
+		}
+		if p.Step == nil {
+			if sv, ok := st.Get(fragment.StepState); ok {
+				p.Step = stepOf(r.opath, sv)
+			}
+		}
+	}
+	return nil
+}
+
+func stepOf(path string, v pyobj.Value) *fragment.Step {
+	if t, ok := v.(*torchfile.Tensor); ok {
+		ref := fragment.Ref(path, t, 0)
+		return &fragment.Step{Tensor: &ref}
+	}
+	return &fragment.Step{Value: v}
+}
+
+// addFrozen adds frozen parameters (each rank holds its ZeRO-3 partition
+// in frozen_param_fragments) and buffers (full in every rank's module).
+func addFrozen(t *fragment.Table, grid [][]*rank, rules *deepspeed.Rules) error {
+	T := len(grid)
+	r00 := grid[0][0]
+	fsv, _ := r00.model.Get("frozen_param_shapes")
+	fs, _ := fsv.(*pyobj.Dict)
+	for i := 0; i < fs.Len(); i++ {
+		k, _ := fs.Item(i)
+		name, _ := k.(string)
+		ts := make([][]int64, T)
+		for tp := 0; tp < T; tp++ {
+			d, _ := grid[tp][0].model.Get("frozen_param_shapes")
+			dd, _ := d.(*pyobj.Dict)
+			sv, _ := dd.Get(name)
+			s, ok := pyobj.Ints(sv)
+			if !ok {
+				return fmt.Errorf("%s: frozen parameter %s has no shape", grid[tp][0].mpath, name)
+			}
+			ts[tp] = s
+		}
+		pl, err := rules.Classify(name, ts)
+		if err != nil {
+			return err
+		}
+		shards, shape, err := pl.Shards(name, T)
+		if err != nil {
+			return err
+		}
+		p := pl.Param(name, shape)
+		p.Frozen = true
+		st := p.AddState(fragment.FP32)
+		st.Shards = shards
+		for tp := 0; tp < T; tp++ {
+			n := prod(ts[tp])
+			D := int64(len(grid[tp]))
+			pn := ceilDiv(n, D)
+			for _, r := range grid[tp] {
+				fv, _ := r.model.Get("frozen_param_fragments")
+				fd, _ := fv.(*pyobj.Dict)
+				tv, _ := fd.Get(name)
+				frag, ok := tv.(*torchfile.Tensor)
+				if !ok {
+					return fmt.Errorf("%s: frozen parameter %s has no fragment", r.mpath, name)
+				}
+				valid := max(0, min(pn, n-int64(r.dp)*pn))
+				if frag.Numel() < valid {
+					return fmt.Errorf("%s: frozen fragment of %s has %d elements, need %d", r.mpath, name, frag.Numel(), valid)
+				}
+				if valid > 0 {
+					st.Frags = append(st.Frags, fragment.Fragment{Shard: tp, LocalStart: int64(r.dp) * pn, Len: valid,
+						Src: fragment.Ref(r.mpath, frag, 0)})
+				}
+			}
+		}
+		t.Params = append(t.Params, p)
+	}
+	bv, _ := r00.model.Get("buffer_names")
+	bufs, _ := pyobj.Strings(bv)
+	mod, _ := r00.model.Get("module")
+	md, _ := mod.(*pyobj.Dict)
+	for _, name := range bufs {
+		v, _ := md.Get(name)
+		bt, ok := v.(*torchfile.Tensor)
+		if !ok {
+			return fmt.Errorf("%s: buffer %s is not in the module state", r00.mpath, name)
+		}
+		p := &fragment.Param{Name: name, Shape: append([]int64(nil), bt.Shape...), Frozen: true, Info: fragment.Info{CatDim: -1}}
+		st := p.AddState(fragment.FP32)
+		st.Shards = []fragment.Shard{{Shape: append([]int64(nil), bt.Shape...)}}
+		st.Frags = []fragment.Fragment{{Len: bt.Numel(), Src: fragment.Ref(r00.mpath, bt, 0)}}
+		t.Params = append(t.Params, p)
+	}
+	return nil
+}
+
+// optimizerState is zero/optimizer_state.pt: rank 0's optimizer state
+// without the flat fp32 groups and moment tensors (the loader reads only
+// the step and the param groups), param_groups last.
+func optimizerState(r *rank) *pyobj.Dict {
+	d := r.osd.Clone()
+	d.Delete("fp32_flat_groups")
+	if inner, ok := d.Get("optimizer_state_dict"); ok {
+		if id, ok := inner.(*pyobj.Dict); ok {
+			c := id.Clone()
+			if sv, ok := c.Get("state"); ok {
+				if sd, ok := sv.(*pyobj.Dict); ok {
+					lean := pyobj.NewDict(sd.Kind)
+					for i := 0; i < sd.Len(); i++ {
+						k, v := sd.Item(i)
+						if vd, ok := v.(*pyobj.Dict); ok {
+							if step, ok := vd.Get(fragment.StepState); ok {
+								if t, ok := step.(*torchfile.Tensor); ok {
+									ref := fragment.Ref(r.opath, t, 0)
+									step = &ref
+								}
+								lean.Set(k, pyobj.DictOf(fragment.StepState, step))
+							}
+						}
+					}
+					c.Set("state", lean)
+				}
+			}
+			d.Set("optimizer_state_dict", c)
+			if pg, ok := c.Get("param_groups"); ok {
+				d.Set("param_groups", pg)
+			}
+		}
+	}
+	return d
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+func prod(s []int64) int64 {
+	n := int64(1)
+	for _, d := range s {
+		n *= d
+	}
+	return n
+}
