@@ -161,6 +161,7 @@ func (w *Writer) StateFile(pi, si int) (*StateFile, error) {
 	if err != nil {
 		return nil, err
 	}
+	tw.NoSync = true // Finish syncs the whole folder before the manifest
 	return &StateFile{w: w, key: [2]int{pi, si}, path: rel, tw: tw, numel: p.Numel()}, nil
 }
 
@@ -213,6 +214,7 @@ func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
 	if err != nil {
 		return nil, err
 	}
+	tw.NoSync = true
 	if err := tw.Commit(); err != nil {
 		return nil, err
 	}
@@ -275,6 +277,10 @@ func (w *Writer) Finish() (*Manifest, error) {
 		m.Files = append(m.Files, *e)
 	}
 	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Path < m.Files[j].Path })
+	// Everything must be on disk before the manifest says it is complete.
+	if err := syncTree(w.tmp); err != nil {
+		return nil, fmt.Errorf("%s: %w", w.tmp, err)
+	}
 	if err := writeJSON(filepath.Join(w.tmp, ManifestName), m); err != nil {
 		return nil, err
 	}
@@ -316,9 +322,6 @@ func copyFile(src, dst string) (*FileEntry, error) {
 	// io.Copy between files uses copy_file_range; the CRC needs the bytes,
 	// so tee them (model-state files are small).
 	n, err := io.Copy(io.MultiWriter(out, h), in)
-	if err == nil {
-		err = out.Sync()
-	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}

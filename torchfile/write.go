@@ -368,6 +368,9 @@ type Writer struct {
 	mu     sync.Mutex
 	pieces [][]Piece
 	crcs   []uint32 // per blob, set by Commit
+	// NoSync skips the fsync in Commit, for callers that sync a whole
+	// folder at once before they publish it.
+	NoSync bool
 }
 
 // Create starts writing root to path. Blob payloads are written with
@@ -452,7 +455,7 @@ func (w *Writer) Commit() error {
 			}
 		}
 	}
-	if err == nil {
+	if err == nil && !w.NoSync {
 		err = w.f.Sync()
 	}
 	if cerr := w.f.Close(); err == nil {

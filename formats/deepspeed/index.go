@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"sort"
 
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/patterns"
@@ -70,33 +71,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if len(files.Optim) == 0 {
 		return nil, fmt.Errorf("%s: no ZeRO optimizer files (*zero_pp_rank_*_optim_states.pt); conversion needs ZeRO-1/2 optimizer state", dir)
 	}
-	if len(files.Optim)%M != 0 {
-		return nil, fmt.Errorf("%s: %d optimizer files do not divide into %d model-parallel ranks", dir, len(files.Optim), M)
-	}
-	D := len(files.Optim) / M
-	for dp := 0; dp < D; dp++ {
-		for mp := 0; mp < M; mp++ {
-			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
-				return nil, fmt.Errorf("%s: missing rank file %s", dir, files.optimName(dp, mp))
-			}
-		}
-	}
-	for k, p := range files.Optim {
-		if k[0] >= D || k[1] >= M {
-			return nil, fmt.Errorf("%s: unexpected rank file %s (dp %d, mp %d) for %d data-parallel x %d model-parallel ranks",
-				dir, filepath.Base(p), k[0], k[1], D, M)
-		}
-	}
-
-	// Map: decode every pickle, in parallel.
+	// Map: decode every pickle, in parallel; model states first, since they
+	// say how many data-parallel ranks to expect.
 	var paths []string
 	for mp := 0; mp < M; mp++ {
 		paths = append(paths, files.Model[mp])
-	}
-	for dp := 0; dp < D; dp++ {
-		for mp := 0; mp < M; mp++ {
-			paths = append(paths, files.Optim[[2]int{dp, mp}])
-		}
 	}
 	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
@@ -108,8 +87,41 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			return nil, err
 		}
 	}
+	D := len(files.Optim) / M
+	if v, ok := models[0].root.Get("dp_world_size"); ok {
+		if n, ok := pyobj.Int(v); ok && n > 0 {
+			D = int(n)
+		}
+	}
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
+				return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel x %d model-parallel ranks)", dir, files.optimName(dp, mp), D, M)
+			}
+		}
+	}
+	var extra []string
+	for k, p := range files.Optim {
+		if k[0] >= D || k[1] >= M {
+			extra = append(extra, filepath.Base(p))
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel x %d model-parallel ranks", dir, extra, D, M)
+	}
+	paths = paths[:0]
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			paths = append(paths, files.Optim[[2]int{dp, mp}])
+		}
+	}
+	decoded, err = torchfile.DecodeAll(ctx, paths, opt.Workers)
+	if err != nil {
+		return nil, err
+	}
 	optims := map[[2]int]*optimState{}
-	for i, f := range decoded[M:] {
+	for i, f := range decoded {
 		dp, mp := i/M, i%M
 		o, err := parseOptimState(f, dp, mp)
 		if err != nil {

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package atomic
+
+func syncTree(dir string) error { return syncEach(dir) }

@@ -1,0 +1,123 @@
+package deepspeed
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/internal/truth"
+)
+
+// The checkpoints in ../shared/fixtures/deepspeed-real were written by the
+// real DeepSpeed engine; ucp's output must equal their truth bit for bit
+// and carry the same dict keys as DeepSpeed's own universal output.
+var realCases = []string{"z1_dp2_fp32", "z2_dp2_bf16", "z1_dp2_fp16", "bf16opt_z1_dp2"}
+
+func TestRealDeepSpeedCheckpoints(t *testing.T) {
+	for _, c := range realCases {
+		t.Run(c, func(t *testing.T) {
+			dir := truth.Shared(t, "fixtures", "deepspeed-real", c)
+			tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tbl.Degrees.DP != 2 || tbl.Degrees.TP != 1 || len(tbl.Params) != 18 {
+				t.Fatalf("degrees %+v, %d params", tbl.Degrees, len(tbl.Params))
+			}
+			for _, workers := range []int{1, 3} {
+				dst := truth.Convert(t, tbl, workers)
+				truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
+				if workers == 1 {
+					truth.CheckWithTorch(t, dst, filepath.Join(dir, "truth.pt"), "--universal", filepath.Join(dir, "universal"))
+				}
+			}
+		})
+	}
+}
+
+// copyTree copies a fixture checkpoint so a test can break it.
+func copyTree(t *testing.T, src string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "ckpt")
+	err := filepath.Walk(src, func(p string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		if info.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+func TestBadRankFiles(t *testing.T) {
+	src := truth.Shared(t, "fixtures", "deepspeed-real", "z1_dp2_fp32", "checkpoint")
+	step := "global_step3"
+	tests := []struct {
+		name    string
+		break_  func(dir string) error
+		wantErr string
+	}{
+		{"missing optimizer rank", func(d string) error {
+			return os.Remove(filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+		}, "missing rank file zero_pp_rank_1_mp_rank_00_optim_states.pt"},
+		{"missing model states", func(d string) error {
+			return os.Remove(filepath.Join(d, step, "mp_rank_00_model_states.pt"))
+		}, "no mp_rank_*_model_states.pt"},
+		{"duplicated rank", func(d string) error {
+			b, _ := os.ReadFile(filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+			return os.WriteFile(filepath.Join(d, step, "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"), b, 0o644)
+		}, "duplicated rank file"},
+		{"extra rank", func(d string) error {
+			b, _ := os.ReadFile(filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+			if err := os.WriteFile(filepath.Join(d, step, "zero_pp_rank_2_mp_rank_00_optim_states.pt"), b, 0o644); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(d, step, "zero_pp_rank_3_mp_rank_00_optim_states.pt"), b, 0o644)
+		}, "unexpected rank files [zero_pp_rank_2_mp_rank_00_optim_states.pt zero_pp_rank_3_mp_rank_00_optim_states.pt]"},
+		{"missing middle rank", func(d string) error {
+			b, _ := os.ReadFile(filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+			if err := os.WriteFile(filepath.Join(d, step, "zero_pp_rank_3_mp_rank_00_optim_states.pt"), b, 0o644); err != nil {
+				return err
+			}
+			return os.Remove(filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+		}, "missing rank file zero_pp_rank_1_mp_rank_00_optim_states.pt"},
+		{"truncated optimizer file", func(d string) error {
+			p := filepath.Join(d, step, "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+			b, _ := os.ReadFile(p)
+			return os.WriteFile(p, b[:len(b)/2], 0o644)
+		}, "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+		{"inconsistent ranks", func(d string) error {
+			// rank 1's file claims to be rank 0's partition: the mappings disagree.
+			b, _ := os.ReadFile(filepath.Join(d, step, "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
+			return os.WriteFile(filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"), b, 0o644)
+		}, "param_slice_mappings"},
+		{"latest names no tag", func(d string) error {
+			return os.WriteFile(filepath.Join(d, "latest"), []byte("global_step9"), 0o644)
+		}, "global_step9"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := copyTree(t, src)
+			if err := tc.break_(d); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Index(context.Background(), d, Options{})
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,26 @@
+package zero3
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/ucp-project/ucp/internal/truth"
+)
+
+func TestRealZero3Checkpoint(t *testing.T) {
+	dir := truth.Shared(t, "fixtures", "deepspeed-real", "z3_dp2_fp32")
+	if !Detect(filepath.Join(dir, "checkpoint")) {
+		t.Fatal("not detected as ZeRO-3")
+	}
+	tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tbl.Degrees.DP != 2 || tbl.Degrees.ZeRO != 3 || len(tbl.Params) != 18 {
+		t.Fatalf("degrees %+v, %d params", tbl.Degrees, len(tbl.Params))
+	}
+	dst := truth.Convert(t, tbl, 2)
+	truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
+	truth.CheckWithTorch(t, dst, filepath.Join(dir, "truth.pt"))
+}

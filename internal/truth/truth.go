@@ -1,0 +1,252 @@
+// Package truth compares an atomic checkpoint with the ground truth that a
+// fixture generator saved with torch (truth.pt: dicts from parameter name
+// to full tensors per state), bit for bit, using ucp's own torch reader.
+// Tests of every source format share it.
+package truth
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/mapreduce"
+	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// States compared when the truth has them.
+var States = []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq}
+
+// Truth is a loaded truth.pt.
+type Truth struct {
+	Path string
+	File *torchfile.File
+	Root *pyobj.Dict
+}
+
+// Load opens a truth file.
+func Load(path string) (*Truth, error) {
+	f, err := torchfile.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	root, ok := f.Root.(*pyobj.Dict)
+	if !ok {
+		f.Close()
+		return nil, fmt.Errorf("%s: truth is %s, not a dict", path, pyobj.TypeName(f.Root))
+	}
+	return &Truth{Path: path, File: f, Root: root}, nil
+}
+
+// Close closes the truth file.
+func (t *Truth) Close() error { return t.File.Close() }
+
+// Tensors returns the truth's name -> tensor dict of one state.
+func (t *Truth) Tensors(state string) map[string]*torchfile.Tensor {
+	out := map[string]*torchfile.Tensor{}
+	v, ok := t.Root.Get(state)
+	if !ok {
+		return out
+	}
+	d, ok := v.(*pyobj.Dict)
+	if !ok {
+		return out
+	}
+	for i := 0; i < d.Len(); i++ {
+		k, val := d.Item(i)
+		name, _ := k.(string)
+		if tt, ok := val.(*torchfile.Tensor); ok {
+			out[name] = tt
+		}
+	}
+	return out
+}
+
+// Float32 reads a truth tensor converted to float32 bytes.
+func (t *Truth) Float32(tt *torchfile.Tensor) ([]byte, error) {
+	raw, err := t.File.ReadTensor(tt)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 4*tt.Numel())
+	return out, dtype.ToFloat32(out, raw, tt.DType)
+}
+
+// Compare checks every state tensor of the truth against the atomic
+// checkpoint in dir and returns one line per mismatch.
+func Compare(dir string, tr *Truth) ([]string, error) {
+	var diffs []string
+	for _, state := range States {
+		tensors := tr.Tensors(state)
+		names := make([]string, 0, len(tensors))
+		for n := range tensors {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			want, err := tr.Float32(tensors[name])
+			if err != nil {
+				return nil, err
+			}
+			path := filepath.Join(dir, atomic.StatePath(name, state))
+			got, shape, err := ReadAtomic(path)
+			if err != nil {
+				diffs = append(diffs, fmt.Sprintf("%s/%s: %v", name, state, err))
+				continue
+			}
+			if !equal(shape, tensors[name].Shape) {
+				diffs = append(diffs, fmt.Sprintf("%s/%s: shape %v, want %v", name, state, shape, tensors[name].Shape))
+				continue
+			}
+			if !bytes.Equal(got, want) {
+				i := 0
+				for i+4 <= len(got) && bytes.Equal(got[i:i+4], want[i:i+4]) {
+					i += 4
+				}
+				g, w := dtype.Float32s(got[i:i+4]), dtype.Float32s(want[i:i+4])
+				diffs = append(diffs, fmt.Sprintf("%s/%s: element %d is %v, want %v", name, state, i/4, g[0], w[0]))
+			}
+		}
+	}
+	return diffs, nil
+}
+
+// ReadAtomic reads the 'param' tensor of an atomic state file.
+func ReadAtomic(path string) ([]byte, []int64, error) {
+	f, err := torchfile.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	v := f.Root
+	if d, ok := v.(*pyobj.Dict); ok {
+		v, _ = d.Get("param")
+	}
+	t, ok := v.(*torchfile.Tensor)
+	if !ok {
+		return nil, nil, fmt.Errorf("%s: no param tensor", path)
+	}
+	if t.DType != dtype.Float32 {
+		return nil, nil, fmt.Errorf("%s: param is %v, not float32", path, t.DType)
+	}
+	b, err := f.ReadTensor(t)
+	return b, t.Shape, err
+}
+
+func equal(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Convert indexes and converts src into a fresh folder with the given
+// number of workers and returns the atomic checkpoint's path.
+func Convert(tb testing.TB, t *fragment.Table, workers int) string {
+	tb.Helper()
+	if err := t.Validate(); err != nil {
+		tb.Fatalf("coverage check: %v", err)
+	}
+	dst := filepath.Join(tb.TempDir(), "atomic")
+	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: 1, Cores: workers})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w, err := atomic.Create(dst, t, atomic.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := mapreduce.Run(context.Background(), t, plan, w, mapreduce.Options{Workers: workers, CheckReplicas: true}); err != nil {
+		w.Abort()
+		tb.Fatal(err)
+	}
+	if _, err := w.Finish(); err != nil {
+		tb.Fatal(err)
+	}
+	return dst
+}
+
+// Check compares dst with the truth file and fails the test on any difference.
+func Check(tb testing.TB, dst, truthPath string) {
+	tb.Helper()
+	tr, err := Load(truthPath)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer tr.Close()
+	if len(tr.Tensors(fragment.FP32)) == 0 {
+		tb.Fatalf("%s has no fp32 tensors: nothing to compare", truthPath)
+	}
+	diffs, err := Compare(dst, tr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, d := range diffs {
+		tb.Error(d)
+	}
+}
+
+// Python returns Debian's python3 when it can import torch. Without it the
+// test is skipped, unless UCP_REQUIRE_TORCH=1 (CI), when it fails.
+func Python(tb testing.TB) string {
+	tb.Helper()
+	py := "/usr/bin/python3"
+	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
+		if os.Getenv("UCP_REQUIRE_TORCH") == "1" {
+			tb.Fatalf("UCP_REQUIRE_TORCH=1 but %s cannot import torch: %v", py, err)
+		}
+		tb.Skipf("%s cannot import torch; skipping the real-torch check", py)
+	}
+	return py
+}
+
+// CheckWithTorch runs testdata/check/check_atomic.py with real torch.
+func CheckWithTorch(tb testing.TB, dst, truthPath string, extra ...string) {
+	tb.Helper()
+	py := Python(tb)
+	args := append([]string{filepath.Join(RepoRoot(), "testdata", "check", "check_atomic.py"), dst, truthPath}, extra...)
+	out, err := exec.Command(py, args...).CombinedOutput()
+	if err != nil {
+		tb.Errorf("real torch check failed: %v\n%s", err, strings.TrimSpace(string(out)))
+	}
+}
+
+// RepoRoot returns the module root (the folder with go.mod).
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Fixture returns a path under testdata/fixtures.
+func Fixture(parts ...string) string {
+	return filepath.Join(append([]string{RepoRoot(), "testdata", "fixtures"}, parts...)...)
+}
+
+// Shared returns a path under ../shared (beside the checkout), skipping the
+// test when it is absent.
+func Shared(tb testing.TB, parts ...string) string {
+	tb.Helper()
+	p := filepath.Join(append([]string{RepoRoot(), "..", "shared"}, parts...)...)
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("UCP_REQUIRE_SHARED") == "1" {
+			tb.Fatalf("UCP_REQUIRE_SHARED=1 but %s is not here", p)
+		}
+		tb.Skipf("%s is not here", p)
+	}
+	return p
+}
