@@ -156,8 +156,12 @@ func (p *Param) Numel() int64 { return torchfile.Numel(p.Shape) }
 
 // Degrees are the parallel degrees of the source checkpoint.
 type Degrees struct {
-	TP, PP, DP, EP, VPP int
-	ZeRO                int // ZeRO stage, 0 for none
+	TP   int `json:"tp"`
+	PP   int `json:"pp"`
+	DP   int `json:"dp"`
+	EP   int `json:"ep"`
+	VPP  int `json:"vpp"`
+	ZeRO int `json:"zero"` // ZeRO stage, 0 for none
 }
 
 // Table is the fragment table of one source checkpoint.

@@ -1,0 +1,60 @@
+# ucp: build, test, demo, fixtures, benchmarks, fuzzing, lint.
+GO       ?= go
+PYTHON   ?= /usr/bin/python3
+BIN      := bin/ucp
+EXAMPLE  ?= testdata/fixtures/deepspeed/tp2_dp2_z1/checkpoint
+FUZZTIME ?= 60s
+OUT      ?= out
+
+# CI (CI=true) turns every skipped real-torch or shared-fixture check into a failure.
+ifeq ($(CI),true)
+export UCP_REQUIRE_TORCH  := 1
+export UCP_REQUIRE_SHARED := 1
+endif
+
+.PHONY: all build demo test deps fixtures bench fuzz lint clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/ucp
+
+# The main job on the bundled example: inspect it, convert it, show one atomic file.
+demo: build
+	$(BIN) inspect $(EXAMPLE)
+	$(BIN) convert --force $(EXAMPLE) $(OUT)/demo/atomic
+	$(BIN) inspect $(OUT)/demo/atomic/zero/$$(ls $(OUT)/demo/atomic/zero | grep -v '\.pt$$' | head -1)/fp32.pt
+
+deps:
+	./scripts/deps.sh
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -timeout 15m ./...
+
+# Regenerates every committed fixture with Debian's torch (deterministic).
+fixtures:
+	$(PYTHON) testdata/gen/torch_fixtures.py
+	$(PYTHON) testdata/gen/safetensors_fixtures.py
+	$(PYTHON) testdata/gen/deepspeed_fixtures.py
+	$(PYTHON) testdata/gen/zero3_fixtures.py
+	$(PYTHON) testdata/gen/megatron_fixtures.py
+	$(PYTHON) testdata/gen/dcp_fixtures.py
+
+bench: build
+	./scripts/bench.sh
+
+FUZZ_TARGETS := ./pyobj:FuzzUnpickle ./torchfile:FuzzRead ./safetensors:FuzzRead
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
+		$(GO) test $$pkg -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZTIME) || exit 1; \
+	done
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin $(OUT)
