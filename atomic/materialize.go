@@ -18,29 +18,41 @@ const maxCarried = 64 << 20
 // pickles (a ZeRO-3 step, DCP extra state) can be written again. Containers
 // holding none are shared, not copied.
 func materialize(v pyobj.Value) (pyobj.Value, error) {
-	return (&materializer{files: map[string]*os.File{}}).value(v, 0)
+	m := &materializer{files: map[string]*os.File{}}
+	defer m.close()
+	out, _, err := m.value(v, 0)
+	return out, err
 }
 
 type materializer struct {
 	files map[string]*os.File
 }
 
-func (m *materializer) value(v pyobj.Value, depth int) (pyobj.Value, error) {
+func (m *materializer) close() {
+	for _, f := range m.files {
+		f.Close()
+	}
+}
+
+// value returns v with references replaced, and whether anything changed
+// (values are not comparable: tuples are slices).
+func (m *materializer) value(v pyobj.Value, depth int) (pyobj.Value, bool, error) {
 	if depth > pyobj.DefaultLimits.MaxDepth {
-		return nil, fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits.MaxDepth)
+		return nil, false, fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits.MaxDepth)
 	}
 	switch x := v.(type) {
 	case *fragment.TensorRef:
-		return m.blob(x)
+		b, err := m.blob(x)
+		return b, true, err
 	case *pyobj.Dict:
 		var out *pyobj.Dict
 		for i := 0; i < x.Len(); i++ {
 			k, val := x.Item(i)
-			nv, err := m.value(val, depth+1)
+			nv, changed, err := m.value(val, depth+1)
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
-			if nv != val && out == nil {
+			if changed && out == nil {
 				out = x.Clone()
 			}
 			if out != nil {
@@ -48,32 +60,32 @@ func (m *materializer) value(v pyobj.Value, depth int) (pyobj.Value, error) {
 			}
 		}
 		if out != nil {
-			return out, nil
+			return out, true, nil
 		}
 	case *pyobj.List:
 		items, changed, err := m.seq(x.Items, depth)
 		if err != nil || !changed {
-			return x, err
+			return x, false, err
 		}
-		return &pyobj.List{Items: items}, nil
+		return &pyobj.List{Items: items}, true, nil
 	case pyobj.Tuple:
 		items, changed, err := m.seq(x, depth)
 		if err != nil || !changed {
-			return x, err
+			return x, false, err
 		}
-		return pyobj.Tuple(items), nil
+		return pyobj.Tuple(items), true, nil
 	}
-	return v, nil
+	return v, false, nil
 }
 
 func (m *materializer) seq(items []pyobj.Value, depth int) ([]pyobj.Value, bool, error) {
 	var out []pyobj.Value
 	for i, it := range items {
-		nv, err := m.value(it, depth+1)
+		nv, changed, err := m.value(it, depth+1)
 		if err != nil {
 			return nil, false, err
 		}
-		if nv != it && out == nil {
+		if changed && out == nil {
 			out = append([]pyobj.Value(nil), items...)
 		}
 		if out != nil {
@@ -93,7 +105,7 @@ func (m *materializer) blob(r *fragment.TensorRef) (pyobj.Value, error) {
 		if f, err = os.Open(r.Path); err != nil {
 			return nil, err
 		}
-		defer f.Close()
+		m.files[r.Path] = f
 	}
 	raw := make([]byte, r.T.NBytes())
 	if err := torchfile.ReadRange(f, r.T, 0, r.T.Numel(), raw); err != nil {

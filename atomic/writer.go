@@ -61,9 +61,16 @@ func StatePath(param, state string) string {
 type Options struct {
 	Force bool   // replace an existing DST
 	Tool  string // written into the manifest ("ucp v0.1.0")
+	// Node and Nodes place this writer in a conversion spread over several
+	// processes that share DST.partial; Nodes <= 1 is a single process.
+	Node, Nodes int
+	// PlanID fingerprints the plan every node follows; records of another
+	// plan are refused when finalizing.
+	PlanID string
 }
 
-// Writer builds an atomic checkpoint from a fragment table.
+// Writer builds an atomic checkpoint from a fragment table, alone or as one
+// node of several.
 type Writer struct {
 	Dst   string
 	tmp   string
@@ -71,14 +78,21 @@ type Writer struct {
 	opt   Options
 
 	mu       sync.Mutex
-	states   map[[2]int]*FileEntry // (param, state) -> written file
-	steps    map[int]*FileEntry
+	rec      nodeRecord
 	finished bool
 }
 
 // Create checks the table's names and starts the checkpoint in DST.partial.
+// A single process starts from an empty DST.partial; nodes of a multi-node
+// run share it and keep what the others wrote.
 func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
 	dst = filepath.Clean(dst)
+	if opt.Nodes <= 0 {
+		opt.Nodes = 1
+	}
+	if opt.Node < 0 || opt.Node >= opt.Nodes {
+		return nil, fmt.Errorf("node %d of %d", opt.Node, opt.Nodes)
+	}
 	seen := map[string]bool{}
 	for _, p := range t.Params {
 		if err := CheckName(p.Name); err != nil {
@@ -98,10 +112,12 @@ func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
 		return nil, fmt.Errorf("%s already exists (use --force to replace it)", dst)
 	}
 	tmp := dst + PartialSuffix
-	if err := os.RemoveAll(tmp); err != nil {
-		return nil, err
+	if opt.Nodes == 1 {
+		if err := os.RemoveAll(tmp); err != nil {
+			return nil, err
+		}
 	}
-	if err := os.MkdirAll(filepath.Join(tmp, ZeroDir), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(tmp, nodesDir), 0o755); err != nil {
 		return nil, err
 	}
 	for _, p := range t.Params {
@@ -109,8 +125,13 @@ func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
 			return nil, err
 		}
 	}
-	return &Writer{Dst: dst, tmp: tmp, table: t, opt: opt,
-		states: map[[2]int]*FileEntry{}, steps: map[int]*FileEntry{}}, nil
+	w := &Writer{Dst: dst, tmp: tmp, table: t, opt: opt,
+		rec: nodeRecord{Node: opt.Node, Nodes: opt.Nodes, Plan: opt.PlanID}}
+	// A rerun of this node replaces its old record, which no longer holds.
+	if err := os.Remove(w.recordPath(opt.Node)); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	return w, nil
 }
 
 // Dir returns the folder being written (DST.partial).
@@ -143,55 +164,86 @@ func Universal(p *fragment.Param, param pyobj.Value) *pyobj.Dict {
 // of the parameter's full shape whose elements arrive in pieces.
 type StateFile struct {
 	w      *Writer
-	key    [2]int
-	path   string
-	tw     *torchfile.Writer
-	numel  int64
+	pi, si int
+	rel    string
+	tw     *torchfile.Writer       // the whole file is this node's
+	sw     *torchfile.SharedWriter // several nodes fill the file
 	closed bool
 }
 
-// StateFile creates the file of state si of parameter pi, pre-sized, ready
-// for concurrent WriteAt of disjoint element ranges.
-func (w *Writer) StateFile(pi, si int) (*StateFile, error) {
+func (w *Writer) stateRoot(pi int) (pyobj.Value, *fragment.Param) {
 	p := w.table.Params[pi]
-	st := p.States[si]
-	rel := StatePath(p.Name, st.Name)
 	blob := &torchfile.Blob{DType: dtype.Float32, Shape: append([]int64(nil), p.Shape...)}
-	tw, err := torchfile.Create(filepath.Join(w.tmp, rel), Universal(p, blob))
-	if err != nil {
+	return Universal(p, blob), p
+}
+
+// StateFile creates the file of state si of parameter pi, pre-sized, ready
+// for concurrent WriteAt of disjoint element ranges. With shared, other
+// nodes write parts of the same file and the finalizer completes it.
+func (w *Writer) StateFile(pi, si int, shared bool) (*StateFile, error) {
+	root, p := w.stateRoot(pi)
+	rel := StatePath(p.Name, p.States[si].Name)
+	f := &StateFile{w: w, pi: pi, si: si, rel: rel}
+	var err error
+	if shared {
+		f.sw, err = torchfile.OpenShared(filepath.Join(w.tmp, rel), root)
+		return f, err
+	}
+	if f.tw, err = torchfile.Create(filepath.Join(w.tmp, rel), root); err != nil {
 		return nil, err
 	}
-	tw.NoSync = true // Finish syncs the whole folder before the manifest
-	return &StateFile{w: w, key: [2]int{pi, si}, path: rel, tw: tw, numel: p.Numel()}, nil
+	f.tw.NoSync = true // the folder is synced at once before the manifest
+	return f, nil
 }
 
 // WriteAt writes little-endian float32 elements starting at element off.
 func (f *StateFile) WriteAt(p []byte, off int64) error {
+	if f.sw != nil {
+		return f.sw.WriteAt(0, p, 4*off)
+	}
 	return f.tw.WriteAt(0, p, 4*off)
 }
 
-// Commit finishes the file and records it for the manifest.
+// Commit finishes this node's part of the file and records it.
 func (f *StateFile) Commit() error {
+	p := f.w.table.Params[f.pi]
+	state := p.States[f.si].Name
+	if f.sw != nil {
+		pieces := f.sw.Pieces()
+		if err := f.sw.Close(); err != nil {
+			return err
+		}
+		f.closed = true
+		f.w.mu.Lock()
+		f.w.rec.Shared = append(f.w.rec.Shared, sharedRecord{Param: p.Name, State: state, Pieces: pieces[0]})
+		f.w.mu.Unlock()
+		return nil
+	}
 	if err := f.tw.Commit(); err != nil {
 		return err
 	}
 	f.closed = true
-	e := &FileEntry{Path: filepath.ToSlash(f.path), Bytes: f.tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", f.tw.CRC32())}
+	e := FileEntry{Path: filepath.ToSlash(f.rel), Bytes: f.tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", f.tw.CRC32())}
 	f.w.mu.Lock()
-	f.w.states[f.key] = e
+	f.w.rec.Files = append(f.w.rec.Files, fileRecord{Param: p.Name, State: state, File: e})
 	f.w.mu.Unlock()
 	return nil
 }
 
-// Abort removes the partial file.
+// Abort removes this node's unfinished file.
 func (f *StateFile) Abort() {
-	if !f.closed {
-		f.tw.Abort()
+	if f.closed {
+		return
 	}
+	if f.sw != nil {
+		f.sw.Close()
+		return
+	}
+	f.tw.Abort()
 }
 
 // WriteStep writes zero/<param>/step.pt with the raw step value: an int,
-// a float, or a 0-dim tensor given as its dtype and bytes.
+// a float, or a 0-dim tensor given as a Blob.
 func (w *Writer) WriteStep(pi int, v pyobj.Value) error {
 	p := w.table.Params[pi]
 	rel := StatePath(p.Name, fragment.StepState)
@@ -200,7 +252,7 @@ func (w *Writer) WriteStep(pi int, v pyobj.Value) error {
 		return err
 	}
 	w.mu.Lock()
-	w.steps[pi] = e
+	w.rec.Files = append(w.rec.Files, fileRecord{Param: p.Name, State: fragment.StepState, File: *e})
 	w.mu.Unlock()
 	return nil
 }
@@ -221,13 +273,38 @@ func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
 	return &FileEntry{Path: filepath.ToSlash(rel), Bytes: tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", tw.CRC32())}, nil
 }
 
-// Finish writes the global files and the manifest, then renames
-// DST.partial to DST and writes latest_universal beside it.
+// Finish completes a single-process conversion: this node's record, then
+// Finalize.
 func (w *Writer) Finish() (*Manifest, error) {
+	if _, err := w.FinishNode(); err != nil {
+		return nil, err
+	}
+	return w.Finalize()
+}
+
+// Finalize writes the global files and the manifest from the records of
+// all nodes, completes files that several nodes filled, then renames
+// DST.partial to DST and writes latest_universal beside it.
+func (w *Writer) Finalize() (*Manifest, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.finished {
 		return nil, fmt.Errorf("%s: already finished", w.Dst)
+	}
+	recs, err := w.readRecords()
+	if err != nil {
+		return nil, err
+	}
+	files := map[[2]string]FileEntry{}
+	pieces := map[[2]string][]torchfile.Piece{}
+	for _, r := range recs {
+		for _, f := range r.Files {
+			files[[2]string{f.Param, f.State}] = f.File
+		}
+		for _, s := range r.Shared {
+			k := [2]string{s.Param, s.State}
+			pieces[k] = append(pieces[k], s.Pieces...)
+		}
 	}
 	m := &Manifest{Format: ManifestFormat, Version: ManifestVersion, Tool: w.opt.Tool,
 		Source: SourceInfo{Format: w.table.Format, Path: w.table.Source, Tag: w.table.Tag, Degrees: w.table.Degrees},
@@ -239,15 +316,29 @@ func (w *Writer) Finish() (*Manifest, error) {
 		if p.Info.VocabSize > 0 {
 			pe.VocabSize, pe.PaddedVocab = p.Info.VocabSize, p.Info.PaddedVocab
 		}
-		for si, s := range p.States {
-			e := w.states[[2]int{pi, si}]
-			if e == nil {
-				return nil, fmt.Errorf("%s: state %s of %s was not written", w.Dst, s.Name, p.Name)
-			}
-			pe.Files = append(pe.Files, StateEntry{State: s.Name, FileEntry: *e})
+		states := []string{}
+		for _, s := range p.States {
+			states = append(states, s.Name)
 		}
-		if e := w.steps[pi]; e != nil {
-			pe.Files = append(pe.Files, StateEntry{State: fragment.StepState, FileEntry: *e})
+		if p.Step != nil {
+			states = append(states, fragment.StepState)
+		}
+		for _, state := range states {
+			k := [2]string{p.Name, state}
+			e, ok := files[k]
+			if !ok && pieces[k] != nil {
+				root, _ := w.stateRoot(pi)
+				crc, size, err := torchfile.FinishShared(filepath.Join(w.tmp, StatePath(p.Name, state)), root,
+					[][]torchfile.Piece{pieces[k]}, true)
+				if err != nil {
+					return nil, err
+				}
+				e, ok = FileEntry{Path: filepath.ToSlash(StatePath(p.Name, state)), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}, true
+			}
+			if !ok {
+				return nil, fmt.Errorf("%s: state %s of %s was not written by any node", w.tmp, state, p.Name)
+			}
+			pe.Files = append(pe.Files, StateEntry{State: state, FileEntry: e})
 		}
 		m.Params = append(m.Params, pe)
 	}
@@ -277,6 +368,9 @@ func (w *Writer) Finish() (*Manifest, error) {
 		m.Files = append(m.Files, *e)
 	}
 	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Path < m.Files[j].Path })
+	if err := os.RemoveAll(filepath.Join(w.tmp, nodesDir)); err != nil {
+		return nil, err
+	}
 	// Everything must be on disk before the manifest says it is complete.
 	if err := syncTree(w.tmp); err != nil {
 		return nil, fmt.Errorf("%s: %w", w.tmp, err)

@@ -6,6 +6,8 @@
 package mapreduce
 
 import (
+	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"sort"
 
@@ -43,10 +45,19 @@ type PlanOptions struct {
 	Nodes int
 	Cores int
 	// ChunkElems caps the elements of one task. 0 derives it from the
-	// table: at most 1/(4·Nodes·Cores) of all output, and at most 16M
-	// elements (64 MB of float32) so that memory stays bounded.
+	// table and the memory budget: at most 1/(4·Nodes·Cores) of all output
+	// (so big parameters spread over workers), at most what Memory allows
+	// per core, and at most MaxChunkElems.
 	ChunkElems int64
+	// Memory is the budget of one node's reducers in bytes (0: no limit
+	// beyond MaxChunkElems). All nodes must use the same value.
+	Memory int64
 }
+
+// BytesPerChunkElem is a reducer's peak memory per output element of its
+// task: the float32 output, the raw source read (up to 8 bytes for
+// float64 sources), its float32 conversion and a replica buffer.
+const BytesPerChunkElem = 20
 
 // MaxChunkElems bounds one task's output buffer (64 MB of float32).
 const MaxChunkElems = 16 << 20
@@ -64,6 +75,9 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 		workers := int64(opt.Nodes * opt.Cores)
 		chunk = max(out/4/(4*workers), 1<<16)
 		chunk = min(chunk, MaxChunkElems)
+		if opt.Memory > 0 {
+			chunk = min(chunk, max(opt.Memory/int64(opt.Cores)/BytesPerChunkElem, 1<<12))
+		}
 	}
 	pl := &Plan{Nodes: opt.Nodes, Cores: opt.Cores, ChunkElems: chunk, NodeBytes: make([]int64, opt.Nodes)}
 	var tasks []Task
@@ -160,4 +174,33 @@ func (p *Plan) WorkerShares(node int) [][]Task {
 		load[w] += t.Bytes
 	}
 	return shares
+}
+
+// ID fingerprints the plan: nodes of one conversion must agree on it.
+func (p *Plan) ID() string {
+	b, _ := json.Marshal(struct {
+		Nodes, Cores int
+		Chunk        int64
+		Tasks        []Task
+	}{p.Nodes, p.Cores, p.ChunkElems, p.Tasks})
+	h := sha256.Sum256(b)
+	return fmt.Sprintf("%x", h[:8])
+}
+
+// SharedFiles returns the (param, state) files whose tasks lie on more
+// than one node: each node fills its part and the finalizer completes them.
+func (p *Plan) SharedFiles() map[[2]int]bool {
+	nodes := map[[2]int]int{}
+	shared := map[[2]int]bool{}
+	for _, t := range p.Tasks {
+		if t.State == StepTask {
+			continue
+		}
+		k := [2]int{t.Param, t.State}
+		if n, ok := nodes[k]; ok && n != t.Node {
+			shared[k] = true
+		}
+		nodes[k] = t.Node
+	}
+	return shared
 }

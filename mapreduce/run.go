@@ -77,20 +77,19 @@ type runner struct {
 	read    atomic.Int64
 	written atomic.Int64
 	start   time.Time
+	shared  map[[2]int]bool
 }
 
 // Run executes the plan's tasks of node opt.Node, writing into w. On error
 // every file of this run is removed; the caller aborts w.
 func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer, opt Options) (*Stats, error) {
-	if plan.Nodes != 1 {
-		return nil, fmt.Errorf("a plan over %d nodes needs the node runner", plan.Nodes)
-	}
 	workers := opt.Workers
 	if workers <= 0 {
 		workers = runtime.NumCPU()
 	}
 	tasks := plan.NodeTasks(opt.Node)
-	r := &runner{t: t, w: w, opt: opt, src: newSources(), files: map[[2]int]*outFile{}, start: time.Now()}
+	r := &runner{t: t, w: w, opt: opt, src: newSources(), files: map[[2]int]*outFile{}, start: time.Now(),
+		shared: plan.SharedFiles()}
 	defer r.src.close()
 	for _, tk := range tasks {
 		if tk.State == StepTask {
@@ -202,7 +201,7 @@ func (red *reducer) run(tk Task) error {
 	of := r.files[[2]int{tk.Param, tk.State}]
 	of.mu.Lock()
 	if of.sf == nil && of.err == nil {
-		of.sf, of.err = r.w.StateFile(tk.Param, tk.State)
+		of.sf, of.err = r.w.StateFile(tk.Param, tk.State, r.shared[[2]int{tk.Param, tk.State}])
 	}
 	sf, ferr := of.sf, of.err
 	of.mu.Unlock()

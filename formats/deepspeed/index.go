@@ -71,6 +71,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if len(files.Optim) == 0 {
 		return nil, fmt.Errorf("%s: no ZeRO optimizer files (*zero_pp_rank_*_optim_states.pt); conversion needs ZeRO-1/2 optimizer state", dir)
 	}
+	for k := range files.Optim {
+		if k[1] >= M {
+			return nil, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (optimizer files exist for model-parallel rank %d)", dir, M, k[1])
+		}
+	}
 	// Map: decode every pickle, in parallel; model states first, since they
 	// say how many data-parallel ranks to expect.
 	var paths []string

@@ -487,13 +487,17 @@ func (r *Rules) lookupWidths(sp *subParamRule) ([][]int64, bool) {
 // partition_dim always a tuple (pitfall P8).
 func subparamShapeObject(sp *subParamRule, sizes []int64) pyobj.Value {
 	spec, _ := pyobj.Seq(sp.shape)
-	shape := make(pyobj.Tuple, len(spec))
-	copy(shape, spec)
+	items := append([]pyobj.Value(nil), spec...)
 	t := make(pyobj.Tuple, len(sizes))
 	for i, s := range sizes {
 		t[i] = s
 	}
-	shape[sp.partDim] = t
+	items[sp.partDim] = t
+	// Keep the outer container as the checkpoint wrote it (list or tuple).
+	var shape pyobj.Value = pyobj.Tuple(items)
+	if _, isList := sp.shape.(*pyobj.List); isList {
+		shape = &pyobj.List{Items: items}
+	}
 	pats := make([]pyobj.Value, len(sp.patterns))
 	for i, p := range sp.patterns {
 		pats[i] = p.text

@@ -105,6 +105,23 @@ def main():
                         for k in uk:
                             if k != "param" and k in d and ud[k] != d[k]:
                                 errors.append(f"{name}/{state}: {k}={d[k]!r}, DeepSpeed wrote {ud[k]!r}")
+    for name, keys in (truth.get("universal") or {}).items():
+        # The dict keys DeepSpeed's universal loader reads, besides 'param'.
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            path = os.path.join(atomic_dir, "zero", name, state + ".pt")
+            if not os.path.exists(path):
+                continue
+            d = load(path, False)
+            got = [(k, v) for k, v in d.items() if k != "param"]
+            want = list(keys.items())
+            if [k for k, _ in got] != [k for k, _ in want]:
+                errors.append(f"{name}/{state}: keys {[k for k, _ in got]}, want {[k for k, _ in want]}")
+                continue
+            for (k, g), (_, w) in zip(got, want):
+                if hasattr(g, "__dataclass_fields__"):
+                    g = {f: getattr(g, f) for f in g.__dataclass_fields__}
+                if g != w:
+                    errors.append(f"{name}/{state}: {k}={g!r}, want {w!r}")
     for name in truth.get("fp32", {}):
         if name not in names:
             errors.append(f"{name}: not in the manifest")

@@ -1,0 +1,100 @@
+package atomic
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// nodesDir holds one completion record per node while DST.partial is
+// being filled; Finalize removes it.
+const nodesDir = ".ucp-nodes"
+
+// ErrFinalizing is returned when another node already holds the finalize lock.
+var ErrFinalizing = errors.New("another node is finalizing")
+
+// nodeRecord is what one node wrote, saved as .ucp-nodes/node-<i>.json when
+// the node is done.
+type nodeRecord struct {
+	Node   int            `json:"node"`
+	Nodes  int            `json:"nodes"`
+	Plan   string         `json:"plan"`
+	Files  []fileRecord   `json:"files"`  // files this node wrote whole, with CRCs
+	Shared []sharedRecord `json:"shared"` // pieces of files several nodes fill
+}
+
+type fileRecord struct {
+	Param string    `json:"param"`
+	State string    `json:"state"`
+	File  FileEntry `json:"file"`
+}
+
+type sharedRecord struct {
+	Param  string            `json:"param"`
+	State  string            `json:"state"`
+	Pieces []torchfile.Piece `json:"pieces"`
+}
+
+func (w *Writer) recordPath(node int) string {
+	return filepath.Join(w.tmp, nodesDir, fmt.Sprintf("node-%d.json", node))
+}
+
+// FinishNode writes this node's completion record and reports whether the
+// records of all nodes are now present.
+func (w *Writer) FinishNode() (bool, error) {
+	w.mu.Lock()
+	rec := w.rec
+	w.mu.Unlock()
+	if err := writeJSON(w.recordPath(w.opt.Node), rec); err != nil {
+		return false, err
+	}
+	for n := 0; n < w.opt.Nodes; n++ {
+		if _, err := os.Stat(w.recordPath(n)); err != nil {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Lock elects the finalizing node: it creates the lock file exclusively,
+// and fails with ErrFinalizing when another node got there first.
+func (w *Writer) Lock() error {
+	f, err := os.OpenFile(filepath.Join(w.tmp, nodesDir, "finalize.lock"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if errors.Is(err, os.ErrExist) {
+		return ErrFinalizing
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(f, "node %d\n", w.opt.Node)
+	return f.Close()
+}
+
+// readRecords loads every node's record and checks they belong to one plan.
+func (w *Writer) readRecords() ([]nodeRecord, error) {
+	var out []nodeRecord
+	for n := 0; n < w.opt.Nodes; n++ {
+		path := w.recordPath(n)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			if os.IsNotExist(err) {
+				return nil, fmt.Errorf("node %d of %d has not finished (no %s); rerun it, then finalize", n, w.opt.Nodes, path)
+			}
+			return nil, err
+		}
+		var r nodeRecord
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if r.Node != n || r.Nodes != w.opt.Nodes || r.Plan != w.opt.PlanID {
+			return nil, fmt.Errorf("%s: record of node %d/%d for plan %s, but this is node %d/%d of plan %s (were the nodes run with the same options?)",
+				path, r.Node, r.Nodes, r.Plan, n, w.opt.Nodes, w.opt.PlanID)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

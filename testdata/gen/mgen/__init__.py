@@ -1,0 +1,1 @@
+"""Helpers for testdata/gen/megatron_fixtures.py (Megatron-LM legacy torch checkpoints)."""

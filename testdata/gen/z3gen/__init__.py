@@ -1,0 +1,1 @@
+"""Helpers for zero3_fixtures.py: synthetic DeepSpeed ZeRO-3 checkpoints from known full tensors."""
