@@ -67,6 +67,9 @@ type Options struct {
 	// PlanID fingerprints the plan every node follows; records of another
 	// plan are refused when finalizing.
 	PlanID string
+	// FinalizeOnly opens a multi-node DST.partial to finalize it: nothing
+	// of what the nodes wrote, their records included, is touched.
+	FinalizeOnly bool
 }
 
 // Writer builds an atomic checkpoint from a fragment table, alone or as one
@@ -112,7 +115,11 @@ func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
 		return nil, fmt.Errorf("%s already exists (use --force to replace it)", dst)
 	}
 	tmp := dst + PartialSuffix
-	if opt.Nodes == 1 {
+	if opt.FinalizeOnly {
+		if _, err := os.Stat(filepath.Join(tmp, nodesDir)); err != nil {
+			return nil, fmt.Errorf("%s: nothing to finalize: %w", tmp, err)
+		}
+	} else if opt.Nodes == 1 {
 		if err := os.RemoveAll(tmp); err != nil {
 			return nil, err
 		}
@@ -128,8 +135,10 @@ func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
 	w := &Writer{Dst: dst, tmp: tmp, table: t, opt: opt,
 		rec: nodeRecord{Node: opt.Node, Nodes: opt.Nodes, Plan: opt.PlanID}}
 	// A rerun of this node replaces its old record, which no longer holds.
-	if err := os.Remove(w.recordPath(opt.Node)); err != nil && !os.IsNotExist(err) {
-		return nil, err
+	if !opt.FinalizeOnly {
+		if err := os.Remove(w.recordPath(opt.Node)); err != nil && !os.IsNotExist(err) {
+			return nil, err
+		}
 	}
 	return w, nil
 }

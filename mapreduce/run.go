@@ -160,12 +160,14 @@ func (r *runner) label(tk Task) string {
 
 // reducer is one worker's state: reusable buffers and its statistics.
 type reducer struct {
-	r   *runner
-	ws  *WorkerStats
-	out []byte
-	tmp []byte
-	raw []byte
-	f32 []byte
+	r       *runner
+	ws      *WorkerStats
+	out     []byte
+	tmp     []byte
+	raw     []byte
+	f32     []byte
+	windows map[string]*window
+	uses    int64
 }
 
 func grow(b []byte, n int64) []byte {
@@ -262,8 +264,7 @@ type placeRun struct{ local, full, n int64 }
 // readInto reads the fragment's shard elements [lo, hi), converts them to
 // float32 and copies each run to its place in out.
 func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, start int64, runs []placeRun) error {
-	r := red.r
-	file, err := r.src.get(f.Src.Path)
+	file, err := red.reader(f.Src.Path)
 	if err != nil {
 		return err
 	}

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -27,6 +29,12 @@ type convertOptions struct {
 	CheckReplicas bool
 	Quiet         bool
 	VocabSize     int64
+	NumNodes      int
+	NodeRank      int
+	Finalize      bool
+	Memory        string
+	Report        string
+	ChunkElems    int64
 }
 
 func newConvertCommand() *cobra.Command {
@@ -43,10 +51,20 @@ once, then reads exactly the byte ranges it needs, converts them to float32
 and writes DST/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,
 DST/zero/optimizer_state.pt, the model-state files, and DST/ucp.json last.
 DST appears only when it is complete; a 'latest_universal' file naming it is
-written beside it, as DeepSpeed's ds_to_universal does.`,
+written beside it, as DeepSpeed's ds_to_universal does.
+
+Several machines can share the work: run one ucp per node with the same
+arguments and --num-nodes N --node-rank I (taken by default from Slurm,
+torchrun, Open MPI, PMI or a Kubernetes Indexed Job). Every node computes the
+same plan, writes its share into DST.partial on a shared filesystem and leaves a
+completion record; the node that finds all records present writes the manifest
+(or run 'ucp convert --finalize' with the same arguments). A failed node can be
+rerun alone.`,
 		Example: `  ucp convert checkpoints/ checkpoints/global_step1000_universal
   ucp convert --workers 8 --from deepspeed ckpt/global_step3 out/
-  ucp convert --dry-run ckpt/ out/      # print the plan only`,
+  ucp convert --dry-run ckpt/ out/      # print the plan only
+  srun -N4 --ntasks-per-node=1 ucp convert /shared/ckpt /shared/out   # 4 nodes under Slurm
+  ucp convert --report run.json ckpt/ out/   # per-worker timings, and a timeline in run.svg`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runConvert(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], args[1], opts)
@@ -61,6 +79,13 @@ written beside it, as DeepSpeed's ds_to_universal does.`,
 	f.BoolVar(&opts.CheckReplicas, "check-replicas", true, "require replicated copies to be identical")
 	f.BoolVar(&opts.Quiet, "quiet", false, "no progress bar and no summary")
 	f.Int64Var(&opts.VocabSize, "vocab-size", 0, "true vocabulary size, for checkpoints that do not record it")
+	f.IntVar(&opts.NumNodes, "num-nodes", 0, "nodes sharing the conversion (default: from the launcher's environment, else 1)")
+	f.IntVar(&opts.NodeRank, "node-rank", -1, "this node's rank, 0-based (default: from the launcher's environment, else 0)")
+	f.BoolVar(&opts.Finalize, "finalize", false, "only write the manifest of a multi-node conversion whose nodes have all finished")
+	f.StringVar(&opts.Memory, "memory", "", "memory budget of the reducers, like 8GiB (default: a quarter of RAM)")
+	f.StringVar(&opts.Report, "report", "", "write per-worker phase timings to this JSON file and a timeline next to it (.svg)")
+	f.Int64Var(&opts.ChunkElems, "chunk-elems", 0, "largest task in elements (default: from the memory budget and the balance)")
+	f.MarkHidden("chunk-elems")
 	return cmd
 }
 
@@ -68,6 +93,18 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if opts.Workers <= 0 {
 		return fmt.Errorf("--workers must be at least 1")
 	}
+	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
+	if err != nil {
+		return err
+	}
+	memory := defaultMemory()
+	if opts.Memory != "" {
+		if memory, err = parseBytes(opts.Memory); err != nil {
+			return fmt.Errorf("--memory: %w", err)
+		}
+	}
+	// Keep the garbage collector within the budget as well.
+	debug.SetMemoryLimit(memory + 100<<20)
 	start := time.Now()
 	t, err := formats.Index(ctx, src, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize})
 	if err != nil {
@@ -77,33 +114,89 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, err)
 	}
 	indexed := time.Since(start)
-	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: 1, Cores: opts.Workers})
+	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: nodes, Cores: opts.Workers, Memory: memory, ChunkElems: opts.ChunkElems})
 	if err != nil {
 		return err
 	}
 	if opts.DryRun {
 		return printPlan(out, t, plan)
 	}
-	w, err := atomic.Create(dst, t, atomic.Options{Force: opts.Force, Tool: versionString()})
+	w, err := atomic.Create(dst, t, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes, PlanID: plan.ID(),
+		FinalizeOnly: opts.Finalize})
 	if err != nil {
 		return err
+	}
+	if opts.Finalize {
+		return finalize(out, w, t, start)
 	}
 	srcBytes, outBytes := t.Bytes()
-	bar := newProgress(errOut, srcBytes+outBytes, opts.Quiet)
-	stats, err := mapreduce.Run(ctx, t, plan, w, mapreduce.Options{Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
+	bar := newProgress(errOut, (srcBytes+outBytes)*int64(plan.NodeBytes[node])/max(sum(plan.NodeBytes), 1), opts.Quiet)
+	stats, err := mapreduce.Run(ctx, t, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
 		Progress: bar.add})
 	bar.finish()
+	if opts.Report != "" && stats != nil {
+		if rerr := mapreduce.WriteReport(opts.Report, plan, node, stats); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
 	if err != nil {
-		w.Abort()
+		if nodes == 1 {
+			w.Abort()
+		}
 		return err
 	}
-	m, err := w.Finish()
-	if err != nil {
-		w.Abort()
-		return err
-	}
-	if opts.Quiet {
+	if nodes == 1 {
+		m, err := w.Finish()
+		if err != nil {
+			w.Abort()
+			return err
+		}
+		summary(out, opts, t, src, dst, m, stats, start, indexed)
 		return nil
+	}
+	all, err := w.FinishNode()
+	if err != nil {
+		return err
+	}
+	if !opts.Quiet {
+		fmt.Fprintf(out, "node %d of %d (from %s) done: %s read, %s written in %.2fs\n", node, nodes, from,
+			humanBytes(stats.BytesRead), humanBytes(stats.BytesWritten), time.Since(start).Seconds())
+	}
+	if !all {
+		if !opts.Quiet {
+			fmt.Fprintln(out, "other nodes are still running; the last one to finish writes the manifest (or run with --finalize)")
+		}
+		return nil
+	}
+	if err := w.Lock(); err != nil {
+		if errors.Is(err, atomic.ErrFinalizing) {
+			return nil // another node finished at the same moment and finalizes
+		}
+		return err
+	}
+	return finalize(out, w, t, start)
+}
+
+func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Time) error {
+	m, err := w.Finalize()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %.2fs\n", w.Dst, len(m.Params), time.Since(start).Seconds())
+	return nil
+}
+
+func sum(xs []int64) int64 {
+	var s int64
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst string, m *atomic.Manifest, stats *mapreduce.Stats, start time.Time, indexed time.Duration) {
+	if opts.Quiet {
+		return
 	}
 	secs := time.Since(start).Seconds()
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
@@ -113,7 +206,6 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}
-	return nil
 }
 
 func stateFiles(m *atomic.Manifest) int {

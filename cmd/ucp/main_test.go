@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/internal/truth"
+)
+
+// The test binary doubles as the ucp command, so tests can run it as
+// separate processes (nodes) without building anything else.
+func TestMain(m *testing.M) {
+	if os.Getenv("UCP_TEST_AS_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func ucp(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), "UCP_TEST_AS_MAIN=1"), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+func readTree(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == atomic.ManifestName {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = b
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestFourNodeProcesses runs the conversion as 4 processes sharing one
+// output folder, as 4 nodes would, and compares with a 1-node run.
+func TestFourNodeProcesses(t *testing.T) {
+	src := truth.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
+	tmp := t.TempDir()
+	ref := filepath.Join(tmp, "ref", "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", src, ref); r.code != 0 {
+		t.Fatalf("single node: %s", r.stderr)
+	}
+	dst := filepath.Join(tmp, "nodes", "atomic")
+	var wg sync.WaitGroup
+	results := make([]result, 4)
+	for n := 0; n < 4; n++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Slurm's variables give the node rank and count.
+			results[n] = ucp(t, []string{"SLURM_PROCID=" + string(rune('0'+n)), "SLURM_NTASKS=4"},
+				"convert", "--workers", "2", "--chunk-elems", "11", src, dst)
+		}()
+	}
+	wg.Wait()
+	for n, r := range results {
+		if r.code != 0 {
+			t.Fatalf("node %d: %s%s", n, r.stdout, r.stderr)
+		}
+	}
+	a, b := readTree(t, ref), readTree(t, dst)
+	if len(a) != len(b) {
+		t.Fatalf("%d files vs %d", len(a), len(b))
+	}
+	for k, v := range a {
+		if !bytes.Equal(v, b[k]) {
+			t.Errorf("%s differs between the 1-node and the 4-node run", k)
+		}
+	}
+	m1, err1 := atomic.ReadManifest(ref)
+	m4, err2 := atomic.ReadManifest(dst)
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	j1, _ := json.Marshal(m1.Params)
+	j4, _ := json.Marshal(m4.Params)
+	if !bytes.Equal(j1, j4) {
+		t.Error("manifests list different parameters or checksums")
+	}
+}
+
+// TestNodeRerunAndFinalize: nodes 0-2 finish, node 3 fails first; the
+// checkpoint stays partial until node 3 is rerun alone and finalizes.
+func TestNodeRerunAndFinalize(t *testing.T) {
+	src := truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
+	dst := filepath.Join(t.TempDir(), "atomic")
+	args := func(n string) []string {
+		return []string{"convert", "--num-nodes", "4", "--node-rank", n, "--workers", "1", "--chunk-elems", "5", src, dst}
+	}
+	for _, n := range []string{"0", "1", "2"} {
+		if r := ucp(t, nil, args(n)...); r.code != 0 {
+			t.Fatalf("node %s: %s", n, r.stderr)
+		}
+	}
+	if r := ucp(t, nil, "convert", "--finalize", "--num-nodes", "4", "--node-rank", "0", "--workers", "1", "--chunk-elems", "5", src, dst); r.code == 0 ||
+		!strings.Contains(r.stderr, "node 3 of 4 has not finished") {
+		t.Fatalf("finalize before node 3: code %d, %s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Fatal("the checkpoint appeared before every node finished")
+	}
+	r := ucp(t, nil, args("3")...)
+	if r.code != 0 || !strings.Contains(r.stdout, "finalized") {
+		t.Fatalf("node 3: %s %s", r.stdout, r.stderr)
+	}
+	truth.Check(t, dst, truth.Fixture("deepspeed", "z2_bf16_dp4", "truth.pt"))
+}
+
+func TestBadInputGivesCleanError(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.pt")
+	if err := os.WriteFile(bad, []byte("PK\x03\x04 this is not a zip archive at all"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"inspect", bad},
+		{"inspect", filepath.Join(dir, "missing.pt")},
+		{"convert", dir, filepath.Join(dir, "out")},
+		{"convert", "--from", "nosuchformat", dir, filepath.Join(dir, "out")},
+	} {
+		r := ucp(t, nil, args...)
+		if r.code == 0 {
+			t.Errorf("%v: exit code 0", args)
+		}
+		if !strings.HasPrefix(r.stderr, "ucp: ") || strings.Contains(r.stderr, "goroutine") {
+			t.Errorf("%v: stderr %q", args, r.stderr)
+		}
+	}
+}
+
+func TestInspectCheckpointJSON(t *testing.T) {
+	r := ucp(t, nil, "inspect", "--json", truth.Fixture("zero3", "paper_1024_dp3", "checkpoint"))
+	if r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	var rep checkpointJSON
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Degrees.DP != 3 || rep.Degrees.ZeRO != 3 {
+		t.Errorf("degrees %+v", rep.Degrees)
+	}
+	found := false
+	for _, p := range rep.Params {
+		if p.Shape[0]*max(1, int64(len(p.Shape))-0) > 0 && p.Padding == 2 && p.Fragments == 3 {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no parameter with 2 padding elements in 3 fragments: %+v", rep.Params)
+	}
+}
+
+func TestNodePlace(t *testing.T) {
+	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+	tests := []struct {
+		rank, count int
+		env         map[string]string
+		want        [2]int
+		err         bool
+	}{
+		{-1, 0, nil, [2]int{0, 1}, false},
+		{-1, 0, map[string]string{"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}, [2]int{2, 4}, false},
+		{-1, 0, map[string]string{"RANK": "1", "WORLD_SIZE": "2"}, [2]int{1, 2}, false},
+		{-1, 0, map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8"}, [2]int{3, 8}, false},
+		{-1, 5, map[string]string{"JOB_COMPLETION_INDEX": "4"}, [2]int{4, 5}, false},
+		{-1, 0, map[string]string{"JOB_COMPLETION_INDEX": "1", "UCP_NUM_NODES": "3"}, [2]int{1, 3}, false},
+		{1, 2, map[string]string{"SLURM_PROCID": "7", "SLURM_NTASKS": "8"}, [2]int{1, 2}, false},
+		{-1, 0, map[string]string{"SLURM_PROCID": "x", "SLURM_NTASKS": "4"}, [2]int{}, true},
+		{3, 2, nil, [2]int{}, true},
+	}
+	for i, tc := range tests {
+		r, c, _, err := nodePlace(tc.rank, tc.count, env(tc.env))
+		if (err != nil) != tc.err || (!tc.err && [2]int{r, c} != tc.want) {
+			t.Errorf("case %d: %d %d %v, want %v (error %v)", i, r, c, err, tc.want, tc.err)
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package mapreduce_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/truth"
+	. "github.com/ucp-project/ucp/mapreduce"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// synthetic builds a table of bf16 parameters of the given sizes, each a
+// single unsharded fragment (planning reads only sizes and dtypes).
+func synthetic(sizes []int64) *fragment.Table {
+	t := &fragment.Table{Format: "synthetic"}
+	for i, n := range sizes {
+		src := fragment.TensorRef{Path: "src", T: &torchfile.Tensor{DType: dtype.BFloat16, Shape: []int64{n}, Stride: []int64{1},
+			Storage: &torchfile.Storage{DType: dtype.BFloat16, Numel: n}}}
+		p := &fragment.Param{Name: fmt.Sprintf("p%d", i), Shape: []int64{n / 16, 16}}
+		for _, s := range []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq} {
+			st := p.AddState(s)
+			st.Shards = []fragment.Shard{{Shape: p.Shape}}
+			st.Frags = []fragment.Fragment{{Len: n, Src: src}}
+		}
+		t.Params = append(t.Params, p)
+	}
+	return t
+}
+
+func TestPlanDeterministicAndBalanced(t *testing.T) {
+	// One embedding holds half of all bytes, as BLOOM's does; the rest are
+	// layers of varied sizes and tiny biases.
+	var sizes []int64
+	var rest int64
+	for i := 0; i < 60; i++ {
+		n := int64(16 * (1 + (i*7919)%2000))
+		if i%5 == 0 {
+			n = 16
+		}
+		sizes = append(sizes, n)
+		rest += n
+	}
+	sizes = append([]int64{rest / 16 * 16}, sizes...)
+	tbl := synthetic(sizes)
+	for _, nodes := range []int{1, 2, 4} {
+		a, err := NewPlan(tbl, PlanOptions{Nodes: nodes, Cores: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := NewPlan(tbl, PlanOptions{Nodes: nodes, Cores: 3})
+		if !reflect.DeepEqual(a, b) || a.ID() != b.ID() {
+			t.Fatalf("%d nodes: plans differ between runs", nodes)
+		}
+		lo, hi := a.NodeBytes[0], a.NodeBytes[0]
+		for _, nb := range a.NodeBytes {
+			lo, hi = min(lo, nb), max(hi, nb)
+		}
+		if float64(hi) > 1.05*float64(lo) {
+			t.Errorf("%d nodes: bytes per node %v are not within 5%%", nodes, a.NodeBytes)
+		}
+		// The giant parameter must be spread over several nodes.
+		onNodes := map[int]bool{}
+		for _, tk := range a.Tasks {
+			if tk.Param == 0 {
+				onNodes[tk.Node] = true
+			}
+		}
+		if len(onNodes) != nodes {
+			t.Errorf("%d nodes: the giant parameter runs on %d of them", nodes, len(onNodes))
+		}
+		for n := 0; n < nodes; n++ {
+			shares := a.WorkerShares(n)
+			var wl, wh int64 = -1, 0
+			for _, s := range shares {
+				var b int64
+				for _, tk := range s {
+					b += tk.Bytes
+				}
+				if wl < 0 || b < wl {
+					wl = b
+				}
+				wh = max(wh, b)
+			}
+			if float64(wh) > 1.10*float64(wl) {
+				t.Errorf("%d nodes: node %d workers are unbalanced (%d vs %d bytes)", nodes, n, wl, wh)
+			}
+		}
+	}
+	// Every element of every state is in exactly one task.
+	p, _ := NewPlan(tbl, PlanOptions{Nodes: 4, Cores: 2})
+	covered := map[[2]int]int64{}
+	for _, tk := range p.Tasks {
+		covered[[2]int{tk.Param, tk.State}] += tk.End - tk.Start
+	}
+	for pi, prm := range tbl.Params {
+		for si := range prm.States {
+			if covered[[2]int{pi, si}] != prm.Numel() {
+				t.Fatalf("param %d state %d: tasks cover %d of %d", pi, si, covered[[2]int{pi, si}], prm.Numel())
+			}
+		}
+	}
+}
+
+func TestPlanMemoryBoundsChunks(t *testing.T) {
+	tbl := synthetic([]int64{1 << 24})
+	p, err := NewPlan(tbl, PlanOptions{Nodes: 1, Cores: 4, Memory: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if max := int64(64<<20) / 4 / BytesPerChunkElem; p.ChunkElems > max {
+		t.Fatalf("chunk of %d elements exceeds the memory budget's %d", p.ChunkElems, max)
+	}
+}
+
+// convert runs the plan's nodes one after another in this process.
+func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) string {
+	t.Helper()
+	plan, err := NewPlan(tbl, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "atomic")
+	var w *atomic.Writer
+	for n := 0; n < plan.Nodes; n++ {
+		w, err = atomic.Create(dst, tbl, atomic.Options{Node: n, Nodes: plan.Nodes, PlanID: plan.ID()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(context.Background(), tbl, plan, w, Options{Node: n, Workers: workers, CheckReplicas: true}); err != nil {
+			t.Fatal(err)
+		}
+		all, err := w.FinishNode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if all != (n == plan.Nodes-1) {
+			t.Fatalf("node %d: all records present = %v", n, all)
+		}
+	}
+	if _, err := w.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// files reads every file of an atomic checkpoint except the manifest.
+func files(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == atomic.ManifestName {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = b
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameFiles(t *testing.T, what string, a, b map[string][]byte) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("%s: %d files vs %d", what, len(a), len(b))
+	}
+	for k, v := range a {
+		if !bytes.Equal(v, b[k]) {
+			t.Errorf("%s: %s differs", what, k)
+		}
+	}
+}
+
+// TestSplitAndNodesMatchSingle: tiny odd chunks (so every sharded
+// parameter is split across reducers and across nodes) and 4 nodes give
+// files byte-identical to one unsplit run, for a TP 2 checkpoint with
+// row-parallel, sub-parameter, vocabulary and averaged parameters.
+func TestSplitAndNodesMatchSingle(t *testing.T) {
+	tbl, err := deepspeed.Index(context.Background(), truth.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "checkpoint"), deepspeed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := files(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1))
+	sameFiles(t, "chunks of 7 elements", ref, files(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 3, ChunkElems: 7}, 3)))
+	dst := convert(t, tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13}, 2)
+	sameFiles(t, "4 nodes", ref, files(t, dst))
+	m, err := atomic.ReadManifest(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, ".ucp-nodes")); !os.IsNotExist(err) {
+		t.Error("node records left in the checkpoint")
+	}
+	if len(m.Params) != len(tbl.Params) {
+		t.Errorf("manifest lists %d params", len(m.Params))
+	}
+	truth.Check(t, dst, truth.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "truth.pt"))
+}
+
+// TestReadErrorStopsRun: a source file that shrank after indexing makes a
+// reducer fail; the run stops with that file named and no checkpoint
+// appears, not even a partial one.
+func TestReadErrorStopsRun(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "ckpt")
+	if err := os.CopyFS(src, os.DirFS(truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"))); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := deepspeed.Index(context.Background(), src, deepspeed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := tbl.Params[len(tbl.Params)/2].States[0].Frags[0].Src.Path
+	if err := os.Truncate(victim, 200); err != nil {
+		t.Fatal(err)
+	}
+	plan, _ := NewPlan(tbl, PlanOptions{Nodes: 1, Cores: 2})
+	dst := filepath.Join(t.TempDir(), "atomic")
+	w, err := atomic.Create(dst, tbl, atomic.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(context.Background(), tbl, plan, w, Options{Workers: 2})
+	if err == nil || !strings.Contains(err.Error(), filepath.Base(victim)) {
+		t.Fatalf("error %v, want one naming %s", err, victim)
+	}
+	w.Abort()
+	for _, p := range []string{dst, dst + atomic.PartialSuffix} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s exists after a failed run", p)
+		}
+	}
+}
+
+func TestTimeline(t *testing.T) {
+	st := &Stats{Tasks: 2, Elapsed: 2e9, Workers: []WorkerStats{{Spans: []Span{{Start: 0, End: 1e9, Label: "a<b>/fp32"}}}, {}}}
+	svg := Timeline(st, "node 0")
+	for _, want := range []string{"<svg", "worker 1", "a&lt;b&gt;/fp32", "</svg>"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("timeline lacks %q", want)
+		}
+	}
+}
