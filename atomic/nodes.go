@@ -25,6 +25,7 @@ type nodeRecord struct {
 	Plan   string         `json:"plan"`
 	Files  []fileRecord   `json:"files"`  // files this node wrote whole, with CRCs
 	Shared []sharedRecord `json:"shared"` // pieces of files several nodes fill
+	Copies []FileEntry    `json:"copies"` // source files copied unchanged
 }
 
 type fileRecord struct {

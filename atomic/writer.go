@@ -67,6 +67,9 @@ type Options struct {
 	// PlanID fingerprints the plan every node follows; records of another
 	// plan are refused when finalizing.
 	PlanID string
+	// NoSync skips syncing the files to disk before the manifest is
+	// written (for scratch output, or when the caller syncs).
+	NoSync bool
 	// FinalizeOnly opens a multi-node DST.partial to finalize it: nothing
 	// of what the nodes wrote, their records included, is touched.
 	FinalizeOnly bool
@@ -282,6 +285,32 @@ func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
 	return &FileEntry{Path: filepath.ToSlash(rel), Bytes: tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", tw.CRC32())}, nil
 }
 
+// CopyFile copies Table.CopyFiles[i] into the checkpoint unchanged (a
+// plan task, so big copies run beside the reducers) and returns its size.
+func (w *Writer) CopyFile(i int) (int64, error) {
+	e, err := w.copy(i)
+	if err != nil {
+		return 0, err
+	}
+	w.mu.Lock()
+	w.rec.Copies = append(w.rec.Copies, *e)
+	w.mu.Unlock()
+	return e.Bytes, nil
+}
+
+func (w *Writer) copy(i int) (*FileEntry, error) {
+	c := w.table.CopyFiles[i]
+	if err := CheckName(filepath.Base(c.Name)); err != nil || filepath.IsAbs(c.Name) || strings.Contains(c.Name, "..") {
+		return nil, fmt.Errorf("refusing to copy to %q", c.Name)
+	}
+	e, err := copyFile(c.Src, filepath.Join(w.tmp, c.Name))
+	if err != nil {
+		return nil, err
+	}
+	e.Path = filepath.ToSlash(c.Name)
+	return e, nil
+}
+
 // Finish completes a single-process conversion: this node's record, then
 // Finalize.
 func (w *Writer) Finish() (*Manifest, error) {
@@ -365,29 +394,37 @@ func (w *Writer) Finalize() (*Manifest, error) {
 		}
 		m.Files = append(m.Files, *e)
 	}
-	for _, c := range w.table.CopyFiles {
-		if err := CheckName(filepath.Base(c.Name)); err != nil || filepath.IsAbs(c.Name) || strings.Contains(c.Name, "..") {
-			return nil, fmt.Errorf("refusing to copy to %q", c.Name)
+	copied := map[string]FileEntry{}
+	for _, r := range recs {
+		for _, c := range r.Copies {
+			copied[c.Path] = c
 		}
-		e, err := copyFile(c.Src, filepath.Join(w.tmp, c.Name))
-		if err != nil {
-			return nil, err
+	}
+	for i, c := range w.table.CopyFiles {
+		e, ok := copied[filepath.ToSlash(c.Name)]
+		if !ok {
+			ce, err := w.copy(i)
+			if err != nil {
+				return nil, err
+			}
+			e = *ce
 		}
-		e.Path = filepath.ToSlash(c.Name)
-		m.Files = append(m.Files, *e)
+		m.Files = append(m.Files, e)
 	}
 	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Path < m.Files[j].Path })
 	if err := os.RemoveAll(filepath.Join(w.tmp, nodesDir)); err != nil {
 		return nil, err
 	}
 	// Everything must be on disk before the manifest says it is complete.
-	if err := syncTree(w.tmp); err != nil {
-		return nil, fmt.Errorf("%s: %w", w.tmp, err)
+	if !w.opt.NoSync {
+		if err := syncTree(w.tmp); err != nil {
+			return nil, fmt.Errorf("%s: %w", w.tmp, err)
+		}
 	}
 	if err := writeJSON(filepath.Join(w.tmp, ManifestName), m); err != nil {
 		return nil, err
 	}
-	if err := syncDir(w.tmp); err != nil {
+	if err := w.syncDir(w.tmp); err != nil {
 		return nil, err
 	}
 	if w.opt.Force {
@@ -403,7 +440,14 @@ func (w *Writer) Finalize() (*Manifest, error) {
 		return nil, err
 	}
 	w.finished = true
-	return m, syncDir(parent)
+	return m, w.syncDir(parent)
+}
+
+func (w *Writer) syncDir(dir string) error {
+	if w.opt.NoSync {
+		return nil
+	}
+	return syncDir(dir)
 }
 
 // Abort removes DST.partial.
@@ -411,6 +455,8 @@ func (w *Writer) Abort() {
 	os.RemoveAll(w.tmp)
 }
 
+// copyFile copies src to dst in the kernel (copy_file_range), then takes
+// the CRC-32 of the copy as it now is in the page cache.
 func copyFile(src, dst string) (*FileEntry, error) {
 	in, err := os.Open(src)
 	if err != nil {
@@ -421,17 +467,31 @@ func copyFile(src, dst string) (*FileEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := newCRC()
-	// io.Copy between files uses copy_file_range; the CRC needs the bytes,
-	// so tee them (model-state files are small).
-	n, err := io.Copy(io.MultiWriter(out, h), in)
+	n, err := io.Copy(out, in)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("copying %s: %w", src, err)
 	}
-	return &FileEntry{Bytes: n, CRC32: fmt.Sprintf("%08x", h.Sum32())}, nil
+	crc, err := fileCRC(dst)
+	if err != nil {
+		return nil, err
+	}
+	return &FileEntry{Bytes: n, CRC32: fmt.Sprintf("%08x", crc)}, nil
+}
+
+func fileCRC(path string) (uint32, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	h := newCRC()
+	if _, err := io.Copy(h, f); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return h.Sum32(), nil
 }
 
 func writeJSON(path string, v any) error {

@@ -17,6 +17,7 @@ package fragment
 
 import (
 	"fmt"
+	"os"
 	"sort"
 
 	"github.com/ucp-project/ucp/dtype"
@@ -188,6 +189,16 @@ type Table struct {
 type CopyFile struct {
 	Name string // path relative to the output folder
 	Src  string
+	Size int64 // bytes, for planning
+}
+
+// NewCopyFile describes src, copied as name into the output.
+func NewCopyFile(name, src string) (CopyFile, error) {
+	st, err := os.Stat(src)
+	if err != nil {
+		return CopyFile{}, err
+	}
+	return CopyFile{Name: name, Src: src, Size: st.Size()}, nil
 }
 
 // Param returns the parameter with the given name, or nil.

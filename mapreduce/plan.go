@@ -27,8 +27,12 @@ type Task struct {
 	Of    int   `json:"of"`    // number of ranges of its file
 }
 
-// StepTask marks a Task that writes a step file.
-const StepTask = -1
+// StepTask marks a Task that writes a step file; CopyTask one that copies
+// the source file Table.CopyFiles[Param] (its weight is the file's size).
+const (
+	StepTask = -1
+	CopyTask = -2
+)
 
 // Plan is the deterministic assignment of tasks to nodes: a pure function
 // of the table and the options, so every node computes the same plan.
@@ -100,8 +104,19 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 			tasks = append(tasks, Task{Param: pi, State: StepTask, Bytes: 1, Of: 1})
 		}
 	}
-	// LPT: biggest first, ties broken by position so the plan is deterministic.
-	sort.SliceStable(tasks, func(i, j int) bool { return tasks[i].Bytes > tasks[j].Bytes })
+	for ci, c := range t.CopyFiles {
+		tasks = append(tasks, Task{Param: ci, State: CopyTask, Bytes: 2 * c.Size, Of: 1})
+	}
+	// LPT: biggest first. Equal tasks are ordered by chunk index first, so
+	// concurrent workers start on different files (writes to one file
+	// serialize on its inode lock), then by position: the plan is
+	// deterministic.
+	sort.SliceStable(tasks, func(i, j int) bool {
+		if tasks[i].Bytes != tasks[j].Bytes {
+			return tasks[i].Bytes > tasks[j].Bytes
+		}
+		return tasks[i].Chunk < tasks[j].Chunk
+	})
 	for i := range tasks {
 		n := 0
 		for k := 1; k < opt.Nodes; k++ {
@@ -193,7 +208,7 @@ func (p *Plan) SharedFiles() map[[2]int]bool {
 	nodes := map[[2]int]int{}
 	shared := map[[2]int]bool{}
 	for _, t := range p.Tasks {
-		if t.State == StepTask {
+		if t.State < 0 {
 			continue
 		}
 		k := [2]int{t.Param, t.State}

@@ -92,7 +92,7 @@ func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer
 		shared: plan.SharedFiles()}
 	defer r.src.close()
 	for _, tk := range tasks {
-		if tk.State == StepTask {
+		if tk.State < 0 {
 			continue
 		}
 		k := [2]int{tk.Param, tk.State}
@@ -147,6 +147,9 @@ func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer
 }
 
 func (r *runner) label(tk Task) string {
+	if tk.State == CopyTask {
+		return "copy " + r.t.CopyFiles[tk.Param].Name
+	}
 	p := r.t.Params[tk.Param]
 	if tk.State == StepTask {
 		return p.Name + "/step"
@@ -179,6 +182,17 @@ func grow(b []byte, n int64) []byte {
 
 func (red *reducer) run(tk Task) error {
 	r := red.r
+	if tk.State == CopyTask {
+		t0 := time.Now()
+		n, err := r.w.CopyFile(tk.Param)
+		red.ws.Write += time.Since(t0)
+		red.ws.BytesRead += n
+		red.ws.BytesWritten += n
+		if r.opt.Progress != nil {
+			r.opt.Progress(n, n)
+		}
+		return err
+	}
 	p := r.t.Params[tk.Param]
 	if tk.State == StepTask {
 		return red.step(tk.Param)

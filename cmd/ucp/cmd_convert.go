@@ -35,6 +35,7 @@ type convertOptions struct {
 	Memory        string
 	Report        string
 	ChunkElems    int64
+	NoSync        bool
 }
 
 func newConvertCommand() *cobra.Command {
@@ -86,6 +87,7 @@ rerun alone.`,
 	f.StringVar(&opts.Report, "report", "", "write per-worker phase timings to this JSON file and a timeline next to it (.svg)")
 	f.Int64Var(&opts.ChunkElems, "chunk-elems", 0, "largest task in elements (default: from the memory budget and the balance)")
 	f.MarkHidden("chunk-elems")
+	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the output to disk before writing the manifest")
 	return cmd
 }
 
@@ -122,12 +124,12 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return printPlan(out, t, plan)
 	}
 	w, err := atomic.Create(dst, t, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes, PlanID: plan.ID(),
-		FinalizeOnly: opts.Finalize})
+		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync})
 	if err != nil {
 		return err
 	}
 	if opts.Finalize {
-		return finalize(out, w, t, start)
+		return finalize(out, w, t, start, opts.Quiet)
 	}
 	srcBytes, outBytes := t.Bytes()
 	bar := newProgress(errOut, (srcBytes+outBytes)*int64(plan.NodeBytes[node])/max(sum(plan.NodeBytes), 1), opts.Quiet)
@@ -174,12 +176,12 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		}
 		return err
 	}
-	return finalize(out, w, t, start)
+	return finalize(out, w, t, start, opts.Quiet)
 }
 
-func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Time) error {
+func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Time, quiet bool) error {
 	m, err := w.Finalize()
-	if err != nil {
+	if err != nil || quiet {
 		return err
 	}
 	fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %.2fs\n", w.Dst, len(m.Params), time.Since(start).Seconds())

@@ -159,7 +159,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		return nil, err
 	}
 	for mp := 0; mp < M; mp++ {
-		b.table.CopyFiles = append(b.table.CopyFiles, fragment.CopyFile{Name: filepath.Base(files.Model[mp]), Src: files.Model[mp]})
+		cf, err := fragment.NewCopyFile(filepath.Base(files.Model[mp]), files.Model[mp])
+		if err != nil {
+			return nil, err
+		}
+		b.table.CopyFiles = append(b.table.CopyFiles, cf)
 	}
 	if um := r.Unmatched(); len(um) > 0 {
 		b.table.Notes = append(b.table.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))

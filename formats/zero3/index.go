@@ -308,7 +308,11 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	for tp := 0; tp < T; tp++ {
 		for dp := 0; dp < D; dp++ {
 			m := grid[tp][dp].mpath
-			t.CopyFiles = append(t.CopyFiles, fragment.CopyFile{Name: filepath.Base(m), Src: m})
+			cf, err := fragment.NewCopyFile(filepath.Base(m), m)
+			if err != nil {
+				return nil, err
+			}
+			t.CopyFiles = append(t.CopyFiles, cf)
 		}
 	}
 	return t, nil

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/formats/dcp"
+)
+
+type exportOptions struct {
+	To       string
+	Shards   int
+	DType    string
+	ModelKey string
+	OptimKey string
+	Workers  int
+	Force    bool
+	Verify   bool
+	Quiet    bool
+}
+
+func newExportCommand() *cobra.Command {
+	var opts exportOptions
+	cmd := &cobra.Command{
+		Use:   "export ATOMIC DST --to dcp",
+		Short: "Write an atomic checkpoint in a training framework's format",
+		Long: `Write the atomic checkpoint in ATOMIC (made by 'ucp convert') to DST in the
+format named by --to.
+
+--to dcp writes a PyTorch Distributed Checkpoint folder (.metadata and
+__<rank>_0.distcp files) that torch.distributed.checkpoint.load reads into a
+model and optimizer of the same shapes: <model-key>.<param> for the weights,
+<optim-key>.state.<param>.{exp_avg,exp_avg_sq,step} for the optimizer state,
+the extra state's values at their keys, and the param groups. Every tensor is
+split in --shards chunks along dim 0 (torch.chunk sizes, as FSDP2 shards it),
+chunk r of every tensor in __r_0.distcp. DST is written as DST.partial,
+.metadata last, and renamed when complete.`,
+		Example: `  ucp export out/atomic out/dcp --to dcp
+  ucp export --to dcp --shards 8 --dtype bfloat16 atomic/ dcp/`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runExport(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.To, "to", "", "target format (dcp)")
+	f.IntVar(&opts.Shards, "shards", 1, "chunks per tensor along dim 0, one rank file each")
+	f.StringVar(&opts.DType, "dtype", "float32", "dtype of the written weights and optimizer states (float32, bfloat16, float16)")
+	f.StringVar(&opts.ModelKey, "model-key", "model", "top-level key of the model state dict")
+	f.StringVar(&opts.OptimKey, "optim-key", "", "top-level key of the optimizer state dict (default: a DCP source's own, else optim)")
+	f.IntVar(&opts.Workers, "workers", runtime.NumCPU(), "rank files written at once")
+	f.BoolVar(&opts.Force, "force", false, "replace DST if it exists")
+	f.BoolVar(&opts.Verify, "verify", true, "check every atomic file's CRC-32 against the manifest before using it")
+	f.BoolVar(&opts.Quiet, "quiet", false, "no summary")
+	return cmd
+}
+
+func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportOptions) error {
+	switch opts.To {
+	case "dcp":
+	case "":
+		return fmt.Errorf("--to is required (one of: dcp)")
+	default:
+		return fmt.Errorf("unknown target format %q (known: dcp)", opts.To)
+	}
+	if opts.Shards <= 0 {
+		return fmt.Errorf("--shards must be at least 1")
+	}
+	if opts.Workers <= 0 {
+		return fmt.Errorf("--workers must be at least 1")
+	}
+	dt, err := dtype.Parse(opts.DType)
+	if err != nil {
+		return fmt.Errorf("--dtype: %w", err)
+	}
+	start := time.Now()
+	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})
+	if err != nil {
+		return err
+	}
+	st, err := dcp.Export(ctx, r, dst, dcp.ExportOptions{Shards: opts.Shards, DType: dt, ModelKey: opts.ModelKey,
+		OptimKey: opts.OptimKey, Force: opts.Force, Workers: opts.Workers})
+	if err != nil {
+		return err
+	}
+	if opts.Quiet {
+		return nil
+	}
+	fmt.Fprintf(out, "exported %s -> %s (dcp)\n", src, dst)
+	fmt.Fprintf(out, "  %d tensors and %d values in %d rank files, %s in %.2fs\n",
+		st.Tensors, st.Values, st.Files, humanBytes(st.Bytes), time.Since(start).Seconds())
+	for _, n := range st.Notes {
+		fmt.Fprintln(out, "  note:", n)
+	}
+	return nil
+}
