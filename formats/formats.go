@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ucp-project/ucp/formats/dcp"
 	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/formats/megatron"
 	"github.com/ucp-project/ucp/formats/zero3"
 	"github.com/ucp-project/ucp/fragment"
 )
@@ -46,6 +48,17 @@ func All() []Format {
 				return zero3.Index(ctx, path, zero3.Options{Tag: o.Tag, Workers: o.Workers})
 			},
 		},
+		{
+			Name:   "megatron",
+			Help:   "Megatron-LM --ckpt-format torch (mp_rank_* folders, distrib_optim.pt), TP/PP/VPP/EP",
+			Detect: megatron.Detect,
+			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+				return megatron.Index(ctx, path, megatron.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize})
+			},
+		},
+		{Name: "dcp", Help: "PyTorch Distributed Checkpoint (FSDP, DTensor, torchtitan)", Detect: dcp.Detect, Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+			return dcp.Index(ctx, path, dcp.Options{Workers: o.Workers})
+		}},
 	}
 }
 

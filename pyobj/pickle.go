@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"strings"
+	"unsafe"
 )
 
 // Pickle opcodes used by the encoder (protocol 2, which every torch.load
@@ -28,6 +30,10 @@ const (
 	opEmptyTuple = ')'
 	opSetItems   = 'u'
 	opBinFloat   = 'G'
+	opBinPut     = 'q'
+	opLongBinPut = 'r'
+	opBinGet     = 'h'
+	opLongBinGet = 'j'
 	opProto      = 0x80
 	opNewObj     = 0x81
 	opTuple1     = 0x85
@@ -50,11 +56,18 @@ type Encoder struct {
 	// returns false for values it does not know.
 	Extension func(e *Encoder, v Value) (bool, error)
 	depth     int
+	shared    map[any]bool // containers referenced more than once
+	memo      map[any]int  // memo index of shared containers already written
 }
 
-// Marshal encodes v as a complete pickle (PROTO 2 ... STOP).
+// Marshal encodes v as a complete pickle (PROTO 2 ... STOP). Containers
+// that v references more than once are written once and then fetched from
+// the pickle memo (BINPUT/BINGET, as CPython does), so shared structure
+// stays shared and costs its size once; everything else is written without
+// memo opcodes.
 func Marshal(v Value, ext func(e *Encoder, v Value) (bool, error)) ([]byte, error) {
-	e := &Encoder{Extension: ext}
+	e := &Encoder{Extension: ext, shared: map[any]bool{}, memo: map[any]int{}}
+	countRefs(v, map[any]bool{}, e.shared, 0)
 	e.buf = append(e.buf, opProto, 2)
 	if err := e.Encode(v); err != nil {
 		return nil, err
@@ -88,6 +101,40 @@ func (e *Encoder) Encode(v Value) error {
 		}
 	}
 	switch x := v.(type) {
+	case *Object:
+		if x.Class == nil {
+			return fmt.Errorf("pickle: object without a class")
+		}
+	case Enum:
+		if x.Class == nil {
+			return fmt.Errorf("pickle: enum member without a class")
+		}
+	}
+	if g := classOf(v); g != nil && strings.ContainsAny(g.Module+g.Name, "\n") {
+		return fmt.Errorf("pickle: cannot encode global %q: GLOBAL names end at a newline", g.String())
+	}
+	id, isContainer := identity(v)
+	if isContainer {
+		if n, ok := e.memo[id]; ok {
+			e.get(n)
+			return nil
+		}
+	}
+	// put memoizes v right after the opcode that creates it, before its
+	// items, as CPython does.
+	put := func() {
+		if isContainer && e.shared[id] {
+			n := len(e.memo)
+			e.memo[id] = n
+			if n < 256 {
+				e.buf = append(e.buf, opBinPut, byte(n))
+			} else {
+				e.buf = append(e.buf, opLongBinPut)
+				e.buf = binary.LittleEndian.AppendUint32(e.buf, uint32(n))
+			}
+		}
+	}
+	switch x := v.(type) {
 	case nil:
 		e.buf = append(e.buf, opNone)
 	case bool:
@@ -102,11 +149,13 @@ func (e *Encoder) Encode(v Value) error {
 		e.int(x)
 	case *big.Int:
 		e.bigInt(x)
+		put()
 	case float64:
 		e.buf = append(e.buf, opBinFloat)
 		e.buf = binary.BigEndian.AppendUint64(e.buf, math.Float64bits(x))
 	case string:
 		e.str(x)
+		put()
 	case Bytes:
 		// Protocol 2 has no bytes opcode; CPython writes _codecs.encode.
 		e.Global("_codecs", "encode")
@@ -117,10 +166,15 @@ func (e *Encoder) Encode(v Value) error {
 		e.str(string(rs))
 		e.str("latin1")
 		e.buf = append(e.buf, opTuple2, opReduce)
+		put()
 	case Tuple:
-		return e.tuple(x)
+		if err := e.tuple(x); err != nil {
+			return err
+		}
+		put()
 	case *List:
 		e.buf = append(e.buf, opEmptyList)
+		put()
 		return e.batch(len(x.Items), opAppends, func(i int) error { return e.Encode(x.Items[i]) })
 	case *Dict:
 		if x.Kind == OrderedDict {
@@ -129,13 +183,23 @@ func (e *Encoder) Encode(v Value) error {
 		} else {
 			e.buf = append(e.buf, opEmptyDict)
 		}
-		return e.batch(x.Len(), opSetItems, func(i int) error {
+		put()
+		if err := e.batch(x.Len(), opSetItems, func(i int) error {
 			k, v := x.Item(i)
 			if err := e.Encode(k); err != nil {
 				return err
 			}
 			return e.Encode(v)
-		})
+		}); err != nil {
+			return err
+		}
+		if x.Attrs != nil {
+			// Attributes follow the items, as CPython's save_reduce orders them.
+			if err := e.Encode(x.Attrs); err != nil {
+				return err
+			}
+			e.buf = append(e.buf, opBuild)
+		}
 	case *Set:
 		name := "set"
 		if x.Frozen {
@@ -146,6 +210,7 @@ func (e *Encoder) Encode(v Value) error {
 			return err
 		}
 		e.buf = append(e.buf, opTuple1, opReduce)
+		put()
 	case *Global:
 		e.Global(x.Module, x.Name)
 	case DType:
@@ -183,6 +248,7 @@ func (e *Encoder) Encode(v Value) error {
 		} else {
 			e.buf = append(e.buf, opReduce)
 		}
+		put()
 		if x.Built {
 			if err := e.Encode(x.State); err != nil {
 				return err
@@ -193,6 +259,98 @@ func (e *Encoder) Encode(v Value) error {
 		return fmt.Errorf("pickle: cannot encode %T", v)
 	}
 	return nil
+}
+
+// classOf returns the global that encoding v writes with GLOBAL.
+func classOf(v Value) *Global {
+	switch x := v.(type) {
+	case *Global:
+		return x
+	case *Object:
+		return x.Class
+	case Enum:
+		return x.Class
+	}
+	return nil
+}
+
+func (e *Encoder) get(n int) {
+	if n < 256 {
+		e.buf = append(e.buf, opBinGet, byte(n))
+	} else {
+		e.buf = append(e.buf, opLongBinGet)
+		e.buf = binary.LittleEndian.AppendUint32(e.buf, uint32(n))
+	}
+}
+
+// identity returns the key under which a value is memoized: a container's
+// pointer, a tuple's backing array, or the bytes behind a long string, bytes
+// or big int (a pickle can reference one long string a million times).
+func identity(v Value) (any, bool) {
+	switch x := v.(type) {
+	case *List, *Dict, *Set, *Object:
+		return x, true
+	case Tuple:
+		if len(x) > 0 {
+			return tupleID{&x[0], len(x)}, true
+		}
+	case string:
+		if len(x) >= memoMinBytes {
+			return scalarID{unsafe.StringData(x), len(x)}, true
+		}
+	case Bytes:
+		if len(x) >= memoMinBytes {
+			return scalarID{&x[0], len(x)}, true
+		}
+	case *big.Int:
+		if x.BitLen() >= 8*memoMinBytes {
+			return x, true
+		}
+	}
+	return nil, false
+}
+
+// memoMinBytes is the size from which shared strings, bytes and ints are
+// memoized: short ones cost less to repeat than to fetch.
+const memoMinBytes = 64
+
+type scalarID struct {
+	p *byte
+	n int
+}
+
+// countRefs marks in shared the containers reachable from v more than
+// once. It visits each container once, so it is linear in the number of
+// distinct containers; too deep trees are left for Encode to reject.
+func countRefs(v Value, seen, shared map[any]bool, depth int) {
+	id, ok := identity(v)
+	if !ok || depth > DefaultLimits.MaxDepth+1 {
+		return
+	}
+	if seen[id] {
+		shared[id] = true
+		return
+	}
+	seen[id] = true
+	var kids []Value
+	switch x := v.(type) {
+	case *List:
+		kids = x.Items
+	case Tuple:
+		kids = x
+	case *Set:
+		kids = x.Items
+	case *Dict:
+		kids = append(append([]Value{}, x.keys...), x.vals...)
+		if x.Attrs != nil {
+			kids = append(kids, x.Attrs)
+		}
+	case *Object:
+		kids = append(append([]Value{}, x.Args...), x.State)
+	}
+	for _, k := range kids {
+		countRefs(k, seen, shared, depth+1)
+	}
 }
 
 func (e *Encoder) int(x int64) {

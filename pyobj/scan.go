@@ -5,11 +5,27 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // ErrTruncated is wrapped by Scan's errors for pickles that need more bytes
 // than were given, so that a reader with a window can read further.
 var ErrTruncated = errors.New("pickle: truncated")
+
+// TruncatedError is how Scan reports a pickle that runs past the bytes it
+// was given (errors.Is(err, ErrTruncated) holds). Need, when not zero, is
+// the size from the start of data that the failing opcode requires, so that
+// a caller reading a window of a file can tell whether reading further can
+// help or the pickle claims more than the file has.
+type TruncatedError struct {
+	Need uint64
+	msg  string
+}
+
+func (e *TruncatedError) Error() string { return e.msg }
+
+// Is makes errors.Is(err, ErrTruncated) true.
+func (e *TruncatedError) Is(target error) bool { return target == ErrTruncated }
 
 // argKind is how an opcode's argument is laid out after the opcode byte.
 type argKind uint8
@@ -83,7 +99,7 @@ func Scan(data []byte, lim Limits) (int, error) {
 			return 0, fmt.Errorf("pickle: more than %d opcodes", lim.MaxOps)
 		}
 		if pos >= len(data) {
-			return 0, fmt.Errorf("%w at byte %d (no STOP opcode)", ErrTruncated, pos)
+			return 0, &TruncatedError{msg: fmt.Sprintf("%v at byte %d (no STOP opcode)", ErrTruncated, pos)}
 		}
 		op := data[pos]
 		info, ok := opcodes[op]
@@ -102,11 +118,6 @@ func Scan(data []byte, lim Limits) (int, error) {
 				return 0, truncated(info, at)
 			}
 			need = 1 + int(data[pos])
-			if op == 0x8a && data[pos] == 0 {
-				// Valid pickle, but never written by CPython, and gopickle's
-				// LONG1 decoder indexes the last byte of the empty argument.
-				return 0, fmt.Errorf("pickle: LONG1 at byte %d has no bytes", at)
-			}
 		case argLen4, argLenS4:
 			if rest < 4 {
 				return 0, truncated(info, at)
@@ -116,7 +127,7 @@ func Scan(data []byte, lim Limits) (int, error) {
 				return 0, fmt.Errorf("pickle: %s at byte %d has negative length", info.name, at)
 			}
 			if uint64(n) > uint64(rest-4) {
-				return 0, tooLong(info, at, uint64(n), rest-4)
+				return 0, tooLong(info, at, pos+4, uint64(n), rest-4)
 			}
 			need = 4 + int(n)
 		case argLen8, argFrame:
@@ -125,7 +136,7 @@ func Scan(data []byte, lim Limits) (int, error) {
 			}
 			n := binary.LittleEndian.Uint64(data[pos:])
 			if n > uint64(rest-8) {
-				return 0, tooLong(info, at, n, rest-8)
+				return 0, tooLong(info, at, pos+8, n, rest-8)
 			}
 			if info.kind == argFrame {
 				need = 8 // the frame's content is ordinary opcodes that follow
@@ -158,9 +169,16 @@ func Scan(data []byte, lim Limits) (int, error) {
 }
 
 func truncated(info opInfo, at int) error {
-	return fmt.Errorf("%w: %s at byte %d", ErrTruncated, info.name, at)
+	return &TruncatedError{msg: fmt.Sprintf("%v: %s at byte %d", ErrTruncated, info.name, at)}
 }
 
-func tooLong(info opInfo, at int, n uint64, left int) error {
-	return fmt.Errorf("%w: %s at byte %d claims %d bytes but only %d are left", ErrTruncated, info.name, at, n, left)
+// tooLong reports a length argument at byte at, whose bytes would start at
+// start, claiming n bytes.
+func tooLong(info opInfo, at, start int, n uint64, left int) error {
+	need := uint64(start) + n
+	if need < n {
+		need = math.MaxUint64
+	}
+	return &TruncatedError{Need: need,
+		msg: fmt.Sprintf("%v: %s at byte %d claims %d bytes but only %d are left", ErrTruncated, info.name, at, n, left)}
 }

@@ -3,8 +3,9 @@ package pyobj
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math/big"
-	"unicode/utf8"
+	"sort"
 
 	"github.com/nlpodyssey/gopickle/pickle"
 	"github.com/nlpodyssey/gopickle/types"
@@ -37,54 +38,119 @@ type Options struct {
 	Globals map[string]int
 }
 
-// Unpickle decodes the pickle at the start of data. Unknown globals become
-// inert *Object values; nothing in the pickle is executed. Every length in
-// the pickle is checked against the bytes present before anything is
-// allocated, containers nest at most Limits.MaxDepth deep, and cycles are
-// rejected.
+// FuncRef is a resolved function passed as an argument, as torch's
+// _rebuild_from_type_v2 receives the function that builds the tensor.
+type FuncRef struct {
+	Global *Global
+	Callable
+}
+
+// StateSetter may be implemented by values that Hooks make, to receive the
+// argument of a BUILD opcode applied to them. Hook values without it ignore
+// BUILD (torch tensors carry Python attributes that way).
+type StateSetter interface {
+	SetPyState(state Value) error
+}
+
+// Unpickle decodes the pickle at the start of data with gopickle's pickle
+// VM. Unknown globals become inert *Object values; nothing in the pickle is
+// executed. Before the VM runs, Scan checks every length against the bytes
+// present (gopickle allocates whatever a length claims) and prepare checks
+// the stack shape, memo keys and MARK nesting, so the VM only sees
+// well-formed streams; the decoded values nest at most Limits.MaxDepth deep
+// and contain no cycles.
 func Unpickle(data []byte, opt Options) (v Value, err error) {
-	lim := opt.Limits
-	if lim.MaxOps == 0 {
-		lim = DefaultLimits
-	}
+	lim := opt.Limits.withDefaults()
 	n, err := Scan(data, lim)
 	if err != nil {
 		return nil, err
 	}
+	prog, err := prepare(data[:n], lim)
+	if err != nil {
+		return nil, err
+	}
 	d := &decoder{opt: opt, lim: lim}
-	u := pickle.NewUnpickler(bytes.NewReader(data[:n]))
+	cr := &countingReader{r: bytes.NewReader(prog)}
+	u := pickle.NewUnpickler(cr)
 	u.FindClass = d.findClass
 	u.PersistentLoad = d.persistentLoad
 	defer func() {
-		// gopickle trusts its input in places; a malformed pickle must
-		// still be an error, never a crash.
+		// prepare rules out what is known to crash gopickle; this turns
+		// anything else into an error instead of a crash.
 		if r := recover(); r != nil {
-			v, err = nil, fmt.Errorf("pickle: malformed (%v)", r)
+			v, err = nil, fmt.Errorf("pickle: malformed at byte %d (%v)", cr.n, r)
 		}
 	}()
 	raw, err := u.Load()
 	if err != nil {
-		return nil, fmt.Errorf("pickle: %w", err)
+		return nil, fmt.Errorf("pickle: at byte %d: %w", cr.n, err)
 	}
-	c := newConverter(lim.MaxDepth)
-	return c.conv(raw, 0)
+	if v, err = newConverter(lim.MaxDepth).conv(raw, 0); err != nil {
+		return nil, err
+	}
+	if err := checkTree(v, lim.MaxDepth); err != nil {
+		return nil, err
+	}
+	return v, nil
 }
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxOps <= 0 {
+		l.MaxOps = DefaultLimits.MaxOps
+	}
+	if l.MaxDepth <= 0 {
+		l.MaxDepth = DefaultLimits.MaxDepth
+	}
+	if l.MaxLine <= 0 {
+		l.MaxLine = DefaultLimits.MaxLine
+	}
+	return l
+}
+
+// countingReader tells how far the VM has read, for error messages.
+type countingReader struct {
+	r *bytes.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingReader) ReadByte() (byte, error) {
+	b, err := c.r.ReadByte()
+	if err == nil {
+		c.n++
+	}
+	return b, err
+}
+
+var _ io.ByteReader = (*countingReader)(nil)
 
 type decoder struct {
 	opt Options
 	lim Limits
 }
 
+// findClass is gopickle's FindClass: globals the hooks resolve call them,
+// torch dtypes are values, everything else is a reference whose calls
+// this package interprets (builtinCall) or records as inert objects.
 func (d *decoder) findClass(module, name string) (interface{}, error) {
+	if module == internalModule && name == "long" {
+		return longCall{}, nil
+	}
 	if d.opt.Globals != nil {
 		d.opt.Globals[module+"."+name]++
 	}
+	g := &Global{Module: module, Name: name}
 	if d.opt.Hooks.Resolve != nil {
 		if c, ok := d.opt.Hooks.Resolve(module, name); ok {
-			return &hookCall{g: &Global{Module: module, Name: name}, c: c, lim: d.lim}, nil
+			return &hookCall{g: g, c: c, lim: d.lim}, nil
 		}
 	}
-	return &globalRef{g: &Global{Module: module, Name: name}, lim: d.lim}, nil
+	return &globalRef{g: g, lim: d.lim}, nil
 }
 
 func (d *decoder) persistentLoad(pid interface{}) (interface{}, error) {
@@ -95,7 +161,41 @@ func (d *decoder) persistentLoad(pid interface{}) (interface{}, error) {
 	if err != nil {
 		return nil, err
 	}
-	return d.opt.Hooks.PersistentLoad(v)
+	out, err := d.opt.Hooks.PersistentLoad(v)
+	return &hookValue{v: out}, err
+}
+
+// args decodes call arguments with a throwaway converter: they are
+// complete when REDUCE runs, but a memoized container could still grow
+// later in the pickle, so nothing is cached for the final conversion.
+func args(lim Limits, raw []interface{}, funcs bool) ([]Value, error) {
+	c := newConverter(lim.MaxDepth)
+	c.keepFuncs = funcs
+	out := make([]Value, len(raw))
+	for i, a := range raw {
+		v, err := c.conv(a, 0)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// longCall decodes a big LONG1/LONG4 payload that prepare moved into a
+// latin-1 string.
+type longCall struct{}
+
+func (longCall) Call(raw ...interface{}) (interface{}, error) {
+	s, ok := raw[0].(string)
+	if len(raw) != 1 || !ok {
+		return nil, fmt.Errorf("malformed integer")
+	}
+	b := make([]byte, 0, len(s))
+	for _, r := range s {
+		b = append(b, byte(r))
+	}
+	return decodeLong(b), nil
 }
 
 // hookCall adapts a Callable to gopickle: arguments are decoded first.
@@ -105,38 +205,43 @@ type hookCall struct {
 	lim Limits
 }
 
-// FuncRef is a resolved function passed as an argument, as torch's
-// _rebuild_from_type_v2 receives the function that builds the tensor.
-type FuncRef struct {
-	Global *Global
-	Callable
-}
-
-func (h *hookCall) Call(args ...interface{}) (interface{}, error) {
-	// A throwaway converter: arguments are complete when REDUCE runs, but a
-	// memoized container could still grow later in the pickle.
-	c := newConverter(h.lim.MaxDepth)
-	c.keepFuncs = true
-	vals := make([]Value, len(args))
-	for i, a := range args {
-		v, err := c.conv(a, 0)
-		if err != nil {
-			return nil, err
-		}
-		vals[i] = v
+func (h *hookCall) Call(raw ...interface{}) (interface{}, error) {
+	vals, err := args(h.lim, raw, true)
+	if err != nil {
+		return nil, err
 	}
-	return h.c.CallPy(vals)
+	v, err := h.c.CallPy(vals)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", h.g, err)
+	}
+	return &hookValue{v: v}, nil
 }
 
-// globalRef is a global that this package gives a default meaning: a few
-// builtins are understood, everything else is recorded as an inert object.
+// hookValue wraps what a hook returned while the VM runs, so that BUILD on
+// it reaches StateSetter or is ignored, as torch ignores a tensor's
+// Python attributes.
+type hookValue struct{ v Value }
+
+func (h *hookValue) PySetState(state interface{}) error {
+	ss, ok := h.v.(StateSetter)
+	if !ok {
+		return nil
+	}
+	s, err := newConverter(DefaultLimits.MaxDepth).conv(state, 0)
+	if err != nil {
+		return err
+	}
+	return ss.SetPyState(s)
+}
+
+// globalRef is a global this package gives a default meaning.
 type globalRef struct {
 	g   *Global
 	lim Limits
 }
 
-// rawObject is an *Object under construction whose arguments and state are
-// still gopickle values.
+// rawObject is an *Object whose arguments and state are still gopickle
+// values; it receives BUILD.
 type rawObject struct {
 	class *Global
 	via   Construct
@@ -150,106 +255,51 @@ func (o *rawObject) PySetState(state interface{}) error {
 	return nil
 }
 
-// rawSet is a set whose items are still gopickle values.
-type rawSet struct {
-	items  []interface{}
-	frozen bool
+func (r *globalRef) PyNew(raw ...interface{}) (interface{}, error) {
+	return &rawObject{class: r.g, via: ByNewObj, args: raw}, nil
 }
 
-func (r *globalRef) PyNew(args ...interface{}) (interface{}, error) {
-	return &rawObject{class: r.g, via: ByNewObj, args: args}, nil
+func (r *globalRef) Call(raw ...interface{}) (interface{}, error) {
+	if r.g.Module == "torch" {
+		if _, ok := dtype.FromTorchName(r.g.Name); ok {
+			return nil, fmt.Errorf("cannot call torch.dtype %s", r.g)
+		}
+	}
+	vals, err := args(r.lim, raw, false)
+	if err != nil {
+		return nil, err
+	}
+	v, err := builtinCall(r.g, vals)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.g, err)
+	}
+	if o, ok := v.(*Object); ok && !o.Built {
+		// Keep the raw arguments: an inert object may be BUILT later.
+		return &rawObject{class: o.Class, via: o.Via, args: raw}, nil
+	}
+	switch x := v.(type) {
+	case *Dict:
+		return &rawDict{d: x}, nil
+	case Bytes, Size, Tuple, Enum:
+		// Slices cannot be Go map keys; gopickle's sets and OrderedDicts
+		// are maps, so the VM holds a pointer to the value.
+		return &hookValue{v: x}, nil
+	}
+	return v, nil
 }
 
-func (r *globalRef) Call(args ...interface{}) (interface{}, error) {
-	mod, name := r.g.Module, r.g.Name
-	if mod == "builtins" {
-		mod = "__builtin__"
-	}
-	switch mod + "." + name {
-	case "__builtin__.getattr":
-		// Enum members pickled by name: getattr(EnumClass, 'MEMBER').
-		if len(args) == 2 {
-			cls, ok1 := args[0].(*globalRef)
-			member, ok2 := args[1].(string)
-			if ok1 && ok2 {
-				return Enum{Class: cls.g, Name: member, ByName: true}, nil
-			}
-		}
-		return nil, fmt.Errorf("getattr: only getattr(class, 'name') is supported")
-	case "__builtin__.set", "__builtin__.frozenset":
-		rs := &rawSet{frozen: name == "frozenset"}
-		if len(args) == 1 {
-			items, ok := args[0].(*types.List)
-			if !ok {
-				return nil, fmt.Errorf("%s: argument is not a list", name)
-			}
-			rs.items = *items
-		} else if len(args) > 1 {
-			return nil, fmt.Errorf("%s: too many arguments", name)
-		}
-		return rs, nil
-	case "_codecs.encode":
-		// bytes in protocol 2: _codecs.encode('latin-1 text', 'latin1').
-		if len(args) != 2 {
-			return nil, fmt.Errorf("_codecs.encode: want 2 arguments, got %d", len(args))
-		}
-		s, ok1 := args[0].(string)
-		enc, ok2 := args[1].(string)
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("_codecs.encode: arguments are not strings")
-		}
-		return encodeString(s, enc)
-	case "__builtin__.bytearray", "__builtin__.bytes":
-		switch len(args) {
-		case 0:
-			return Bytes{}, nil
-		case 1:
-			if b, ok := args[0].([]byte); ok {
-				return Bytes(b), nil
-			}
-		case 2:
-			s, ok1 := args[0].(string)
-			enc, ok2 := args[1].(string)
-			if ok1 && ok2 {
-				return encodeString(s, enc)
-			}
-		}
-		return nil, fmt.Errorf("%s: unsupported arguments", name)
-	case "torch.Size":
-		if len(args) == 0 {
-			return Size{}, nil
-		}
-		if t, ok := args[0].(*types.Tuple); ok && len(args) == 1 {
-			s := make(Size, len(*t))
-			for i, e := range *t {
-				n, ok := e.(int)
-				if !ok {
-					return nil, fmt.Errorf("torch.Size: element %d is not an int", i)
-				}
-				s[i] = int64(n)
-			}
-			return s, nil
-		}
-		return nil, fmt.Errorf("torch.Size: unsupported arguments")
-	}
-	return &rawObject{class: r.g, via: ByReduce, args: args}, nil
+// rawDict is a dict a call made (dict(...)) that the VM may still fill.
+type rawDict struct {
+	d     *Dict
+	items []interface{}
+	state interface{}
 }
 
-func encodeString(s, enc string) (Bytes, error) {
-	switch enc {
-	case "latin1", "latin-1", "iso-8859-1":
-		out := make(Bytes, 0, len(s))
-		for _, r := range s {
-			if r > 0xff {
-				return nil, fmt.Errorf("_codecs.encode: %U is not latin-1", r)
-			}
-			out = append(out, byte(r))
-		}
-		return out, nil
-	case "utf-8", "utf8", "ascii":
-		return Bytes(s), nil
-	}
-	return nil, fmt.Errorf("_codecs.encode: unsupported encoding %q", enc)
+func (r *rawDict) Set(k, v interface{}) { r.items = append(r.items, k, v) }
+
+func (r *rawDict) PySetState(state interface{}) error {
+	r.state = state
+	return nil
 }
 
 // converter turns gopickle's values into this package's, keeping shared
@@ -270,17 +320,11 @@ func newConverter(maxDepth int) *converter {
 
 func (c *converter) conv(v interface{}, depth int) (Value, error) {
 	switch x := v.(type) {
-	case nil, bool, float64, int64, Bytes, Size, DType, Enum, FuncRef:
+	case nil, bool, float64, int64, string, Bytes, Size, DType, Enum, FuncRef, Tuple:
+		// Tuple here was made by a builtin call from decoded values.
 		return x, nil
 	case int:
 		return int64(x), nil
-	case string:
-		if !utf8.ValidString(x) {
-			// Python str holds code points; a pickle may carry lone
-			// surrogates. Keep the bytes, they only matter for display.
-			return x, nil
-		}
-		return x, nil
 	case *big.Int:
 		if x.IsInt64() {
 			return x.Int64(), nil
@@ -290,6 +334,8 @@ func (c *converter) conv(v interface{}, depth int) (Value, error) {
 		return Bytes(x), nil
 	case *types.ByteArray:
 		return Bytes(*x), nil
+	case *hookValue:
+		return x.v, nil
 	}
 	if depth >= c.maxDepth {
 		return nil, fmt.Errorf("pickle: objects nest deeper than %d levels", c.maxDepth)
@@ -298,85 +344,101 @@ func (c *converter) conv(v interface{}, depth int) (Value, error) {
 		return r, nil
 	}
 	if c.busy[v] {
-		return nil, fmt.Errorf("pickle: object contains itself (cycles are not supported)")
+		return nil, fmt.Errorf("pickle: %s contains itself (cycles are not supported)", rawTypeName(v))
 	}
 	c.busy[v] = true
 	defer delete(c.busy, v)
+	var out Value
+	var err error
 	switch x := v.(type) {
 	case *types.Tuple:
-		t := make(Tuple, len(*x))
-		for i, e := range *x {
-			ev, err := c.conv(e, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			t[i] = ev
-		}
-		c.done[v] = t
-		return t, nil
+		out, err = c.tuple(*x, depth)
 	case *types.List:
-		l := &List{Items: make([]Value, len(*x))}
-		for i, e := range *x {
-			ev, err := c.conv(e, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			l.Items[i] = ev
+		var items []Value
+		if items, err = c.seq(*x, depth); err == nil {
+			out = &List{Items: items}
 		}
-		c.done[v] = l
-		return l, nil
+	case *List:
+		var items []Value
+		if items, err = c.seq(x.Items, depth); err == nil {
+			x.Items = items
+			out = x
+		}
 	case *types.Dict:
 		d := NewDict(PlainDict)
 		for _, e := range *x {
-			if err := c.setItem(d, e.Key, e.Value, depth); err != nil {
-				return nil, err
+			if err = c.setItem(d, e.Key, e.Value, depth); err != nil {
+				break
 			}
 		}
-		c.done[v] = d
-		return d, nil
+		out = d
 	case *types.OrderedDict:
 		d := NewDict(OrderedDict)
-		for el := x.List.Front(); el != nil; el = el.Next() {
+		for el := x.List.Front(); el != nil && err == nil; el = el.Next() {
 			e := el.Value.(*types.OrderedDictEntry)
-			if err := c.setItem(d, e.Key, e.Value, depth); err != nil {
-				return nil, err
+			err = c.setItem(d, e.Key, e.Value, depth)
+		}
+		if err == nil && len(x.PyDict) > 0 {
+			// BUILD on an OrderedDict: a state_dict's _metadata.
+			keys := make([]string, 0, len(x.PyDict))
+			for k := range x.PyDict {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			d.Attrs = NewDict(PlainDict)
+			for _, k := range keys {
+				if err = c.setItem(d.Attrs, k, x.PyDict[k], depth); err != nil {
+					break
+				}
 			}
 		}
-		c.done[v] = d
-		return d, nil
+		out = d
+	case *Dict:
+		// Made by a builtin call from decoded values; its contents may
+		// still hold raw values if the VM filled it.
+		out = x
+	case *rawDict:
+		d := x.d
+		for i := 0; i+1 < len(x.items) && err == nil; i += 2 {
+			err = c.setItem(d, x.items[i], x.items[i+1], depth)
+		}
+		if err == nil && x.state != nil {
+			var s Value
+			if s, err = c.conv(x.state, depth+1); err == nil {
+				attrs, ok := s.(*Dict)
+				if !ok {
+					err = fmt.Errorf("pickle: state of a dict is %s, not a dict", TypeName(s))
+				}
+				d.Attrs = attrs
+			}
+		}
+		out = d
 	case *types.Set:
 		s := &Set{}
 		for k := range *x {
-			kv, err := c.conv(k, depth+1)
-			if err != nil {
-				return nil, err
+			var kv Value
+			if kv, err = c.conv(k, depth+1); err != nil {
+				break
 			}
 			s.Items = append(s.Items, kv)
 		}
-		c.done[v] = s
-		return s, nil
+		out = s
 	case *types.FrozenSet:
 		s := &Set{Frozen: true}
 		for k := range *x {
-			kv, err := c.conv(k, depth+1)
-			if err != nil {
-				return nil, err
+			var kv Value
+			if kv, err = c.conv(k, depth+1); err != nil {
+				break
 			}
 			s.Items = append(s.Items, kv)
 		}
-		c.done[v] = s
-		return s, nil
-	case *rawSet:
-		s := &Set{Frozen: x.frozen}
-		for _, e := range x.items {
-			ev, err := c.conv(e, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			s.Items = append(s.Items, ev)
+		out = s
+	case *Set:
+		var items []Value
+		if items, err = c.seq(x.Items, depth); err == nil {
+			x.Items = items
+			out = x
 		}
-		c.done[v] = s
-		return s, nil
 	case *globalRef:
 		if x.g.Module == "torch" {
 			if dt, ok := dtype.FromTorchName(x.g.Name); ok {
@@ -384,34 +446,52 @@ func (c *converter) conv(v interface{}, depth int) (Value, error) {
 			}
 		}
 		return x.g, nil
+	case *Global:
+		return x, nil
 	case *hookCall:
 		if c.keepFuncs {
 			return FuncRef{Global: x.g, Callable: x.c}, nil
 		}
 		return x.g, nil
 	case *rawObject:
-		o := &Object{Class: x.class, Via: x.via, Args: make([]Value, len(x.args)), Built: x.built}
-		for i, a := range x.args {
-			av, err := c.conv(a, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			o.Args[i] = av
+		o := &Object{Class: x.class, Via: x.via, Built: x.built}
+		if o.Args, err = c.seq(x.args, depth); err == nil && x.built {
+			o.State, err = c.conv(x.state, depth+1)
 		}
-		if x.built {
-			sv, err := c.conv(x.state, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			o.State = sv
-		}
-		c.done[v] = o
-		return o, nil
-	case *types.GenericObject, *types.GenericClass:
-		return nil, fmt.Errorf("pickle: unexpected generic object %T", v)
+		out = o
+	case *Object:
+		out = x
+	case *types.GenericObject, *types.GenericClass, *types.ObjectClass, *types.Reconstructor, *types.OrderedDictClass, *types.Array:
+		return nil, fmt.Errorf("pickle: a %T cannot be used as a value", v)
+	default:
+		// Values made by Hooks (tensors, storages) are already final.
+		return v, nil
 	}
-	// Values made by Hooks (tensors, storages) are already final.
-	return v, nil
+	if err != nil {
+		return nil, err
+	}
+	c.done[v] = out
+	return out, nil
+}
+
+func (c *converter) tuple(items []interface{}, depth int) (Value, error) {
+	t, err := c.seq(items, depth)
+	if err != nil {
+		return nil, err
+	}
+	return Tuple(t), nil
+}
+
+func (c *converter) seq(items []interface{}, depth int) ([]Value, error) {
+	out := make([]Value, len(items))
+	for i, e := range items {
+		v, err := c.conv(e, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
 }
 
 func (c *converter) setItem(d *Dict, k, v interface{}, depth int) error {
@@ -425,4 +505,23 @@ func (c *converter) setItem(d *Dict, k, v interface{}, depth int) error {
 	}
 	d.Set(kv, vv)
 	return nil
+}
+
+// rawTypeName names a VM value's Python type for messages.
+func rawTypeName(v interface{}) string {
+	switch x := v.(type) {
+	case *types.List, *List:
+		return "list"
+	case *types.Tuple:
+		return "tuple"
+	case *types.Dict, *rawDict:
+		return "dict"
+	case *types.OrderedDict:
+		return "OrderedDict"
+	case *types.Set, *types.FrozenSet, *Set:
+		return "set"
+	case *rawObject:
+		return x.class.String()
+	}
+	return TypeName(v)
 }

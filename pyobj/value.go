@@ -9,7 +9,10 @@ package pyobj
 
 import (
 	"fmt"
+	"math"
 	"math/big"
+	"reflect"
+	"strings"
 
 	"github.com/ucp-project/ucp/dtype"
 )
@@ -105,7 +108,10 @@ const (
 // Dict is an insertion-ordered Python dict. Keys may be any Value; lookups
 // of hashable keys (strings, numbers, bools, None, tuples of those) are O(1).
 type Dict struct {
-	Kind  DictKind
+	Kind DictKind
+	// Attrs holds instance attributes that the pickle set with BUILD, as
+	// torch does for a state_dict's _metadata. Usually nil.
+	Attrs *Dict
 	keys  []Value
 	vals  []Value
 	index map[any]int
@@ -124,11 +130,36 @@ func DictOf(kv ...Value) *Dict {
 }
 
 // hashKey maps a key to a comparable Go value following Python equality:
-// True == 1, 1.0 == 1.
+// True == 1, 1.0 == 1. Keys are hashed by content within a small budget;
+// larger keys (and mutable ones) are compared by identity instead, so that
+// a pickle cannot make every dict insertion expensive.
 func hashKey(k Value) (any, bool) {
+	budget := maxKeyBytes
+	return hashKeyBudget(k, &budget)
+}
+
+// maxKeyBytes bounds the work of hashing one key; each tuple element costs
+// keyNodeCost besides its bytes. Real keys (names, ints, short tuples) are
+// far below it.
+const (
+	maxKeyBytes = 1 << 10
+	keyNodeCost = 16
+)
+
+// compositeKey is the hash key of a non-scalar key: a struct, so that it
+// never equals the key of a plain string.
+type compositeKey struct {
+	kind byte
+	s    string
+}
+
+func hashKeyBudget(k Value, budget *int) (any, bool) {
+	if *budget -= keyNodeCost; *budget < 0 {
+		return nil, false
+	}
 	switch x := k.(type) {
 	case nil, string, int64:
-		return x, true
+		return x, true // a string is its own key: no copy, no budget
 	case bool:
 		if x {
 			return int64(1), true
@@ -143,28 +174,88 @@ func hashKey(k Value) (any, bool) {
 		if x.IsInt64() {
 			return x.Int64(), true
 		}
-		return "\x00big" + x.String(), true
+		if *budget -= x.BitLen() / 8; *budget < 0 {
+			return nil, false
+		}
+		return compositeKey{'i', fmt.Sprintf("%d:%x", x.Sign(), x.Bytes())}, true
+	case Bytes:
+		if *budget -= len(x); *budget < 0 {
+			return nil, false
+		}
+		return compositeKey{'b', string(x)}, true
 	case Tuple:
-		s := "\x00tuple"
+		var b strings.Builder
 		for _, e := range x {
-			h, ok := hashKey(e)
+			h, ok := hashKeyBudget(e, budget)
 			if !ok {
 				return nil, false
 			}
-			s += fmt.Sprintf("\x01%T:%v", h, h)
+			// Every element is written with its kind and, for text, its
+			// length, so that different tuples never give one key.
+			switch hv := h.(type) {
+			case nil:
+				b.WriteString("n;")
+			case string:
+				if *budget -= len(hv); *budget < 0 {
+					return nil, false
+				}
+				fmt.Fprintf(&b, "s%d:%s;", len(hv), hv)
+			case int64:
+				fmt.Fprintf(&b, "i%d;", hv)
+			case float64:
+				fmt.Fprintf(&b, "f%x;", math.Float64bits(hv))
+			case DType:
+				fmt.Fprintf(&b, "d%d;", hv.DType)
+			case compositeKey:
+				if *budget -= len(hv.s); *budget < 0 {
+					return nil, false
+				}
+				fmt.Fprintf(&b, "k%c%d:%s;", hv.kind, len(hv.s), hv.s)
+			default:
+				return nil, false
+			}
 		}
-		return s, true
+		return compositeKey{'t', b.String()}, true
+	case Size:
+		t := make(Tuple, len(x))
+		for i, n := range x {
+			t[i] = n
+		}
+		return hashKeyBudget(t, budget)
 	case DType:
 		return x, true
 	case *Global:
-		return "\x00global" + x.String(), true
+		return compositeKey{'g', x.Module + "\n" + x.Name}, true
+	case Enum:
+		if x.ByName {
+			return compositeKey{'e', x.Class.Module + "\n" + x.Class.Name + "\n" + x.Name}, true
+		}
+	}
+	return nil, false
+}
+
+// identKey is the index key of a key that hashKey cannot hash (a list, a
+// tuple beyond the budget, an object): Python would reject or compare such
+// keys by identity, and so does Dict.
+type identKey struct{ id any }
+
+// dictKey returns the index key of k: its hash, or its identity.
+func dictKey(k Value) (any, bool) {
+	if h, ok := hashKey(k); ok {
+		return h, true
+	}
+	if t, ok := k.(Tuple); ok && len(t) > 0 {
+		return identKey{tupleID{&t[0], len(t)}}, true
+	}
+	if rv := reflect.ValueOf(k); rv.IsValid() && rv.Kind() == reflect.Pointer {
+		return identKey{k}, true
 	}
 	return nil, false
 }
 
 // Set inserts or replaces the value of k, keeping the first insertion position.
 func (d *Dict) Set(k, v Value) {
-	if h, ok := hashKey(k); ok {
+	if h, ok := dictKey(k); ok {
 		if d.index == nil {
 			d.index = make(map[any]int)
 		}
@@ -183,24 +274,20 @@ func (d *Dict) Get(k Value) (Value, bool) {
 	if d == nil {
 		return nil, false
 	}
-	if h, ok := hashKey(k); ok {
-		i, ok := d.index[h]
-		if !ok {
-			return nil, false
-		}
-		return d.vals[i], true
+	h, ok := dictKey(k)
+	if !ok {
+		return nil, false // keys without hash or identity (such as a Size) are never found
 	}
-	for i, key := range d.keys {
-		if key == k {
-			return d.vals[i], true
-		}
+	i, ok := d.index[h]
+	if !ok {
+		return nil, false
 	}
-	return nil, false
+	return d.vals[i], true
 }
 
 // Delete removes k, keeping the order of the other keys.
 func (d *Dict) Delete(k Value) {
-	h, ok := hashKey(k)
+	h, ok := dictKey(k)
 	if !ok {
 		return
 	}
@@ -212,7 +299,7 @@ func (d *Dict) Delete(k Value) {
 	d.vals = append(d.vals[:i], d.vals[i+1:]...)
 	delete(d.index, h)
 	for j := i; j < len(d.keys); j++ {
-		if hk, ok := hashKey(d.keys[j]); ok {
+		if hk, ok := dictKey(d.keys[j]); ok {
 			d.index[hk] = j
 		}
 	}
@@ -238,6 +325,7 @@ func (d *Dict) Item(i int) (Value, Value) { return d.keys[i], d.vals[i] }
 // Clone returns a shallow copy.
 func (d *Dict) Clone() *Dict {
 	c := NewDict(d.Kind)
+	c.Attrs = d.Attrs
 	for i := range d.keys {
 		c.Set(d.keys[i], d.vals[i])
 	}

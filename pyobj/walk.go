@@ -77,7 +77,13 @@ func Walk(v Value, fn func(path []Value, v Value) error) error {
 
 // Repr returns a short Python-like rendering of scalars and a summary of
 // containers, for listings.
-func Repr(v Value) string {
+func Repr(v Value) string { return repr(v, 0) }
+
+// reprDepth bounds how deep Repr renders nested tuples: a pickle can share
+// tuples so that their full rendering doubles with every level.
+const reprDepth = 4
+
+func repr(v Value, depth int) string {
 	switch x := v.(type) {
 	case nil:
 		return "None"
@@ -89,6 +95,10 @@ func Repr(v Value) string {
 	case int64:
 		return strconv.FormatInt(x, 10)
 	case *big.Int:
+		if x.BitLen() > 1024 {
+			// Decimal conversion of a huge int is slow; say its size.
+			return fmt.Sprintf("<int of %d bits>", x.BitLen())
+		}
 		return x.String()
 	case float64:
 		return formatFloat(x)
@@ -100,13 +110,16 @@ func Repr(v Value) string {
 	case Bytes:
 		return fmt.Sprintf("bytes[%d]", len(x))
 	case Tuple:
+		if depth >= reprDepth && len(x) > 0 {
+			return "(...)"
+		}
 		parts := make([]string, 0, len(x))
 		for i, e := range x {
 			if i == 8 {
 				parts = append(parts, "...")
 				break
 			}
-			parts = append(parts, Repr(e))
+			parts = append(parts, repr(e, depth+1))
 		}
 		if len(x) == 1 {
 			return "(" + parts[0] + ",)"
@@ -132,7 +145,7 @@ func Repr(v Value) string {
 		if x.ByName {
 			return x.Class.Name + "." + x.Name
 		}
-		return x.Class.Name + "(" + Repr(x.Value) + ")"
+		return x.Class.Name + "(" + repr(x.Value, depth+1) + ")"
 	case *Object:
 		return x.Class.String() + "(...)"
 	}

@@ -191,7 +191,7 @@ func readZip(r io.ReaderAt, size int64, name string) (*File, error) {
 	f := &File{Name: name, Format: FormatZip, Prefix: prefix, r: r, size: size}
 	h := newHooks(false)
 	if err := f.decode(pkl, h); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", pk.Name, err)
 	}
 	f.sortStorages(h)
 	for _, st := range f.Storages {
@@ -265,16 +265,24 @@ type pickleReader struct {
 
 func (p *pickleReader) next(decode func([]byte) error) error {
 	for want := int64(1 << 16); ; want *= 4 {
-		if err := p.fill(min(want, p.size-p.pos)); err != nil {
+		if err := p.fill(min(want, p.size-p.pos, maxPickle)); err != nil {
 			return err
 		}
 		window := p.buf[p.pos-p.at:]
 		n, err := pyobj.Scan(window, pyobj.DefaultLimits)
 		if err != nil {
-			if int64(len(window)) < p.size-p.pos && int64(len(window)) < maxPickle && errors.Is(err, pyobj.ErrTruncated) {
-				continue // the pickle runs past the window: read more
+			left := min(p.size-p.pos, maxPickle)
+			var te *pyobj.TruncatedError
+			if int64(len(window)) >= left || !errors.As(err, &te) {
+				return err
 			}
-			return err
+			if te.Need > uint64(left) {
+				// A length that the rest of the file cannot hold: reading
+				// more would only allocate.
+				return err
+			}
+			want = max(want, int64(te.Need)/4+1)
+			continue // the pickle runs past the window: read more
 		}
 		if err := decode(window[:n]); err != nil {
 			return err
@@ -329,8 +337,9 @@ func readLegacy(r io.ReaderAt, size int64, name string) (*File, error) {
 	}
 	f := &File{Name: name, Format: FormatLegacy, r: r, size: size}
 	h := newHooks(true)
+	at := p.pos
 	if err := p.next(func(b []byte) error { return f.decode(b, h) }); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("legacy object pickle at offset %d: %w", at, err)
 	}
 	var keysVal pyobj.Value
 	if err := p.next(simple(&keysVal)); err != nil {
@@ -383,12 +392,34 @@ func (f *File) ReadRange(t *Tensor, start, n int64, dst []byte) error {
 
 // ReadTensor reads all elements of t in row-major order.
 func (f *File) ReadTensor(t *Tensor) ([]byte, error) {
+	if err := checkRange(t, 0, t.Numel()); err != nil {
+		return nil, err
+	}
 	buf := make([]byte, t.NBytes())
 	return buf, f.ReadRange(t, 0, t.Numel(), buf)
 }
 
+// maxRead bounds one ReadTensor/ReadFloat32 allocation. A view with zero
+// strides (an expanded tensor) can be far larger than its storage and
+// the file; such tensors must be read in ranges.
+const maxRead = 1 << 40
+
+// checkRange validates the element range [start, start+n) of t.
+func checkRange(t *Tensor, start, n int64) error {
+	if start < 0 || n < 0 || start > t.Numel() || n > t.Numel()-start {
+		return fmt.Errorf("%d elements from element %d: outside tensor of %d elements", n, start, t.Numel())
+	}
+	if n > maxRead/int64(max(t.DType.Size(), 4)) {
+		return fmt.Errorf("%d elements are too many to read at once", n)
+	}
+	return nil
+}
+
 // ReadFloat32 reads elements [start, start+n) of t converted to float32.
 func (f *File) ReadFloat32(t *Tensor, start, n int64) ([]float32, error) {
+	if err := checkRange(t, start, n); err != nil {
+		return nil, err
+	}
 	raw := make([]byte, n*int64(t.DType.Size()))
 	if err := f.ReadRange(t, start, n, raw); err != nil {
 		return nil, err
@@ -406,8 +437,8 @@ const gatherLimit = 64 << 20
 // ReadRange reads elements [start, start+n) of t from r; see File.ReadRange.
 func ReadRange(r io.ReaderAt, t *Tensor, start, n int64, dst []byte) error {
 	es := int64(t.DType.Size())
-	if start < 0 || n < 0 || start+n > t.Numel() {
-		return fmt.Errorf("element range [%d, %d) outside tensor of %d elements", start, start+n, t.Numel())
+	if err := checkRange(t, start, n); err != nil {
+		return err
 	}
 	if int64(len(dst)) < n*es {
 		return fmt.Errorf("buffer of %d bytes for %d elements", len(dst), n)

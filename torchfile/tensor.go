@@ -74,6 +74,9 @@ func ContiguousStrides(shape []int64) []int64 {
 // IsContiguous reports whether the elements are stored row-major without
 // gaps, so that they occupy one byte range of the storage.
 func (t *Tensor) IsContiguous() bool {
+	if t.Numel() == 0 {
+		return true // as torch: an empty tensor is contiguous whatever its strides
+	}
 	want := int64(1)
 	for i := len(t.Shape) - 1; i >= 0; i-- {
 		if t.Shape[i] != 1 && t.Stride[i] != want {
@@ -124,6 +127,9 @@ func (t *Tensor) validate() error {
 				return fmt.Errorf("tensor extent overflows")
 			}
 		}
+	}
+	if numel > (1<<62)/uint64(es) {
+		return fmt.Errorf("tensor shape %v overflows", t.Shape)
 	}
 	if numel == 0 {
 		return nil

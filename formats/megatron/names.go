@@ -1,0 +1,150 @@
+package megatron
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// kind is how the tensor-parallel shards of a parameter merge (NOTES.md §4).
+type kind uint8
+
+const (
+	kindUnknown kind = iota
+	kindRep          // replicated: every TP rank holds the full tensor
+	kindVocab        // vocabulary-parallel rows, padded to padded_vocab_size
+	kindQKV          // fused QKV in the grouped layout: a plain dim-0 split
+	kindCol          // column-parallel: dim-0 split
+	kindSwiGLU       // gated fc1: each rank holds [W_r; V_r]
+	kindRow          // row-parallel: dim-1 split
+)
+
+var kindNames = [...]string{"unknown", "replicated", "vocabulary", "fused QKV", "column-parallel", "SwiGLU fc1", "row-parallel"}
+
+func (k kind) String() string { return kindNames[k] }
+
+var (
+	reVocab = regexp.MustCompile(`(^|\.)(word_embeddings|output_layer)\.weight$`)
+	reQKV   = regexp.MustCompile(`\.(linear_qkv|query_key_value)\.(weight|bias)$`)
+	reFC1   = regexp.MustCompile(`\.(linear_fc1|dense_h_to_4h)\.(weight|bias)\d*$`)
+	reRow   = regexp.MustCompile(`\.(linear_proj|linear_fc2|dense|dense_4h_to_h)\.weight\d*$`)
+	// Replicated on every TP rank: norms (TE fuses them into the next
+	// linear as layer_norm_*), row-parallel biases, the router, learned
+	// position embeddings.
+	reRep = regexp.MustCompile(`(norm\.(weight|bias)|\.layer_norm_(weight|bias)|\.(linear_proj|linear_fc2|dense|dense_4h_to_h)\.bias\d*|\.router\.weight|(^|\.)position_embeddings\.weight)$`)
+
+	// Stage-local layer numbers (MCore decoder, legacy encoder/transformer).
+	reLayer = regexp.MustCompile(`^(decoder\.layers\.|language_model\.encoder\.layers\.|language_model\.transformer\.layers\.)(\d+)\.`)
+	// Local expert numbers: SequentialMLP and TEGroupedMLP.
+	reSeqExpert     = regexp.MustCompile(`\.mlp\.experts\.local_experts\.(\d+)\.`)
+	reGroupedExpert = regexp.MustCompile(`(\.mlp\.experts\.linear_fc[12]\.(?:weight|bias))(\d+)$`)
+	reFusedGrouped  = regexp.MustCompile(`\.mlp\.experts\.weight[12]$`)
+)
+
+// splitKind classifies a parameter by its name.
+func splitKind(name string, swiglu bool) kind {
+	switch {
+	case reVocab.MatchString(name):
+		return kindVocab
+	case reQKV.MatchString(name):
+		return kindQKV
+	case reFC1.MatchString(name):
+		if swiglu {
+			return kindSwiGLU
+		}
+		return kindCol
+	case reRow.MatchString(name):
+		return kindRow
+	case reRep.MatchString(name):
+		return kindRep
+	}
+	return kindUnknown
+}
+
+// isExpert reports whether a parameter belongs to the expert-parallel
+// experts (param.allreduce = False), which EP and ETP split.
+func isExpert(name string) bool { return strings.Contains(name, ".mlp.experts.") }
+
+// isBuffer reports persistent buffers saved in the model state that are
+// not parameters (the router's expert_bias).
+func isBuffer(name string) bool { return strings.HasSuffix(name, ".expert_bias") }
+
+// isWordEmbedding reports the input word embedding (MCore or legacy).
+func isWordEmbedding(name string) bool {
+	return name == "embedding.word_embeddings.weight" || name == "language_model.embedding.word_embeddings.weight"
+}
+
+// tiedCopyOf returns the word embedding a local name is a synchronized copy
+// of, or "" when it is not one: MCore's output_layer.weight with tied
+// embeddings, legacy word_embeddings_for_head.weight.
+func tiedCopyOf(name string, untie bool) string {
+	switch {
+	case name == "output_layer.weight" && !untie:
+		return "embedding.word_embeddings.weight"
+	case name == "word_embeddings_for_head.weight":
+		return "language_model.embedding.word_embeddings.weight"
+	}
+	return ""
+}
+
+// layerIndex returns the stage-local layer number of a name, or -1.
+func layerIndex(name string) int {
+	m := reLayer.FindStringSubmatch(name)
+	if m == nil {
+		return -1
+	}
+	n, err := strconv.Atoi(m[2])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// expertRef is where a local expert number sits in a name.
+type expertRef struct {
+	local    int    // local expert number, -1 for none
+	grouped  bool   // TEGroupedMLP weight{j}; else SequentialMLP local_experts.{j}
+	template string // the name with the expert number removed
+}
+
+func findExpert(name string) expertRef {
+	if m := reSeqExpert.FindStringSubmatchIndex(name); m != nil {
+		j, _ := strconv.Atoi(name[m[2]:m[3]])
+		return expertRef{local: j, template: name[:m[2]] + "#" + name[m[3]:]}
+	}
+	if m := reGroupedExpert.FindStringSubmatchIndex(name); m != nil {
+		j, _ := strconv.Atoi(name[m[4]:m[5]])
+		return expertRef{local: j, grouped: true, template: name[:m[4]] + "#"}
+	}
+	return expertRef{local: -1}
+}
+
+// globalName maps a stage-local name to the atomic name: the layer number
+// plus the chunk's layer offset, the local expert number plus the EP
+// rank's first expert.
+func globalName(local string, layerOffset, expertOffset int) string {
+	name := local
+	if m := reLayer.FindStringSubmatchIndex(name); m != nil && layerOffset != 0 {
+		n, _ := strconv.Atoi(name[m[4]:m[5]])
+		name = name[:m[4]] + strconv.Itoa(n+layerOffset) + name[m[5]:]
+	}
+	if expertOffset != 0 {
+		if m := reSeqExpert.FindStringSubmatchIndex(name); m != nil {
+			j, _ := strconv.Atoi(name[m[2]:m[3]])
+			name = name[:m[2]] + strconv.Itoa(j+expertOffset) + name[m[3]:]
+		} else if m := reGroupedExpert.FindStringSubmatchIndex(name); m != nil {
+			j, _ := strconv.Atoi(name[m[4]:m[5]])
+			name = name[:m[4]] + strconv.Itoa(j+expertOffset)
+		}
+	}
+	return name
+}
+
+// checkName rejects names that cannot be a folder of the atomic checkpoint.
+func checkName(path, name string) error {
+	if name == "" || strings.Contains(name, "..") || strings.ContainsAny(name, "/\\\x00") {
+		return fmt.Errorf("%s: parameter name %q cannot name a folder", path, name)
+	}
+	return nil
+}
