@@ -2,7 +2,7 @@
 GO       ?= go
 PYTHON   ?= /usr/bin/python3
 BIN      := bin/ucp
-EXAMPLE  ?= testdata/fixtures/deepspeed/tp2_dp2_z1/checkpoint
+EXAMPLE  ?= testdata/fixtures/deepspeed/megatron_tp2_bf16opt_dp2/checkpoint
 FUZZTIME ?= 60s
 OUT      ?= out
 
@@ -44,7 +44,7 @@ fixtures:
 bench: build
 	./scripts/bench.sh
 
-FUZZ_TARGETS := ./pyobj:FuzzUnpickle ./torchfile:FuzzRead ./safetensors:FuzzRead
+FUZZ_TARGETS := ./pyobj:FuzzUnpickle ./torchfile:FuzzRead ./safetensors:FuzzRead ./formats/dcp:FuzzMetadata
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \

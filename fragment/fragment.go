@@ -122,6 +122,9 @@ type Info struct {
 	// Padding counts stored elements of this parameter that no fragment
 	// reads (ZeRO-3's per-parameter partition padding).
 	Padding int64
+	// Replicas > 1 says that many ranks held identical copies of which the
+	// source stored one (DCP deduplicates them): the pattern is Replicate.
+	Replicas int
 }
 
 // Param is one parameter of the full model.

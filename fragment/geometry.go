@@ -188,17 +188,48 @@ func (st *State) Validate(full []int64) error {
 
 type box struct{ lo, size []int64 }
 
-// disjoint reports an error if two non-empty boxes overlap. Boxes per
-// state are few (shards x sub-parameters), so pairs are compared directly.
+// disjoint reports an error if two non-empty boxes overlap. It sweeps
+// along dim 0, comparing each box only with those whose dim-0 range is
+// still open, so regular grids of many chunks stay cheap.
 func disjoint(bs []box) error {
-	for i := range bs {
-		for j := i + 1; j < len(bs); j++ {
-			if overlap(bs[i], bs[j]) {
-				return fmt.Errorf("boxes at %v and %v (sizes %v, %v)", bs[i].lo, bs[j].lo, bs[i].size, bs[j].size)
-			}
+	var live []box
+	for _, b := range bs {
+		if len(b.size) > 0 && numelOf(b.size) > 0 {
+			live = append(live, b)
 		}
 	}
+	if len(live) < 2 {
+		return nil
+	}
+	if len(live[0].lo) == 0 {
+		return fmt.Errorf("two 0-dim boxes")
+	}
+	sort.Slice(live, func(i, j int) bool { return live[i].lo[0] < live[j].lo[0] })
+	var active []box
+	for _, b := range live {
+		kept := active[:0]
+		for _, a := range active {
+			if a.lo[0]+a.size[0] > b.lo[0] {
+				kept = append(kept, a)
+			}
+		}
+		active = kept
+		for _, a := range active {
+			if overlap(a, b) {
+				return fmt.Errorf("boxes at %v and %v (sizes %v, %v)", a.lo, b.lo, a.size, b.size)
+			}
+		}
+		active = append(active, b)
+	}
 	return nil
+}
+
+func numelOf(s []int64) int64 {
+	n := int64(1)
+	for _, d := range s {
+		n *= d
+	}
+	return n
 }
 
 func overlap(a, b box) bool {

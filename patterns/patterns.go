@@ -323,6 +323,12 @@ func Classify(p *fragment.Param) (Kind, []int) {
 	}
 	splitDims := map[int]bool{}
 	for _, s := range placed {
+		if s.Maps != nil && len(s.Maps) == 0 {
+			// A shard that places nothing holds only padding: the tensor
+			// is split, and only vocabulary padding fills whole shards.
+			splitDims[0] = true
+			continue
+		}
 		if len(s.Maps) > 1 {
 			return ShardNC, dimsOf(splitDimsOf(s, p.Shape))
 		}
@@ -331,7 +337,7 @@ func Classify(p *fragment.Param) (Kind, []int) {
 		}
 	}
 	if len(placed) == 1 && len(splitDims) == 0 {
-		if replicas > 0 {
+		if replicas > 0 || p.Info.Replicas > 1 {
 			return Replicate, nil
 		}
 		if len(st.Frags) > 1 {

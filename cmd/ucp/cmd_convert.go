@@ -45,8 +45,11 @@ func newConvertCommand() *cobra.Command {
 		Short: "Convert a sharded checkpoint into an atomic checkpoint",
 		Long: `Convert the checkpoint in SRC into an atomic checkpoint in DST.
 
-SRC is a checkpoint folder (a DeepSpeed save folder with 'latest', or a tag
-folder). The format is detected; --from names it. ucp indexes the source
+SRC is a checkpoint folder: a DeepSpeed save folder with 'latest' or a tag
+folder (ZeRO-1/2, BF16_Optimizer, ZeRO-3, Megatron-DeepSpeed TP/PP), a
+Megatron-LM save folder or iter_* folder, or a PyTorch Distributed Checkpoint
+folder with .metadata (FSDP, DTensor, torchtitan). The format is detected;
+--from names it. ucp indexes the source
 (pickles only), checks that every element of every state is covered exactly
 once, then reads exactly the byte ranges it needs, converts them to float32
 and writes DST/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,

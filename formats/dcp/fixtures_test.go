@@ -347,7 +347,7 @@ func TestFixturePatterns(t *testing.T) {
 						t.Errorf("%s: no state %s of %s", key, w[1], w[0])
 						continue
 					}
-					one := &fragment.Param{Name: p.Name, Shape: p.Shape, States: []*fragment.State{p.State(w[1])}}
+					one := &fragment.Param{Name: p.Name, Shape: p.Shape, Info: p.Info, States: []*fragment.State{p.State(w[1])}}
 					kind, _ := patterns.Classify(one)
 					got = kind.String()
 				} else {
@@ -367,7 +367,8 @@ func tensorPattern(t *testing.T, ck *Checkpoint, key string) string {
 	for _, tt := range ck.Tensors {
 		if tt.Key == key {
 			a := &assembly{c: ck}
-			p := &fragment.Param{Name: key, Shape: tt.Size, States: []*fragment.State{a.state(fragment.FP32, tt)}}
+			p := &fragment.Param{Name: key, Shape: tt.Size, Info: fragment.Info{Replicas: a.replicas(tt)},
+				States: []*fragment.State{a.state(fragment.FP32, tt)}}
 			kind, _ := patterns.Classify(p)
 			return kind.String()
 		}

@@ -396,7 +396,7 @@ func (a *assembly) build() error {
 	}
 	for _, k := range a.modelTensors() {
 		name := joinPath(k.at.rest)
-		p := &fragment.Param{Name: name, Shape: clone(k.t.Size)}
+		p := &fragment.Param{Name: name, Shape: clone(k.t.Size), Info: fragment.Info{Replicas: a.replicas(k.t)}}
 		p.States = append(p.States, a.state(fragment.FP32, k.t))
 		a.used[k.t.Key] = true
 		if id, ok := byName[name]; ok {
@@ -446,7 +446,7 @@ func (a *assembly) build() error {
 		if _, dup := a.byName[t.Key]; dup {
 			return fmt.Errorf("%q is both a model parameter and another tensor's key", t.Key)
 		}
-		p := &fragment.Param{Name: t.Key, Shape: clone(t.Size), Frozen: true}
+		p := &fragment.Param{Name: t.Key, Shape: clone(t.Size), Frozen: true, Info: fragment.Info{Replicas: a.replicas(t)}}
 		p.States = append(p.States, a.state(fragment.FP32, t))
 		a.used[t.Key] = true
 		a.notes = append(a.notes, fmt.Sprintf("%s is neither a model weight nor an optimizer state: kept as a frozen parameter", t.Key))
@@ -497,9 +497,7 @@ func (a *assembly) addOptimizer(p *fragment.Param, id string) error {
 
 // state builds one state from a tensor's chunks: each chunk is a shard
 // placed by its box. Repeated boxes (saved by several ranks) are replicas
-// when each repetition tiles the tensor, so the reducer compares them; a
-// whole tensor that a multi-rank save stored once was deduplicated from
-// identical copies and is marked Replicate (its replica is the same item).
+// when each repetition tiles the tensor, so the reducer compares them.
 func (a *assembly) state(name string, t *Tensor) *fragment.State {
 	st := &fragment.State{Name: name}
 	copies := map[int][]int{}
@@ -537,10 +535,17 @@ func (a *assembly) state(name string, t *Tensor) *fragment.State {
 	if dropped > 0 && name == fragment.FP32 {
 		a.notes = append(a.notes, fmt.Sprintf("%s: %d repeated chunks do not form whole copies and are not compared", t.Key, dropped))
 	}
-	if distinct == 1 && len(copies[1]) == 0 && a.c.World > 1 && t.Whole() && t.Numel() > 0 {
-		addChunk(copies[0][0], 1, t.Chunks[copies[0][0]].Item+" (deduplicated copy)")
-	}
 	return st
+}
+
+// replicas returns how many ranks held a whole tensor that a multi-rank
+// save stored once: DCP deduplicates identical copies, so the pattern is
+// Replicate although one copy is on disk.
+func (a *assembly) replicas(t *Tensor) int {
+	if a.c.World > 1 && len(t.Chunks) == 1 && t.Whole() && t.Numel() > 0 {
+		return a.c.World
+	}
+	return 0
 }
 
 // extra nests every non-tensor value and every tensor left outside the
