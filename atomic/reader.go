@@ -190,7 +190,7 @@ func (r *Reader) OpenState(param, state string) (*State, error) {
 		return nil, fmt.Errorf("%s: no 'param' tensor", path)
 	}
 	p, _ := r.Param(param)
-	if t.DType != dtype.Float32 || !sameShape(t.Shape, p.Shape) {
+	if t.DType != dtype.Float32 || !torchfile.SameShape(t.Shape, p.Shape) {
 		f.Close()
 		return nil, fmt.Errorf("%s: 'param' is %v%v, but the manifest says float32%v", path, t.DType, t.Shape, p.Shape)
 	}
@@ -320,16 +320,4 @@ func blobs(f *torchfile.File, v pyobj.Value, budget *int64, depth int) (pyobj.Va
 		return out, nil
 	}
 	return v, nil
-}
-
-func sameShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

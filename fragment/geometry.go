@@ -117,7 +117,7 @@ func (st *State) Validate(full []int64) error {
 	var placed []box
 	for i, s := range st.Shards {
 		if s.Maps == nil {
-			if !equalShape(s.Shape, full) {
+			if !torchfile.SameShape(s.Shape, full) {
 				return fmt.Errorf("shard %d (%s) has shape %v but no placement in the full shape %v", i, s.Label, s.Shape, full)
 			}
 			if s.Replica == 0 {
@@ -194,7 +194,7 @@ type box struct{ lo, size []int64 }
 func disjoint(bs []box) error {
 	var live []box
 	for _, b := range bs {
-		if len(b.size) > 0 && numelOf(b.size) > 0 {
+		if len(b.size) > 0 && torchfile.Numel(b.size) > 0 {
 			live = append(live, b)
 		}
 	}
@@ -224,32 +224,12 @@ func disjoint(bs []box) error {
 	return nil
 }
 
-func numelOf(s []int64) int64 {
-	n := int64(1)
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}
-
 func overlap(a, b box) bool {
 	for d := range a.lo {
 		if a.size[d] == 0 || b.size[d] == 0 {
 			return false
 		}
 		if a.lo[d]+a.size[d] <= b.lo[d] || b.lo[d]+b.size[d] <= a.lo[d] {
-			return false
-		}
-	}
-	return true
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
 			return false
 		}
 	}

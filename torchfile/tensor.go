@@ -60,6 +60,19 @@ func Numel(shape []int64) int64 {
 	return n
 }
 
+// SameShape reports whether two shapes are equal.
+func SameShape(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // ContiguousStrides returns the row-major strides of shape.
 func ContiguousStrides(shape []int64) []int64 {
 	st := make([]int64, len(shape))

@@ -79,7 +79,7 @@ func (t *Tensor) Whole() bool {
 	for _, c := range t.Chunks {
 		if c.Copy == 0 {
 			n++
-			if !equal(c.Sizes, t.Size) {
+			if !torchfile.SameShape(c.Sizes, t.Size) {
 				return false
 			}
 		}
@@ -215,7 +215,7 @@ func Open(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 				t = &Tensor{Key: e.Key, Path: md.Path(e.Key), DType: e.DType, Size: e.Size}
 				tensors[e.Key] = t
 				c.Tensors = append(c.Tensors, t)
-			} else if t.DType != e.DType || !equal(t.Size, e.Size) {
+			} else if t.DType != e.DType || !torchfile.SameShape(t.Size, e.Size) {
 				return nil, fmt.Errorf("%s: %q is %v%v here but %v%v in %s", path, e.Key, e.DType, e.Size, t.DType, t.Size, names[0])
 			}
 			for ci, ch := range e.Chunks {

@@ -13,6 +13,7 @@ import (
 	"github.com/ucp-project/ucp/internal/truth"
 	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
 )
 
 // copyCase copies a fixture's checkpoint folder so a test can break it.
@@ -62,7 +63,7 @@ func storageOf(t *testing.T, md *Metadata, fqn string, offset []int64) *StorageE
 	t.Helper()
 	for i := range md.Storage {
 		s := &md.Storage[i]
-		if s.Index.FQN == fqn && s.Index.HasOffset == (offset != nil) && equal(s.Index.Offset, offset) {
+		if s.Index.FQN == fqn && s.Index.HasOffset == (offset != nil) && torchfile.SameShape(s.Index.Offset, offset) {
 			return s
 		}
 	}

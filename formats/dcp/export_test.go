@@ -124,7 +124,7 @@ func checkExported(t *testing.T, dir string, r *atomic.Reader, shards int) {
 			t.Errorf("no model.%s", p.Name)
 			continue
 		}
-		if tt.DType != dtype.Float32 || !equal(tt.Size, p.Shape) {
+		if tt.DType != dtype.Float32 || !torchfile.SameShape(tt.Size, p.Shape) {
 			t.Errorf("model.%s is %v%v, want float32%v", p.Name, tt.DType, tt.Size, p.Shape)
 		}
 		want := 1

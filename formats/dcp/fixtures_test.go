@@ -224,7 +224,7 @@ func sameValue(a pyobj.Value, af *torchfile.File, b pyobj.Value, bf *torchfile.F
 		if !ok {
 			return fmt.Errorf("got a tensor, want %s", pyobj.TypeName(b))
 		}
-		if x.DType != y.DType || !equal(x.Shape, y.Shape) {
+		if x.DType != y.DType || !torchfile.SameShape(x.Shape, y.Shape) {
 			return fmt.Errorf("tensor %v%v, want %v%v", x.DType, x.Shape, y.DType, y.Shape)
 		}
 		xb, err1 := af.ReadTensor(x)
@@ -432,7 +432,7 @@ func TestFixtureMetadata(t *testing.T) {
 					}
 				} else if tv, ok := tensors.Get(k); !ok {
 					t.Errorf("%s is a tensor, want bytes", k)
-				} else if tt := tv.(*torchfile.Tensor); tt.DType != e.DType || !equal(tt.Shape, e.Size) {
+				} else if tt := tv.(*torchfile.Tensor); tt.DType != e.DType || !torchfile.SameShape(tt.Shape, e.Size) {
 					t.Errorf("%s is %v%v, want %v%v", k, e.DType, e.Size, tt.DType, tt.Shape)
 				}
 			}

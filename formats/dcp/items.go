@@ -163,7 +163,7 @@ func (fs *files) tensor(key string, it item, want dtype.DType, offsets, sizes []
 	if ref.T.DType != want {
 		return ref, fmt.Errorf("%s: item of %q at offset %d is %v, but the metadata says %v", it.path, key, it.off, ref.T.DType, want)
 	}
-	if !equal(ref.T.Shape, sizes) {
+	if !torchfile.SameShape(ref.T.Shape, sizes) {
 		return ref, fmt.Errorf("%s: item of %q at offset %d has shape %v, but its chunk has sizes %v", it.path, key, it.off, ref.T.Shape, sizes)
 	}
 	return ref, nil
@@ -211,7 +211,7 @@ func (fs *files) safetensorsTensor(key string, it item, offsets []int64) (*torch
 		if err := json.Unmarshal([]byte(info), &sharding); err != nil {
 			return nil, fmt.Errorf("%s: DCP_SHARDING_INFO of the safetensors blob at offset %d: %w", it.path, it.off, err)
 		}
-		if sh, ok := sharding[key]; ok && !equal(sh.SavedOffsets, offsets) {
+		if sh, ok := sharding[key]; ok && !torchfile.SameShape(sh.SavedOffsets, offsets) {
 			return nil, fmt.Errorf("%s: the safetensors blob at offset %d saved %q at offsets %v, but the chunk is at %v",
 				it.path, it.off, key, sh.SavedOffsets, offsets)
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
 )
 
 // Top-level state-dict keys trainers use for the model and the optimizer.
@@ -141,7 +142,7 @@ func mapIDs(ids []string, idShape map[string][]int64, params []string, shapes ma
 	}
 	ok := func(i, j int) bool {
 		s, known := idShape[ids[i]]
-		return !known || equal(s, shapes[params[j]])
+		return !known || torchfile.SameShape(s, shapes[params[j]])
 	}
 	// ways[i][k]: assignments of ids[i:] to params[i+k:], capped at 2.
 	// Only m-n parameters can be skipped, so k stays within [0, m-n].

@@ -587,15 +587,3 @@ func pathString(v pyobj.Value) string {
 	}
 	return ""
 }
-
-func equal(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}

@@ -476,7 +476,7 @@ func (a *assembly) addOptimizer(p *fragment.Param, id string) error {
 			a.used[t.Key] = true
 			continue
 		}
-		if !equal(t.Size, p.Shape) {
+		if !torchfile.SameShape(t.Size, p.Shape) {
 			a.notes = append(a.notes, fmt.Sprintf("%s: optimizer state %q has shape %v, not the parameter's %v: kept in the extra state",
 				p.Name, name, t.Size, p.Shape))
 			continue
@@ -511,7 +511,7 @@ func (a *assembly) state(name string, t *Tensor) *fragment.State {
 	addChunk := func(i, replica int, label string) {
 		ch := t.Chunks[i]
 		sh := fragment.Shard{Shape: clone(ch.Sizes), Replica: replica, Label: label}
-		if !equal(ch.Sizes, t.Size) {
+		if !torchfile.SameShape(ch.Sizes, t.Size) {
 			sh.Maps = []fragment.BoxMap{{From: make([]int64, len(t.Size)), To: clone(ch.Offsets), Size: clone(ch.Sizes)}}
 		}
 		st.Shards = append(st.Shards, sh)

@@ -221,7 +221,7 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	}
 	o := &optimState{path: f.Name, dp: dp, mp: mp, osd: osd, stage: 1}
 	if zs, ok := osd.Get("zero_stage"); ok {
-		o.stage = zeroStage(zs)
+		o.stage = ZeroStage(zs)
 		if o.stage == 3 {
 			return fail("a ZeRO-3 optimizer file; ZeRO-3 checkpoints are read by the zero3 reader")
 		}
@@ -297,8 +297,9 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	return o, nil
 }
 
-// zeroStage reads ZeroStageEnum pickled by name or by value.
-func zeroStage(v pyobj.Value) int {
+// ZeroStage reads ZeroStageEnum pickled by name or by value (-1 when
+// it is neither).
+func ZeroStage(v pyobj.Value) int {
 	switch x := v.(type) {
 	case pyobj.Enum:
 		if x.ByName {
@@ -467,7 +468,7 @@ func (b *builder) sameShapes(name string, locs []located) error {
 	for t := 0; t < b.T; t++ {
 		first := b.shape(name, locs[0], t)
 		for _, l := range locs[1:] {
-			if s := b.shape(name, l, t); !equal(s, first) {
+			if s := b.shape(name, l, t); !torchfile.SameShape(s, first) {
 				return fmt.Errorf("%s has shape %v on pipeline stage %d but %v on stage %d", name, first, locs[0].pp, s, l.pp)
 			}
 		}
@@ -504,7 +505,7 @@ func (b *builder) param(name string, l located) (*fragment.Param, error) {
 		return nil, err
 	}
 	for t, s := range shards {
-		if prod(s.Shape) != prod(shapes[t]) {
+		if torchfile.Numel(s.Shape) != torchfile.Numel(shapes[t]) {
 			return nil, fmt.Errorf("parameter %s: rank %d holds shape %v but the pattern gives it %v", name, t, shapes[t], s.Shape)
 		}
 	}
@@ -534,10 +535,10 @@ func (b *builder) addFragments(p *fragment.Param, shards []fragment.Shard, l loc
 		v, _ := ms.shapes[l.g].Get(k)
 		s, _ := pyobj.Ints(v)
 		if k.(string) == p.Name {
-			numel, found = prod(s), true
+			numel, found = torchfile.Numel(s), true
 			break
 		}
-		off += prod(s)
+		off += torchfile.Numel(s)
 	}
 	if !found {
 		return fmt.Errorf("%s: parameter %s is not in group %d", ms.path, p.Name, l.g)
@@ -545,7 +546,7 @@ func (b *builder) addFragments(p *fragment.Param, shards []fragment.Shard, l loc
 	var total int64
 	for _, v := range ms.shapes[l.g].Values() {
 		s, _ := pyobj.Ints(v)
-		total += prod(s)
+		total += torchfile.Numel(s)
 	}
 	for dp := 0; dp < b.D; dp++ {
 		o := b.optims[[2]int{dp, mp}]
@@ -748,8 +749,8 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 	st := p.AddState(fragment.FP32)
 	st.Shards = shards
 	for t, tt := range tensors {
-		if tt.Numel() != prod(shards[t].Shape) {
-			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", models[t].path, name, tt.Numel(), prod(shards[t].Shape))
+		if tt.Numel() != torchfile.Numel(shards[t].Shape) {
+			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", models[t].path, name, tt.Numel(), torchfile.Numel(shards[t].Shape))
 		}
 		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(models[t].path, tt, 0), 0, tt.Numel(), t, 0))
 	}

@@ -16,6 +16,7 @@ import (
 var realCases = []string{"z1_dp2_fp32", "z2_dp2_bf16", "z1_dp2_fp16", "bf16opt_z1_dp2"}
 
 func TestRealDeepSpeedCheckpoints(t *testing.T) {
+	torch := truth.NewTorchBatch(t)
 	for _, c := range realCases {
 		t.Run(c, func(t *testing.T) {
 			dir := truth.Shared(t, "fixtures", "deepspeed-real", c)
@@ -30,11 +31,12 @@ func TestRealDeepSpeedCheckpoints(t *testing.T) {
 				dst := truth.Convert(t, tbl, workers)
 				truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
 				if workers == 1 {
-					truth.CheckWithTorch(t, dst, filepath.Join(dir, "truth.pt"), "--universal", filepath.Join(dir, "universal"))
+					torch.Add(t, c, dst, filepath.Join(dir, "truth.pt"), filepath.Join(dir, "universal"))
 				}
 			}
 		})
 	}
+	torch.Run(t)
 }
 
 // copyTree copies a fixture checkpoint so a test can break it.

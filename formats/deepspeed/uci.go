@@ -8,6 +8,7 @@ import (
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
 )
 
 // Rules are the parameter classification lists of a checkpoint's
@@ -248,7 +249,7 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	pl := &Placement{Info: fragment.Info{CatDim: -1}}
 	sameShapes := true
 	for t := 1; t < T; t++ {
-		sameShapes = sameShapes && equal(shapes[t], shapes[0])
+		sameShapes = sameShapes && torchfile.SameShape(shapes[t], shapes[0])
 	}
 	if T == 1 {
 		pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
@@ -407,7 +408,7 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 	}
 	var total int64
 	for _, s := range shapes {
-		total += prod(s)
+		total += torchfile.Numel(s)
 	}
 	if neg >= 0 {
 		rest := int64(1)
@@ -421,8 +422,8 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 		}
 		logical[neg] = total / rest
 	}
-	if prod(logical) != total {
-		return fmt.Errorf("parameter %s: sub-parameter shape %v holds %d elements but the shards hold %d", name, logical, prod(logical), total)
+	if torchfile.Numel(logical) != total {
+		return fmt.Errorf("parameter %s: sub-parameter shape %v holds %d elements but the shards hold %d", name, logical, torchfile.Numel(logical), total)
 	}
 	widths := make([][]int64, len(sizes))
 	if ws, ok := r.lookupWidths(sp); ok {
@@ -463,7 +464,7 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 		}
 		want := clone(logical)
 		want[sp.partDim] = local
-		if prod(want) != prod(s) {
+		if torchfile.Numel(want) != torchfile.Numel(s) {
 			return fmt.Errorf("parameter %s: rank %d holds shape %v, but its sub-parameter widths need %v", name, t, s, want)
 		}
 	}
@@ -508,23 +509,3 @@ func subparamShapeObject(sp *subParamRule, sizes []int64) pyobj.Value {
 }
 
 func clone(s []int64) []int64 { return append([]int64(nil), s...) }
-
-func equal(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func prod(s []int64) int64 {
-	n := int64(1)
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}

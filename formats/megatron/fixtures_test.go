@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -56,8 +55,7 @@ func index(t *testing.T, dir string, o Options) *fragment.Table {
 // with real torch; the patterns, the order of the parameters and the
 // carried buffers must match the truth too.
 func TestFixtures(t *testing.T) {
-	keep := t.TempDir()
-	var torchArgs []string
+	torch := truth.NewTorchBatch(t)
 	for _, c := range fixtureCases(t) {
 		t.Run(c, func(t *testing.T) {
 			dir := truth.Fixture("megatron", c)
@@ -75,77 +73,10 @@ func TestFixtures(t *testing.T) {
 			checkBuffers(t, tbl, tr)
 			dst := truth.Convert(t, tbl, 2)
 			truth.Check(t, dst, tp)
-			kept := filepath.Join(keep, c)
-			if err := os.Rename(dst, kept); err != nil {
-				t.Fatal(err)
-			}
-			torchArgs = append(torchArgs, c, kept, tp)
+			torch.Add(t, c, dst, tp, "")
 		})
 	}
-	checkAllWithTorch(t, torchArgs)
-}
-
-// torchBatch runs testdata/check/check_atomic.py, unchanged, for several
-// (case, atomic folder, truth) triples in one Python process, since
-// importing torch costs seconds. One difference: torch 1.13's weights_only
-// unpickler has no BINFLOAT (opcode 71, 'G'), and the distributed optimizer
-// with torch Adam saves its step as a Python float, so a step.pt that
-// fails on exactly that is loaded again without weights_only.
-const torchBatch = `
-import runpy, sys, torch
-_load = torch.load
-def load(path, *a, **kw):
-    try:
-        return _load(path, *a, **kw)
-    except Exception as e:
-        if kw.get("weights_only") and str(path).endswith("step.pt") and "Unsupported operand 71" in str(e):
-            kw["weights_only"] = False
-            return _load(path, *a, **kw)
-        raise
-torch.load = load
-script, rest = sys.argv[1], sys.argv[2:]
-for i in range(0, len(rest), 3):
-    name, dst, truth = rest[i:i + 3]
-    sys.argv = [script, dst, truth]
-    print("== " + name, flush=True)
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        print("== exit %s %s" % (name, e.code), flush=True)
-`
-
-// checkAllWithTorch runs the real-torch check of every converted case.
-func checkAllWithTorch(t *testing.T, args []string) {
-	t.Helper()
-	if len(args) == 0 {
-		return
-	}
-	py := truth.Python(t)
-	script := filepath.Join(truth.RepoRoot(), "testdata", "check", "check_atomic.py")
-	out, err := exec.Command(py, append([]string{"-c", torchBatch, script}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("real torch check: %v\n%s", err, out)
-	}
-	var lines []string
-	done := 0
-	for _, l := range strings.Split(string(out), "\n") {
-		f := strings.Fields(l)
-		switch {
-		case len(f) == 4 && f[0] == "==" && f[1] == "exit":
-			done++
-			if f[3] != "0" {
-				t.Errorf("real torch check of %s failed:\n%s", f[2], strings.Join(lines, "\n"))
-			}
-			lines = nil
-		case len(f) == 2 && f[0] == "==":
-			lines = nil
-		default:
-			lines = append(lines, l)
-		}
-	}
-	if done != len(args)/3 {
-		t.Errorf("real torch check finished %d of %d cases:\n%s", done, len(args)/3, out)
-	}
+	torch.Run(t)
 }
 
 // checkPatterns compares the names (in order), shapes and patterns of the

@@ -236,7 +236,7 @@ func (b *builder) build() error {
 		if emb == nil {
 			return fmt.Errorf("%s: %s is a tied copy of %s, which no first-stage folder holds", c.f.rd.model, c.lp.local, c.lp.name)
 		}
-		if !equalShape(emb.lp.t.Shape, c.lp.t.Shape) {
+		if !torchfile.SameShape(emb.lp.t.Shape, c.lp.t.Shape) {
 			return fmt.Errorf("%s: %s (a tied copy of %s) has shape %v but %s holds the embedding with shape %v",
 				c.f.rd.model, c.lp.local, c.lp.name, c.lp.t.Shape, emb.f.rd.model, emb.lp.t.Shape)
 		}
@@ -263,7 +263,7 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	a := b.a
 	first := srcs[0]
 	for _, s := range srcs[1:] {
-		if !equalShape(s.lp.t.Shape, first.lp.t.Shape) {
+		if !torchfile.SameShape(s.lp.t.Shape, first.lp.t.Shape) {
 			return nil, fmt.Errorf("%s: %s has shape %v but %s holds it with shape %v; shards must have equal shapes",
 				s.f.rd.model, s.lp.local, s.lp.t.Shape, first.f.rd.model, first.lp.t.Shape)
 		}

@@ -224,7 +224,7 @@ func (f *rankFile) mapFloat16(a *Args, qkWD bool) (notes []string, err error) {
 					}
 				}
 				for name, s := range lp.states {
-					if !equalShape(s.ref.T.Shape, lp.t.Shape) {
+					if !torchfile.SameShape(s.ref.T.Shape, lp.t.Shape) {
 						return nil, fmt.Errorf("%s: %s has shape %v but the parameter has %v", where, name, s.ref.T.Shape, lp.t.Shape)
 					}
 				}
@@ -270,16 +270,4 @@ func stepOf(path string, state, group *pyobj.Dict) *fragment.Step {
 func mustGet(d *pyobj.Dict, k string) pyobj.Value {
 	v, _ := d.Get(k)
 	return v
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -20,6 +20,7 @@ func TestFixtures(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
+	torch := truth.NewTorchBatch(t)
 	for _, e := range ents {
 		if !e.IsDir() {
 			continue
@@ -33,9 +34,10 @@ func TestFixtures(t *testing.T) {
 			}
 			dst := truth.Convert(t, tbl, 2)
 			truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
-			truth.CheckWithTorch(t, dst, filepath.Join(dir, "truth.pt"))
+			torch.Add(t, e.Name(), dst, filepath.Join(dir, "truth.pt"), "")
 		})
 	}
+	torch.Run(t)
 	if n < 10 {
 		t.Fatalf("only %d fixture cases", n)
 	}

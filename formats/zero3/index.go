@@ -135,7 +135,7 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 		return nil, fmt.Errorf("%s: %w", of.Name, err)
 	}
 	r.osd = osd
-	if zs, ok := osd.Get("zero_stage"); !ok || stage(zs) != 3 {
+	if zs, ok := osd.Get("zero_stage"); !ok || deepspeed.ZeroStage(zs) != 3 {
 		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
 	}
 	flatv, ok := osd.Get("fp32_flat_groups")
@@ -200,24 +200,6 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	return r, nil
 }
 
-func stage(v pyobj.Value) int {
-	switch x := v.(type) {
-	case pyobj.Enum:
-		if x.ByName {
-			return map[string]int{"disabled": 0, "optimizer_states": 1, "gradients": 2, "weights": 3, "max_stage": 3}[x.Name]
-		}
-		n, _ := pyobj.Int(x.Value)
-		return int(n)
-	case *pyobj.Object:
-		if len(x.Args) == 1 {
-			n, _ := pyobj.Int(x.Args[0])
-			return int(n)
-		}
-	}
-	n, _ := pyobj.Int(v)
-	return int(n)
-}
-
 // piece is where one parameter's partition lies in a rank's flat group.
 type piece struct {
 	sub    int
@@ -256,7 +238,7 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 				}
 				where[tp][name] = piece{sub: s, offset: off}
 				shapes[tp][name] = shape
-				off += ceilDiv(prod(shape), r.count[s])
+				off += ceilDiv(torchfile.Numel(shape), r.count[s])
 				if tp == 0 {
 					names = append(names, name)
 				}
@@ -289,10 +271,10 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 		}
 		p := pl.Param(name, shape)
 		for tp := 0; tp < T; tp++ {
-			if prod(shards[tp].Shape) != prod(ts[tp]) {
+			if torchfile.Numel(shards[tp].Shape) != torchfile.Numel(ts[tp]) {
 				return nil, fmt.Errorf("parameter %s: rank %d holds shape %v but the pattern gives it %v", name, tp, ts[tp], shards[tp].Shape)
 			}
-			if err := addFragments(p, shards, grid[tp], where[tp][name], prod(ts[tp]), tp); err != nil {
+			if err := addFragments(p, shards, grid[tp], where[tp][name], torchfile.Numel(ts[tp]), tp); err != nil {
 				return nil, err
 			}
 		}
@@ -403,7 +385,7 @@ func addFrozen(t *fragment.Table, grid [][]*rank, rules *deepspeed.Rules) error 
 		st := p.AddState(fragment.FP32)
 		st.Shards = shards
 		for tp := 0; tp < T; tp++ {
-			n := prod(ts[tp])
+			n := torchfile.Numel(ts[tp])
 			D := int64(len(grid[tp]))
 			pn := ceilDiv(n, D)
 			for _, r := range grid[tp] {
@@ -482,11 +464,3 @@ func optimizerState(r *rank) *pyobj.Dict {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
-
-func prod(s []int64) int64 {
-	n := int64(1)
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}

@@ -7,6 +7,7 @@ package truth
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -104,7 +105,7 @@ func Compare(dir string, tr *Truth) ([]string, error) {
 				diffs = append(diffs, fmt.Sprintf("%s/%s: %v", name, state, err))
 				continue
 			}
-			if !equal(shape, tensors[name].Shape) {
+			if !torchfile.SameShape(shape, tensors[name].Shape) {
 				diffs = append(diffs, fmt.Sprintf("%s/%s: shape %v, want %v", name, state, shape, tensors[name].Shape))
 				continue
 			}
@@ -141,18 +142,6 @@ func ReadAtomic(path string) ([]byte, []int64, error) {
 	}
 	b, err := f.ReadTensor(t)
 	return b, t.Shape, err
-}
-
-func equal(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Convert indexes and converts src into a fresh folder with the given
@@ -223,6 +212,72 @@ func CheckWithTorch(tb testing.TB, dst, truthPath string, extra ...string) {
 	out, err := exec.Command(py, args...).CombinedOutput()
 	if err != nil {
 		tb.Errorf("real torch check failed: %v\n%s", err, strings.TrimSpace(string(out)))
+	}
+}
+
+// TorchBatch collects converted checkpoints of several subtests and checks
+// them with real torch in one Python process (importing torch costs
+// seconds): Add moves each atomic folder where it outlives its subtest.
+type TorchBatch struct {
+	dir   string
+	cases []torchCase
+}
+
+type torchCase struct {
+	Name      string `json:"name"`
+	Atomic    string `json:"atomic"`
+	Truth     string `json:"truth"`
+	Universal string `json:"universal,omitempty"`
+}
+
+// NewTorchBatch starts a batch owned by the (parent) test tb.
+func NewTorchBatch(tb testing.TB) *TorchBatch {
+	return &TorchBatch{dir: tb.TempDir()}
+}
+
+// Add queues dst (moved into the batch's folder) for a check against the
+// truth file, and DeepSpeed's universal output when universal is set.
+func (b *TorchBatch) Add(tb testing.TB, name, dst, truthPath, universal string) {
+	tb.Helper()
+	kept := filepath.Join(b.dir, fmt.Sprintf("case%d", len(b.cases)))
+	if err := os.Rename(dst, kept); err != nil {
+		tb.Fatal(err)
+	}
+	b.cases = append(b.cases, torchCase{Name: name, Atomic: kept, Truth: truthPath, Universal: universal})
+}
+
+// Run checks every queued case and reports each failing one.
+func (b *TorchBatch) Run(tb testing.TB) {
+	tb.Helper()
+	if len(b.cases) == 0 {
+		return
+	}
+	py := Python(tb)
+	list := filepath.Join(b.dir, "cases.json")
+	js, _ := json.Marshal(b.cases)
+	if err := os.WriteFile(list, js, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	out, err := exec.Command(py, filepath.Join(RepoRoot(), "testdata", "check", "check_atomic.py"), "--batch", list).CombinedOutput()
+	var lines []string
+	done := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 4 && f[0] == "==" && f[1] == "result":
+			done++
+			if f[3] != "0" {
+				tb.Errorf("real torch check of %s: %s mismatches:\n%s", f[2], f[3], strings.Join(lines, "\n"))
+			}
+			lines = nil
+		case len(f) == 2 && f[0] == "==":
+			lines = nil
+		default:
+			lines = append(lines, l)
+		}
+	}
+	if done != len(b.cases) {
+		tb.Fatalf("real torch check finished %d of %d cases (%v):\n%s", done, len(b.cases), err, out)
 	}
 }
 

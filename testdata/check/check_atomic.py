@@ -1,6 +1,8 @@
 """Check an atomic checkpoint written by ucp against a truth file, with real torch.
 
 Usage: check_atomic.py ATOMIC_DIR TRUTH.pt [--universal DIR]
+       check_atomic.py --batch CASES.json   (a list of {"name", "atomic", "truth", "universal"}:
+                                             many checks for one import of torch)
 
 Every zero/<param>/<state>.pt must load with torch.load(weights_only=True)
 (except files holding a SubparamShape object), hold a float32 tensor of the
@@ -61,13 +63,25 @@ def bits(t):
 
 def main():
     args = sys.argv[1:]
+    stub_modules()
+    if args[:1] == ["--batch"]:
+        failed = 0
+        for case in json.load(open(args[1])):
+            print("== " + case["name"], flush=True)
+            errors = check(case["atomic"], case["truth"], case.get("universal"))
+            failed += bool(errors)
+            print("== result %s %d" % (case["name"], len(errors)), flush=True)
+        sys.exit(1 if failed else 0)
     universal = None
     if "--universal" in args:
         i = args.index("--universal")
         universal = args[i + 1]
         del args[i : i + 2]
     atomic_dir, truth_path = args
-    stub_modules()
+    sys.exit(1 if check(atomic_dir, truth_path, universal) else 0)
+
+
+def check(atomic_dir, truth_path, universal):
     truth = load(truth_path, False)
     manifest = json.load(open(os.path.join(atomic_dir, "ucp.json")))
     errors = []
@@ -145,7 +159,7 @@ def main():
     for e in errors:
         print(e)
     print(f"checked {len(truth.get('fp32', {}))} parameters: {len(errors)} mismatches")
-    sys.exit(1 if errors else 0)
+    return errors
 
 
 if __name__ == "__main__":
