@@ -19,6 +19,7 @@ import (
 
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -436,7 +437,7 @@ func (w *Writer) Finalize() (*Manifest, error) {
 		return nil, err
 	}
 	parent := filepath.Dir(w.Dst)
-	if err := writeFileAtomic(filepath.Join(parent, LatestUniversal), []byte(filepath.Base(w.Dst))); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(parent, LatestUniversal), []byte(filepath.Base(w.Dst)), w.opt.NoSync); err != nil {
 		return nil, err
 	}
 	w.finished = true
@@ -447,7 +448,7 @@ func (w *Writer) syncDir(dir string) error {
 	if w.opt.NoSync {
 		return nil
 	}
-	return syncDir(dir)
+	return fsutil.SyncDir(dir)
 }
 
 // Abort removes DST.partial.
@@ -499,37 +500,5 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(path, append(b, '\n'))
-}
-
-// writeFileAtomic writes through a temporary name, fsyncs and renames.
-func writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return fsutil.WriteFileAtomic(path, append(b, '\n'), false)
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -154,25 +153,6 @@ func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) st
 	return dst
 }
 
-// files reads every file of an atomic checkpoint except the manifest.
-func files(t *testing.T, dir string) map[string][]byte {
-	t.Helper()
-	out := map[string][]byte{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() == atomic.ManifestName {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(dir, p)
-		out[rel] = b
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 func sameFiles(t *testing.T, what string, a, b map[string][]byte) {
 	t.Helper()
 	if len(a) != len(b) {
@@ -194,10 +174,10 @@ func TestSplitAndNodesMatchSingle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := files(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1))
-	sameFiles(t, "chunks of 7 elements", ref, files(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 3, ChunkElems: 7}, 3)))
+	ref := truth.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1))
+	sameFiles(t, "chunks of 7 elements", ref, truth.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 3, ChunkElems: 7}, 3)))
 	dst := convert(t, tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13}, 2)
-	sameFiles(t, "4 nodes", ref, files(t, dst))
+	sameFiles(t, "4 nodes", ref, truth.ReadTree(t, dst))
 	m, err := atomic.ReadManifest(dst)
 	if err != nil {
 		t.Fatal(err)

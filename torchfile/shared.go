@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 )
 
 // SharedWriter fills part of a torch.save file that several processes
@@ -14,11 +13,7 @@ import (
 // object) and its own byte ranges, and reports the pieces it wrote; one
 // process then calls FinishShared with everybody's pieces.
 type SharedWriter struct {
-	Layout *Layout
-	path   string
-	f      *os.File
-	mu     sync.Mutex
-	pieces [][]Piece
+	blobFile
 }
 
 // PartialPath is the name under which a shared file is filled.
@@ -45,39 +40,12 @@ func OpenShared(path string, root any) (*SharedWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &SharedWriter{Layout: l, path: path, f: f, pieces: make([][]Piece, len(l.Blobs))}
+	w := &SharedWriter{blobFile{Layout: l, path: path, f: f}}
 	if err := w.prepare(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return w, nil
-}
-
-func (w *SharedWriter) prepare() error {
-	if err := w.f.Truncate(w.Layout.Size()); err != nil {
-		return err
-	}
-	for _, s := range w.Layout.Head() {
-		if _, err := w.f.WriteAt(s.Data, s.Off); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// WriteAt writes p at byte off of blob i's payload.
-func (w *SharedWriter) WriteAt(i int, p []byte, off int64) error {
-	if i < 0 || i >= len(w.Layout.Blobs) || off < 0 || off+int64(len(p)) > w.Layout.Blobs[i].NBytes() {
-		return fmt.Errorf("%s: write of %d bytes at %d outside tensor %d", w.path, len(p), off, i)
-	}
-	if _, err := w.f.WriteAt(p, w.Layout.BlobOffset(i)+off); err != nil {
-		return fmt.Errorf("%s: %w", w.path, err)
-	}
-	pc := NewPiece(off, p)
-	w.mu.Lock()
-	w.pieces[i] = append(w.pieces[i], pc)
-	w.mu.Unlock()
-	return nil
 }
 
 // Pieces returns what this writer wrote, per blob.

@@ -358,16 +358,55 @@ func (l *Layout) Tail(blobCRCs []uint32) ([]Segment, error) {
 	return segs, nil
 }
 
-// Writer writes one torch.save file through a temporary name: the file
-// appears under its final name only after Commit, complete.
-type Writer struct {
+// blobFile is a pre-sized file of a Layout whose tensor payloads arrive in
+// pieces, each piece's CRC kept so the payload CRC needs no read-back.
+type blobFile struct {
 	Layout *Layout
 	path   string
-	tmp    string
 	f      *os.File
 	mu     sync.Mutex
 	pieces [][]Piece
-	crcs   []uint32 // per blob, set by Commit
+}
+
+// prepare sizes the file and writes the bytes that do not depend on tensor data.
+func (b *blobFile) prepare() error {
+	b.pieces = make([][]Piece, len(b.Layout.Blobs))
+	if err := b.f.Truncate(b.Layout.Size()); err != nil {
+		return err
+	}
+	for _, s := range b.Layout.Head() {
+		if _, err := b.f.WriteAt(s.Data, s.Off); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteAt writes p at byte off of blob i's payload. Safe for concurrent
+// use with disjoint ranges.
+func (b *blobFile) WriteAt(i int, p []byte, off int64) error {
+	if i < 0 || i >= len(b.Layout.Blobs) {
+		return fmt.Errorf("%s: no tensor %d", b.path, i)
+	}
+	if off < 0 || off+int64(len(p)) > b.Layout.Blobs[i].NBytes() {
+		return fmt.Errorf("%s: write of %d bytes at %d outside tensor %d of %d bytes", b.path, len(p), off, i, b.Layout.Blobs[i].NBytes())
+	}
+	if _, err := b.f.WriteAt(p, b.Layout.BlobOffset(i)+off); err != nil {
+		return fmt.Errorf("%s: %w", b.path, err)
+	}
+	pc := NewPiece(off, p)
+	b.mu.Lock()
+	b.pieces[i] = append(b.pieces[i], pc)
+	b.mu.Unlock()
+	return nil
+}
+
+// Writer writes one torch.save file through a temporary name: the file
+// appears under its final name only after Commit, complete.
+type Writer struct {
+	blobFile
+	tmp  string
+	crcs []uint32 // per blob, set by Commit
 	// NoSync skips the fsync in Commit, for callers that sync a whole
 	// folder at once before they publish it.
 	NoSync bool
@@ -389,18 +428,13 @@ func Create(path string, root pyobj.Value) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Writer{Layout: l, path: path, tmp: f.Name(), f: f, pieces: make([][]Piece, len(l.Blobs))}
+	w := &Writer{blobFile: blobFile{Layout: l, path: path, f: f}, tmp: f.Name()}
 	fail := func(err error) (*Writer, error) {
 		w.Abort()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := f.Truncate(l.Size()); err != nil {
+	if err := w.prepare(); err != nil {
 		return fail(err)
-	}
-	for _, s := range l.Head() {
-		if _, err := f.WriteAt(s.Data, s.Off); err != nil {
-			return fail(err)
-		}
 	}
 	for i, b := range l.Blobs {
 		if b.Data != nil {
@@ -413,25 +447,6 @@ func Create(path string, root pyobj.Value) (*Writer, error) {
 		}
 	}
 	return w, nil
-}
-
-// WriteAt writes p at byte off of blob i's payload. Safe for concurrent
-// use with disjoint ranges.
-func (w *Writer) WriteAt(i int, p []byte, off int64) error {
-	if i < 0 || i >= len(w.Layout.Blobs) {
-		return fmt.Errorf("%s: no tensor %d", w.path, i)
-	}
-	if off < 0 || off+int64(len(p)) > w.Layout.Blobs[i].NBytes() {
-		return fmt.Errorf("%s: write of %d bytes at %d outside tensor %d of %d bytes", w.path, len(p), off, i, w.Layout.Blobs[i].NBytes())
-	}
-	if _, err := w.f.WriteAt(p, w.Layout.BlobOffset(i)+off); err != nil {
-		return fmt.Errorf("%s: %w", w.path, err)
-	}
-	pc := NewPiece(off, p)
-	w.mu.Lock()
-	w.pieces[i] = append(w.pieces[i], pc)
-	w.mu.Unlock()
-	return nil
 }
 
 // Commit checks that every tensor byte was written exactly once, writes

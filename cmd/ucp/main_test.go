@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,24 +45,6 @@ func ucp(t *testing.T, env []string, args ...string) result {
 	return result{out.String(), errb.String(), code}
 }
 
-func readTree(t *testing.T, dir string) map[string][]byte {
-	t.Helper()
-	out := map[string][]byte{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() == atomic.ManifestName {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(dir, p)
-		out[rel] = b
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // TestFourNodeProcesses runs the conversion as 4 processes sharing one
 // output folder, as 4 nodes would, and compares with a 1-node run.
 func TestFourNodeProcesses(t *testing.T) {
@@ -91,7 +72,7 @@ func TestFourNodeProcesses(t *testing.T) {
 			t.Fatalf("node %d: %s%s", n, r.stdout, r.stderr)
 		}
 	}
-	a, b := readTree(t, ref), readTree(t, dst)
+	a, b := truth.ReadTree(t, ref), truth.ReadTree(t, dst)
 	if len(a) != len(b) {
 		t.Fatalf("%d files vs %d", len(a), len(b))
 	}

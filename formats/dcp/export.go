@@ -17,6 +17,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -145,10 +146,7 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 	}
 	// .metadata marks a complete save: written last, through a temporary
 	// name, after the data files are on disk.
-	if err := writeFile(filepath.Join(tmp, MetadataFile+".tmp"), pkl, !opt.NoSync); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(filepath.Join(tmp, MetadataFile+".tmp"), filepath.Join(tmp, MetadataFile)); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(tmp, MetadataFile), pkl, opt.NoSync); err != nil {
 		return fail(err)
 	}
 	// Read back what was written before publishing it.
@@ -156,7 +154,7 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 		return fail(fmt.Errorf("the written checkpoint does not read back: %w", err))
 	}
 	if !opt.NoSync {
-		if err := syncDir(tmp); err != nil {
+		if err := fsutil.SyncDir(tmp); err != nil {
 			return fail(err)
 		}
 	}
@@ -169,7 +167,7 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 		return fail(err)
 	}
 	if !opt.NoSync {
-		if err := syncDir(filepath.Dir(dst)); err != nil {
+		if err := fsutil.SyncDir(filepath.Dir(dst)); err != nil {
 			return nil, err
 		}
 	}
@@ -684,28 +682,4 @@ func exportMetadata(keys []*outKey, opt ExportOptions, dst string) *Metadata {
 		md.Storage = append(md.Storage, s.e)
 	}
 	return md
-}
-
-func writeFile(path string, data []byte, sync bool) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil && sync {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

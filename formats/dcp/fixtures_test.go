@@ -19,25 +19,6 @@ import (
 	"github.com/ucp-project/ucp/torchfile"
 )
 
-// fixtureCases lists the case folders of testdata/fixtures/dcp.
-func fixtureCases(t *testing.T) []string {
-	t.Helper()
-	ents, err := os.ReadDir(truth.Fixture("dcp"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() {
-			out = append(out, e.Name())
-		}
-	}
-	if len(out) < 13 {
-		t.Fatalf("found %d DCP fixture cases, want at least 13", len(out))
-	}
-	return out
-}
-
 func loadTruth(t *testing.T, c string) *truth.Truth {
 	t.Helper()
 	tr, err := truth.Load(truth.Fixture("dcp", c, "truth.pt"))
@@ -62,7 +43,7 @@ func truthDict(t *testing.T, tr *truth.Truth, key string) *pyobj.Dict {
 // saved dtype), Adam moments, steps, buffers, and the extra state.
 func TestFixturesConvertToTruth(t *testing.T) {
 	t.Parallel()
-	for _, c := range fixtureCases(t) {
+	for _, c := range truth.Cases(t, "dcp", 13) {
 		t.Run(c, func(t *testing.T) {
 			tr := loadTruth(t, c)
 			tbl, err := Index(context.Background(), truth.Fixture("dcp", c, "checkpoint"), Options{Workers: 2})
@@ -310,7 +291,7 @@ func sameSeq(a []pyobj.Value, af *torchfile.File, b []pyobj.Value, bf *torchfile
 // are the truth's for every tensor key: model weights, buffers, optimizer
 // states, and the 0-dim steps.
 func TestFixturePatterns(t *testing.T) {
-	for _, c := range fixtureCases(t) {
+	for _, c := range truth.Cases(t, "dcp", 13) {
 		t.Run(c, func(t *testing.T) {
 			tr := loadTruth(t, c)
 			ck, err := Open(context.Background(), truth.Fixture("dcp", c, "checkpoint"), Options{})
@@ -386,7 +367,7 @@ func TestFixtureMetadata(t *testing.T) {
 		"v2.4": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta"},
 		"v2.6": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"},
 	}
-	for _, c := range fixtureCases(t) {
+	for _, c := range truth.Cases(t, "dcp", 13) {
 		t.Run(c, func(t *testing.T) {
 			tr := loadTruth(t, c)
 			meta := truthDict(t, tr, "meta")

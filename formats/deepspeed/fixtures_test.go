@@ -11,30 +11,9 @@ import (
 	"github.com/ucp-project/ucp/patterns"
 )
 
-// fixtureCases lists testdata/fixtures/deepspeed: checkpoints written by
-// testdata/gen/deepspeed_fixtures.py with real torch.save, sharded from
-// known full tensors as DeepSpeed does.
-func fixtureCases(t *testing.T) []string {
-	t.Helper()
-	ents, err := os.ReadDir(truth.Fixture("deepspeed"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() {
-			out = append(out, e.Name())
-		}
-	}
-	if len(out) < 10 {
-		t.Fatalf("only %d fixture cases", len(out))
-	}
-	return out
-}
-
 func TestFixtures(t *testing.T) {
 	torch := truth.NewTorchBatch(t)
-	for _, c := range fixtureCases(t) {
+	for _, c := range truth.Cases(t, "deepspeed", 10) {
 		t.Run(c, func(t *testing.T) {
 			dir := truth.Fixture("deepspeed", c)
 			tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})

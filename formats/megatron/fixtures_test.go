@@ -17,27 +17,6 @@ import (
 	"github.com/ucp-project/ucp/torchfile"
 )
 
-// fixtureCases lists testdata/fixtures/megatron: checkpoints written by
-// testdata/gen/megatron_fixtures.py with real torch.save, sharded from
-// known full tensors as Megatron does.
-func fixtureCases(t *testing.T) []string {
-	t.Helper()
-	ents, err := os.ReadDir(truth.Fixture("megatron"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if e.IsDir() {
-			out = append(out, e.Name())
-		}
-	}
-	if len(out) < 14 {
-		t.Fatalf("only %d fixture cases", len(out))
-	}
-	return out
-}
-
 func index(t *testing.T, dir string, o Options) *fragment.Table {
 	t.Helper()
 	tbl, err := Index(context.Background(), dir, o)
@@ -56,7 +35,7 @@ func index(t *testing.T, dir string, o Options) *fragment.Table {
 // carried buffers must match the truth too.
 func TestFixtures(t *testing.T) {
 	torch := truth.NewTorchBatch(t)
-	for _, c := range fixtureCases(t) {
+	for _, c := range truth.Cases(t, "megatron", 14) {
 		t.Run(c, func(t *testing.T) {
 			dir := truth.Fixture("megatron", c)
 			tp := filepath.Join(dir, "truth.pt")

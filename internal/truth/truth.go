@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -290,6 +291,46 @@ func RepoRoot() string {
 // Fixture returns a path under testdata/fixtures.
 func Fixture(parts ...string) string {
 	return filepath.Join(append([]string{RepoRoot(), "testdata", "fixtures"}, parts...)...)
+}
+
+// Cases lists the case folders of testdata/fixtures/<format>, failing
+// the test when there are fewer than min.
+func Cases(tb testing.TB, format string, min int) []string {
+	tb.Helper()
+	ents, err := os.ReadDir(Fixture(format))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	if len(out) < min {
+		tb.Fatalf("found %d %s fixture cases, want at least %d", len(out), format, min)
+	}
+	return out
+}
+
+// ReadTree reads every file under dir except the manifest (whose tool
+// line and timings differ between runs), by path relative to dir.
+func ReadTree(tb testing.TB, dir string) map[string][]byte {
+	tb.Helper()
+	out := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == atomic.ManifestName {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = b
+		return err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
 }
 
 // Shared returns a path under ../shared (beside the checkout), skipping the

@@ -1,0 +1,46 @@
+// Package fsutil holds the file operations that make output appear whole
+// or not at all: write through a temporary name, sync, rename.
+package fsutil
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// WriteFileAtomic writes data to a temporary file beside path, syncs it
+// (unless noSync) and renames it to path, so path is never half-written.
+func WriteFileAtomic(path string, data []byte, noSync bool) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil && !noSync {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// SyncDir makes a folder's entries (new names, renames) durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
