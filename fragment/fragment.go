@@ -155,6 +155,17 @@ func (p *Param) AddState(name string) *State {
 	return s
 }
 
+// StateWith returns the state with the given name, adding it with a copy
+// of shards when the parameter does not have it yet.
+func (p *Param) StateWith(name string, shards []Shard) *State {
+	if st := p.State(name); st != nil {
+		return st
+	}
+	st := p.AddState(name)
+	st.Shards = append([]Shard(nil), shards...)
+	return st
+}
+
 // Numel returns the number of elements of the full parameter.
 func (p *Param) Numel() int64 { return torchfile.Numel(p.Shape) }
 

@@ -611,25 +611,10 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
 	gr := o.groups[g]
-	srcs := map[string]*torchfile.Tensor{fragment.FP32: gr.fp32}
-	for i := 0; i < gr.state.Len(); i++ {
-		k, v := gr.state.Item(i)
-		ks, _ := k.(string)
-		if tt, ok := v.(*torchfile.Tensor); ok && ks != fragment.StepState && tt.Numel() == gr.size {
-			srcs[ks] = tt
-		}
-	}
-	var keys []string
-	for k := range srcs {
-		keys = append(keys, k)
-	}
-	for _, k := range fragment.StateOrder(keys) {
-		st := p.State(k)
-		if st == nil {
-			// A state missing on some ranks leaves a hole that Validate reports.
-			st = p.AddState(k)
-			st.Shards = append([]fragment.Shard(nil), shards...)
-		}
+	names, srcs := FlatStates(gr.fp32, gr.state, gr.size)
+	for _, k := range names {
+		// A state missing on some ranks leaves a hole that Validate reports.
+		st := p.StateWith(k, shards)
 		src := srcs[k]
 		if hp+n > src.Numel() {
 			return fmt.Errorf("%s: %s of %s needs elements [%d,%d) of a partition of %d", o.path, k, p.Name, hp, hp+n, src.Numel())
@@ -648,6 +633,26 @@ func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optim
 		}
 	}
 	return nil
+}
+
+// FlatStates returns the states of one flat optimizer partition in
+// standard order: fp32 (the master partition) and every tensor of the
+// torch optimizer state with the partition's size (exp_avg, exp_avg_sq,
+// or another optimizer's), the step excepted.
+func FlatStates(fp32 *torchfile.Tensor, state *pyobj.Dict, size int64) ([]string, map[string]*torchfile.Tensor) {
+	srcs := map[string]*torchfile.Tensor{fragment.FP32: fp32}
+	for i := 0; i < state.Len(); i++ {
+		k, v := state.Item(i)
+		ks, _ := k.(string)
+		if tt, ok := v.(*torchfile.Tensor); ok && ks != fragment.StepState && tt.Numel() == size {
+			srcs[ks] = tt
+		}
+	}
+	var names []string
+	for k := range srcs {
+		names = append(names, k)
+	}
+	return fragment.StateOrder(names), srcs
 }
 
 // extras adds frozen parameters and buffers from the model states, and the

@@ -310,25 +310,10 @@ func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc 
 		if tp == 0 && r.dp == 0 {
 			p.Info.Padding = c*pn - n
 		}
-		srcs := map[string]*torchfile.Tensor{fragment.FP32: r.flat[pc.sub]}
 		st := r.states[pc.sub]
-		for i := 0; i < st.Len(); i++ {
-			k, v := st.Item(i)
-			ks, _ := k.(string)
-			if tt, ok := v.(*torchfile.Tensor); ok && ks != fragment.StepState && tt.Numel() == r.flat[pc.sub].Numel() {
-				srcs[ks] = tt
-			}
-		}
-		var keys []string
-		for k := range srcs {
-			keys = append(keys, k)
-		}
-		for _, k := range fragment.StateOrder(keys) {
-			s := p.State(k)
-			if s == nil {
-				s = p.AddState(k)
-				s.Shards = append([]fragment.Shard(nil), shards...)
-			}
+		names, srcs := deepspeed.FlatStates(r.flat[pc.sub], st, r.flat[pc.sub].Numel())
+		for _, k := range names {
+			s := p.StateWith(k, shards)
 			if valid > 0 {
 				s.Frags = append(s.Frags, fragment.Fragment{Shard: tp, LocalStart: rk * pn, Len: valid,
 					Src: fragment.Ref(r.opath, srcs[k], 0), SrcStart: pc.offset})
