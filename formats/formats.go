@@ -56,9 +56,14 @@ func All() []Format {
 				return megatron.Index(ctx, path, megatron.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize})
 			},
 		},
-		{Name: "dcp", Help: "PyTorch Distributed Checkpoint (FSDP, DTensor, torchtitan)", Detect: dcp.Detect, Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-			return dcp.Index(ctx, path, dcp.Options{Workers: o.Workers})
-		}},
+		{
+			Name:   "dcp",
+			Help:   "PyTorch Distributed Checkpoint (FSDP, DTensor, torchtitan)",
+			Detect: dcp.Detect,
+			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+				return dcp.Index(ctx, path, dcp.Options{Workers: o.Workers})
+			},
+		},
 	}
 }
 

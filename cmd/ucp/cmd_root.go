@@ -19,6 +19,7 @@ step.pt) with a manifest (ucp.json). Any target parallelism can load them.`,
 		newConvertCommand(),
 		newExportCommand(),
 		newInspectCommand(),
+		newVerifyCommand(),
 		newVersionCommand(),
 	)
 	return root

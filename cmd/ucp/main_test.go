@@ -190,3 +190,27 @@ func TestNodePlace(t *testing.T) {
 		}
 	}
 }
+
+func TestVerify(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), dst); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	if r := ucp(t, nil, "verify", dst); r.code != 0 || !strings.Contains(r.stdout, "all match the manifest") {
+		t.Fatalf("verify of a fresh checkpoint: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	// Flip one byte of one tensor: verify names that file.
+	victim := filepath.Join(dst, "zero", "head.weight", "exp_avg.pt")
+	b, err := os.ReadFile(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(victim, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := ucp(t, nil, "verify", dst)
+	if r.code == 0 || !strings.Contains(r.stdout, "head.weight/exp_avg.pt") || !strings.Contains(r.stderr, "1 of") {
+		t.Fatalf("verify of a corrupt checkpoint: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+}
