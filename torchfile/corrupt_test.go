@@ -408,6 +408,17 @@ var corruptCases = []corruptCase{
 			"q\x010(" + strings.Repeat("h\x01", 100_000) + "e."
 		return withPickle(t, []byte(s))
 	}, "", true},
+	{"persid_shared_kind.pt", func(t testing.TB) []byte {
+		// A persistent id whose kind is a tuple doubling at each of 60
+		// levels through the memo: an error message that printed it with
+		// fmt would never finish.
+		s := "\x80\x02X\x01\x00\x00\x00a"
+		for i := 0; i < 60; i++ {
+			s += "q\x00h\x00\x86"
+		}
+		s += "\x85Q."
+		return withPickle(t, []byte(s))
+	}, "persistent id of kind (((", false},
 	{"legacy_bad_magic.pt", func(t testing.TB) []byte {
 		b := bytes.Clone(fixtureBytes(t, "legacy_views.pt"))
 		b[6] ^= 0x40
@@ -525,7 +536,14 @@ func openBounded(t *testing.T, path string, size int64) error {
 // walkAndRead visits every value of f and reads every tensor (at most
 // 1 MiB of each: zero strides make huge valid views of small storages).
 func walkAndRead(f *File) error {
+	// Pickles can share containers so that paths multiply: Walk stops at
+	// MaxVisits, but rendering that many values would make the fuzzer
+	// spend seconds per input in this harness, so stop much earlier.
+	visits := 0
 	return pyobj.Walk(f.Root, func(path []pyobj.Value, v pyobj.Value) error {
+		if visits++; visits > 1<<17 {
+			return fmt.Errorf("more than %d values to walk in this harness", 1<<17)
+		}
 		_ = pyobj.Repr(v)
 		t, ok := v.(*Tensor)
 		if !ok {

@@ -325,7 +325,7 @@ func readLegacy(r io.ReaderAt, size int64, name string) (*File, error) {
 		return nil, fmt.Errorf("legacy header: %w", err)
 	}
 	if v, _ := pyobj.Int(proto); v != 1001 {
-		return nil, fmt.Errorf("legacy protocol version %v, want 1001", proto)
+		return nil, fmt.Errorf("legacy protocol version %s, want 1001", pyobj.Repr(proto))
 	}
 	if err := p.next(simple(&sysInfo)); err != nil {
 		return nil, fmt.Errorf("legacy sys_info: %w", err)

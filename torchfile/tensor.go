@@ -264,7 +264,9 @@ func (h *torchHooks) persistentLoad(pid pyobj.Value) (pyobj.Value, error) {
 		if kind == "module" {
 			return &pyobj.Object{Class: &pyobj.Global{Module: "torch.serialization", Name: "module_source"}, Via: pyobj.ByReduce, Args: []pyobj.Value(t[1:])}, nil
 		}
-		return nil, fmt.Errorf("persistent id of kind %q, want 'storage'", t[0])
+		// Repr, not %q: a pickled value can share parts so that fmt's
+		// recursive printing of it grows exponentially.
+		return nil, fmt.Errorf("persistent id of kind %s, want 'storage'", pyobj.Repr(t[0]))
 	}
 	want := 5
 	if h.legacy {

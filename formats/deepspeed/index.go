@@ -603,8 +603,8 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 	n, ok1 := pyobj.Int(nv)
 	s, ok2 := pyobj.Int(sv)
 	if !ok1 || !ok2 || n != fe-fs || s != fs-lo {
-		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %v, start %v) but param_shapes and the partition rules give (numel %d, start %d); "+
-			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, nv, sv, fe-fs, fs-lo)
+		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %s, start %s) but param_shapes and the partition rules give (numel %d, start %d); "+
+			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, pyobj.Repr(nv), pyobj.Repr(sv), fe-fs, fs-lo)
 	}
 	return nil
 }
