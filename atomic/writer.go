@@ -271,7 +271,7 @@ func (w *Writer) WriteStep(pi int, v pyobj.Value) error {
 }
 
 func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
-	v, err := materialize(v)
+	v, copies, err := blobsForRefs(v)
 	if err != nil {
 		return nil, err
 	}
@@ -280,6 +280,10 @@ func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
 		return nil, err
 	}
 	tw.NoSync = true
+	if err := fill(tw, copies); err != nil {
+		tw.Abort()
+		return nil, fmt.Errorf("%s: %w", rel, err)
+	}
 	if err := tw.Commit(); err != nil {
 		return nil, err
 	}
@@ -390,6 +394,16 @@ func (w *Writer) Finalize() (*Manifest, error) {
 	}
 	if w.table.Extra != nil && w.table.Extra.Len() > 0 {
 		e, err := w.save(ExtraState, w.table.Extra)
+		if err != nil {
+			return nil, err
+		}
+		m.Files = append(m.Files, *e)
+	}
+	for _, vf := range w.table.WriteFiles {
+		if err := CheckName(filepath.Base(vf.Name)); err != nil || filepath.IsAbs(vf.Name) || strings.Contains(vf.Name, "..") {
+			return nil, fmt.Errorf("refusing to write %q", vf.Name)
+		}
+		e, err := w.save(vf.Name, vf.Value)
 		if err != nil {
 			return nil, err
 		}

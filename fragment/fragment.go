@@ -195,6 +195,10 @@ type Table struct {
 	// CopyFiles lists source files copied byte for byte into the atomic
 	// checkpoint (DeepSpeed model states), relative name -> source path.
 	CopyFiles []CopyFile
+	// WriteFiles are torch files written from values, their tensors
+	// *TensorRefs streamed from the source (model states given the
+	// universal_checkpoint_info they lacked).
+	WriteFiles []ValueFile
 	// Notes are facts the reader wants the user to see (padding kept, ...).
 	Notes []string
 }
@@ -204,6 +208,66 @@ type CopyFile struct {
 	Name string // path relative to the output folder
 	Src  string
 	Size int64 // bytes, for planning
+}
+
+// ValueFile is a torch file written into the output from a value.
+type ValueFile struct {
+	Name  string // path relative to the output folder
+	Value pyobj.Value
+}
+
+// RefTree returns v with every *torchfile.Tensor replaced by a
+// *TensorRef into path, containers copied where they hold one, so that a
+// decoded source file can be written again with its tensors streamed.
+func RefTree(path string, v pyobj.Value) pyobj.Value {
+	refs := map[*torchfile.Tensor]*TensorRef{}
+	var walk func(v pyobj.Value, depth int) pyobj.Value
+	walk = func(v pyobj.Value, depth int) pyobj.Value {
+		if depth > pyobj.DefaultLimits.MaxDepth {
+			return v
+		}
+		switch x := v.(type) {
+		case *torchfile.Tensor:
+			if r, ok := refs[x]; ok {
+				return r
+			}
+			r := &TensorRef{Path: path, T: x}
+			refs[x] = r
+			return r
+		case *pyobj.Dict:
+			d := pyobj.NewDict(x.Kind)
+			for i := 0; i < x.Len(); i++ {
+				k, val := x.Item(i)
+				d.Set(k, walk(val, depth+1))
+			}
+			if x.Attrs != nil {
+				d.Attrs = walk(x.Attrs, depth+1).(*pyobj.Dict)
+			}
+			return d
+		case *pyobj.List:
+			l := &pyobj.List{Items: make([]pyobj.Value, len(x.Items))}
+			for i, it := range x.Items {
+				l.Items[i] = walk(it, depth+1)
+			}
+			return l
+		case pyobj.Tuple:
+			t := make(pyobj.Tuple, len(x))
+			for i, it := range x {
+				t[i] = walk(it, depth+1)
+			}
+			return t
+		case *pyobj.Object:
+			o := *x
+			o.Args = make([]pyobj.Value, len(x.Args))
+			for i, a := range x.Args {
+				o.Args[i] = walk(a, depth+1)
+			}
+			o.State = walk(x.State, depth+1)
+			return &o
+		}
+		return v
+	}
+	return walk(v, 0)
 }
 
 // NewCopyFile describes src, copied as name into the output.

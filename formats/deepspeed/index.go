@@ -159,7 +159,17 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		return nil, err
 	}
 	for mp := 0; mp < M; mp++ {
-		cf, err := fragment.NewCopyFile(filepath.Base(files.Model[mp]), files.Model[mp])
+		name := filepath.Base(files.Model[mp])
+		if !r.present {
+			// DeepSpeed's universal loader expects the model states to
+			// carry universal info, as ds_to_universal --inject_missing_state
+			// gives them: write them again with it, tensors streamed.
+			root := fragment.RefTree(files.Model[mp], models[mp].root).(*pyobj.Dict)
+			root.Set("universal_checkpoint_info", pyobj.DictOf("universal_checkpoint_version", 0.2))
+			b.table.WriteFiles = append(b.table.WriteFiles, fragment.ValueFile{Name: name, Value: root})
+			continue
+		}
+		cf, err := fragment.NewCopyFile(name, files.Model[mp])
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +179,10 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		b.table.Notes = append(b.table.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
 	}
 	if !r.present {
-		b.table.Notes = append(b.table.Notes, "the checkpoint has no universal_checkpoint_info (plain DeepSpeed); tensor parallelism 1 needs none")
+		b.table.Notes = append(b.table.Notes, "the checkpoint has no universal_checkpoint_info (plain DeepSpeed): its model states are written with {'universal_checkpoint_version': 0.2} added")
+	}
+	if inf := r.Inferred(); len(inf) > 0 {
+		b.table.Notes = append(b.table.Notes, fmt.Sprintf("without universal_checkpoint_info, %d parameters whose shards differ in one dim are concatenated along it: %v", len(inf), inf))
 	}
 	return b.table, nil
 }

@@ -27,6 +27,7 @@ type Rules struct {
 	shardWidths   map[string][][]int64
 	unsupported   map[string]string
 	present       bool
+	inferred      []string // parameters placed from their shard shapes alone
 	matched       map[*pattern]bool
 	allPatterns   []*pattern
 	patternByText map[string]*pattern
@@ -254,7 +255,18 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	if T == 1 {
 		pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
 	} else if !r.present {
-		return nil, fmt.Errorf("parameter %s is split over %d tensor-parallel ranks but the checkpoint has no universal_checkpoint_info to say how; it cannot be classified", name, T)
+		// Without universal_checkpoint_info only the shapes speak: shards
+		// that differ in exactly one dim can only be its concatenation;
+		// equal shapes could be a replica or an even split.
+		d, ok := onlyDifferingDim(shapes)
+		if !ok {
+			return nil, fmt.Errorf("parameter %s has shards %v on %d tensor-parallel ranks and the checkpoint has no universal_checkpoint_info: "+
+				"ucp cannot tell whether it is replicated or split, and does not guess", name, shapes, T)
+		}
+		if err := concatPlacement(name, d, shapes, pl); err != nil {
+			return nil, err
+		}
+		r.inferred = append(r.inferred, fmt.Sprintf("%s (dim %d)", name, d))
 	} else if p, err := r.match(r.tpReplicated, name); err != nil {
 		return nil, err
 	} else if p != nil {
@@ -318,6 +330,28 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	}
 	return pl, nil
 }
+
+// onlyDifferingDim returns the one dim in which the shard shapes differ.
+func onlyDifferingDim(shapes [][]int64) (int, bool) {
+	dim := -1
+	for d := range shapes[0] {
+		for _, s := range shapes[1:] {
+			if len(s) != len(shapes[0]) {
+				return 0, false
+			}
+			if s[d] != shapes[0][d] {
+				if dim >= 0 && dim != d {
+					return 0, false
+				}
+				dim = d
+			}
+		}
+	}
+	return dim, dim >= 0
+}
+
+// Inferred lists the parameters placed from their shard shapes alone.
+func (r *Rules) Inferred() []string { return r.inferred }
 
 // concatPlacement splits along dim with the ranks' own lengths.
 func concatPlacement(name string, dim int, shapes [][]int64, pl *Placement) error {

@@ -1,0 +1,48 @@
+package deepspeed
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/patterns"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// TestClassifyWithoutInfo: with no universal_checkpoint_info, shards that
+// differ in one dim are concatenated along it; equal shards are refused.
+func TestClassifyWithoutInfo(t *testing.T) {
+	r, err := ParseRules(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		shapes  [][]int64
+		kind    patterns.Kind
+		full    []int64
+		wantErr string
+	}{
+		{[][]int64{{3, 4}, {2, 4}}, patterns.ShardV, []int64{5, 4}, ""},
+		{[][]int64{{4, 3}, {4, 3}, {4, 1}}, patterns.ShardH, []int64{4, 7}, ""},
+		{[][]int64{{4, 3}, {4, 3}}, 0, nil, "cannot tell whether it is replicated or split"},
+		{[][]int64{{4, 3}, {5, 2}}, 0, nil, "cannot tell"},
+		{[][]int64{{7}}, patterns.Unique, []int64{7}, ""},
+	}
+	for i, tc := range tests {
+		pl, err := r.Classify("w", tc.shapes)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("case %d: error %v, want %q", i, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if pl.Pattern.Kind() != tc.kind || !torchfile.SameShape(pl.Full, tc.full) {
+			t.Errorf("case %d: %v %v, want %v %v", i, pl.Pattern.Kind(), pl.Full, tc.kind, tc.full)
+		}
+	}
+	if len(r.Inferred()) != 2 {
+		t.Errorf("inferred %v", r.Inferred())
+	}
+}
