@@ -41,6 +41,9 @@ type File struct {
 	Storages    []*Storage  // in order of first reference
 	PickleBytes int64       // bytes of pickle decoded to build Root
 	Globals     map[string]int
+	// Unexpected lists the globals outside pyobj's allowlist: decoded as
+	// inert objects, never executed, but worth a look.
+	Unexpected []string
 
 	r      io.ReaderAt
 	size   int64
@@ -121,6 +124,7 @@ func (f *File) decode(pkl []byte, h *torchHooks) error {
 	}
 	f.Root = root
 	f.PickleBytes = int64(len(pkl))
+	f.Unexpected = pyobj.Unexpected(f.Globals)
 	return nil
 }
 

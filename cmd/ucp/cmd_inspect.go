@@ -81,6 +81,9 @@ type fileReport struct {
 	Tensors []tensorReport  `json:"tensors"`
 	Values  []valueReport   `json:"values,omitempty"`
 	Meta    json.RawMessage `json:"metadata,omitempty"`
+	// Unexpected globals are outside the allowlist: decoded as inert
+	// objects, never executed.
+	Unexpected []string `json:"unexpected_globals,omitempty"`
 }
 
 type tensorReport struct {
@@ -145,7 +148,13 @@ func inspectFile(out io.Writer, path string, opts inspectOptions) error {
 	for _, v := range rep.Values {
 		fmt.Fprintf(tw, "%s\t%s\t\t\t%s\n", keyString(v.Key), v.Type, v.Value)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.Unexpected) > 0 {
+		fmt.Fprintf(out, "\nglobals outside the allowlist (kept as inert objects, never executed): %s\n", strings.Join(rep.Unexpected, ", "))
+	}
+	return nil
 }
 
 func keyString(k []any) string {
@@ -171,7 +180,7 @@ func fileTensors(path string, values bool) (*fileReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &fileReport{File: path, Format: string(f.Format), Prefix: f.Prefix, Tensors: []tensorReport{}}
+	rep := &fileReport{File: path, Format: string(f.Format), Prefix: f.Prefix, Tensors: []tensorReport{}, Unexpected: f.Unexpected}
 	err = pyobj.Walk(f.Root, func(p []pyobj.Value, v pyobj.Value) error {
 		switch x := v.(type) {
 		case *torchfile.Tensor:
