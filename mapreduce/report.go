@@ -15,16 +15,19 @@ import (
 // Report is what --report writes: the plan's shape, this node's share and
 // the per-worker phase timings.
 type Report struct {
-	Node        int       `json:"node"`
-	Nodes       int       `json:"nodes"`
-	Workers     int       `json:"workers"`
-	PlanID      string    `json:"plan"`
-	ChunkElems  int64     `json:"chunk_elems"`
-	NodeBytes   []int64   `json:"node_bytes"` // planned weight per node
-	Stats       *Stats    `json:"stats"`
-	PeakRSS     int64     `json:"peak_rss_bytes"`
-	GBPerSecond float64   `json:"gb_per_s"` // (read + written) / elapsed
-	Written     time.Time `json:"written"`
+	Node       int     `json:"node"`
+	Nodes      int     `json:"nodes"`
+	Workers    int     `json:"workers"`
+	PlanID     string  `json:"plan"`
+	ChunkElems int64   `json:"chunk_elems"`
+	NodeBytes  []int64 `json:"node_bytes"` // planned weight per node
+	// Index is the map phase: decoding the source's pickles, building
+	// and checking the fragment table, planning.
+	Index       time.Duration `json:"index_ns"`
+	Stats       *Stats        `json:"stats"`
+	PeakRSS     int64         `json:"peak_rss_bytes"`
+	GBPerSecond float64       `json:"gb_per_s"` // (read + written) / elapsed
+	Written     time.Time     `json:"written"`
 }
 
 // PeakRSS returns the process's peak resident set size in bytes.
@@ -38,9 +41,9 @@ func PeakRSS() int64 {
 
 // WriteReport writes path (JSON) and the same name with .svg: a timeline
 // with one row per worker and one box per task, so stragglers show.
-func WriteReport(path string, plan *Plan, node int, st *Stats) error {
+func WriteReport(path string, plan *Plan, node int, index time.Duration, st *Stats) error {
 	r := Report{Node: node, Nodes: plan.Nodes, Workers: len(st.Workers), PlanID: plan.ID(), ChunkElems: plan.ChunkElems,
-		NodeBytes: plan.NodeBytes, Stats: st, PeakRSS: PeakRSS(), Written: time.Now().UTC()}
+		NodeBytes: plan.NodeBytes, Index: index, Stats: st, PeakRSS: PeakRSS(), Written: time.Now().UTC()}
 	if s := st.Elapsed.Seconds(); s > 0 {
 		r.GBPerSecond = float64(st.BytesRead+st.BytesWritten) / s / 1e9
 	}
@@ -52,7 +55,7 @@ func WriteReport(path string, plan *Plan, node int, st *Stats) error {
 		return err
 	}
 	svg := strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
-	return os.WriteFile(svg, []byte(Timeline(st, fmt.Sprintf("node %d of %d", node, plan.Nodes))), 0o644)
+	return os.WriteFile(svg, []byte(Timeline(st, fmt.Sprintf("node %d of %d, index %.2fs", node, plan.Nodes, index.Seconds()))), 0o644)
 }
 
 // Timeline renders the workers' spans as SVG. Each task is a box whose

@@ -118,11 +118,11 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, err)
 	}
-	indexed := time.Since(start)
 	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: nodes, Cores: opts.Workers, Memory: memory, ChunkElems: opts.ChunkElems})
 	if err != nil {
 		return err
 	}
+	indexed := time.Since(start)
 	if opts.DryRun {
 		return printPlan(out, t, plan)
 	}
@@ -140,7 +140,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		Progress: bar.add})
 	bar.finish()
 	if opts.Report != "" && stats != nil {
-		if rerr := mapreduce.WriteReport(opts.Report, plan, node, stats); rerr != nil && err == nil {
+		if rerr := mapreduce.WriteReport(opts.Report, plan, node, indexed, stats); rerr != nil && err == nil {
 			err = rerr
 		}
 	}

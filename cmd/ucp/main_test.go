@@ -214,3 +214,46 @@ func TestVerify(t *testing.T) {
 		t.Fatalf("verify of a corrupt checkpoint: %d %s %s", r.code, r.stdout, r.stderr)
 	}
 }
+
+func TestReport(t *testing.T) {
+	dir := t.TempDir()
+	rep := filepath.Join(dir, "run.json")
+	if r := ucp(t, nil, "convert", "--quiet", "--workers", "2", "--report", rep,
+		truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"), filepath.Join(dir, "atomic")); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	b, err := os.ReadFile(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Index int64 `json:"index_ns"`
+		Stats struct {
+			Tasks   int `json:"tasks"`
+			Workers []struct {
+				Tasks int   `json:"tasks"`
+				Read  int64 `json:"read_ns"`
+				Write int64 `json:"write_ns"`
+				Spans []any `json:"spans"`
+			} `json:"workers"`
+		} `json:"stats"`
+		PeakRSS int64 `json:"peak_rss_bytes"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	tasks := 0
+	for _, w := range got.Stats.Workers {
+		tasks += w.Tasks
+		if len(w.Spans) != w.Tasks {
+			t.Errorf("a worker ran %d tasks but shows %d spans", w.Tasks, len(w.Spans))
+		}
+	}
+	if got.Index <= 0 || len(got.Stats.Workers) != 2 || tasks != got.Stats.Tasks || tasks == 0 || got.PeakRSS <= 0 {
+		t.Errorf("report %s", b)
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "run.svg"))
+	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("worker 1")) {
+		t.Errorf("timeline: %v", err)
+	}
+}
