@@ -68,7 +68,7 @@ func TestMegatronPatterns(t *testing.T) {
 }
 
 func TestMissingTensorParallelRank(t *testing.T) {
-	d := copyTree(t, truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"))
+	d := truth.CopyTree(t, truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"))
 	tag, _ := os.ReadFile(filepath.Join(d, "latest"))
 	if err := os.Remove(filepath.Join(d, strings.TrimSpace(string(tag)), "mp_rank_01_model_states.pt")); err != nil {
 		t.Fatal(err)

@@ -39,31 +39,6 @@ func TestRealDeepSpeedCheckpoints(t *testing.T) {
 	torch.Run(t)
 }
 
-// copyTree copies a fixture checkpoint so a test can break it.
-func copyTree(t *testing.T, src string) string {
-	t.Helper()
-	dst := filepath.Join(t.TempDir(), "ckpt")
-	err := filepath.Walk(src, func(p string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		target := filepath.Join(dst, rel)
-		if info.IsDir() {
-			return os.MkdirAll(target, 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(target, b, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dst
-}
-
 func TestBadRankFiles(t *testing.T) {
 	src := truth.Shared(t, "fixtures", "deepspeed-real", "z1_dp2_fp32", "checkpoint")
 	step := "global_step3"
@@ -112,7 +87,7 @@ func TestBadRankFiles(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := copyTree(t, src)
+			d := truth.CopyTree(t, src)
 			if err := tc.break_(d); err != nil {
 				t.Fatal(err)
 			}

@@ -88,7 +88,7 @@ func TestDistribCoalescedUnaligned(t *testing.T) {
 	if len(runs) != 4 {
 		t.Fatalf("%d distrib_optim.pt files", len(runs))
 	}
-	root := copyTree(t, filepath.Join(src, "checkpoint"))
+	root := truth.CopyTree(t, filepath.Join(src, "checkpoint"))
 	for rel, rs := range runs {
 		sort.Slice(rs, func(i, j int) bool { return rs[i][0] < rs[j][0] })
 		var n int64

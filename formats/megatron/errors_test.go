@@ -2,7 +2,6 @@ package megatron
 
 import (
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,42 +13,8 @@ import (
 	"github.com/ucp-project/ucp/torchfile"
 )
 
-// copyTree copies a fixture checkpoint into a temporary folder.
-func copyTree(t *testing.T, src string) string {
-	t.Helper()
-	dst := filepath.Join(t.TempDir(), "ckpt")
-	err := filepath.Walk(src, func(p string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		out := filepath.Join(dst, rel)
-		if info.IsDir() {
-			return os.MkdirAll(out, 0o755)
-		}
-		in, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		o, err := os.Create(out)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(o, in); err != nil {
-			o.Close()
-			return err
-		}
-		return o.Close()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dst
-}
-
 func fixtureCopy(t *testing.T, c string) (root, iter string) {
-	root = copyTree(t, truth.Fixture("megatron", c, "checkpoint"))
+	root = truth.CopyTree(t, truth.Fixture("megatron", c, "checkpoint"))
 	return root, filepath.Join(root, "iter_0000010")
 }
 

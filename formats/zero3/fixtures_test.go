@@ -80,10 +80,7 @@ func TestSameStateAsZeRO1(t *testing.T) {
 
 func TestMissingGridCell(t *testing.T) {
 	src := truth.Fixture("zero3", "tp2_dp2_bf16", "checkpoint")
-	d := filepath.Join(t.TempDir(), "ckpt")
-	if err := os.CopyFS(d, os.DirFS(src)); err != nil {
-		t.Fatal(err)
-	}
+	d := truth.CopyTree(t, src)
 	tag, _ := os.ReadFile(filepath.Join(d, "latest"))
 	victim := filepath.Join(d, strings.TrimSpace(string(tag)), "zero_pp_rank_1_mp_rank_01_model_states.pt")
 	if err := os.Remove(victim); err != nil {

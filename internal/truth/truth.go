@@ -313,6 +313,17 @@ func Cases(tb testing.TB, format string, min int) []string {
 	return out
 }
 
+// CopyTree copies a fixture checkpoint into a temporary folder, so that a
+// test can break it.
+func CopyTree(tb testing.TB, src string) string {
+	tb.Helper()
+	dst := filepath.Join(tb.TempDir(), "ckpt")
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		tb.Fatal(err)
+	}
+	return dst
+}
+
 // ReadTree reads every file under dir except the manifest (whose tool
 // line and timings differ between runs), by path relative to dir.
 func ReadTree(tb testing.TB, dir string) map[string][]byte {
