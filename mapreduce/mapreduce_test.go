@@ -195,10 +195,7 @@ func TestSplitAndNodesMatchSingle(t *testing.T) {
 // reducer fail; the run stops with that file named and no checkpoint
 // appears, not even a partial one.
 func TestReadErrorStopsRun(t *testing.T) {
-	src := filepath.Join(t.TempDir(), "ckpt")
-	if err := os.CopyFS(src, os.DirFS(truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"))); err != nil {
-		t.Fatal(err)
-	}
+	src := truth.CopyTree(t, truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"))
 	tbl, err := deepspeed.Index(context.Background(), src, deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)
