@@ -158,9 +158,9 @@ func Universal(p *fragment.Param, param pyobj.Value) *pyobj.Dict {
 	switch {
 	case in.CatDim < 0:
 		// replicated or averaged: no cat_dim
-	case in.NSubParams == 2 && in.SubParamWidths == nil:
+	case in.NSubParams > 1 && in.SubParamWidths == nil:
 		d.Set("cat_dim", int64(in.CatDim))
-		d.Set("param_n_sub_params", int64(2))
+		d.Set("param_n_sub_params", int64(in.NSubParams))
 	case in.SubParamShape != nil:
 		d.Set("sub_param_shape", in.SubParamShape)
 	default:

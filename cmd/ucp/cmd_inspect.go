@@ -37,10 +37,12 @@ checkpoint folder.
 For a file it prints the tree of keys with each tensor's dtype, shape, size and
 where its bytes lie; no tensor data is read. For a checkpoint folder it detects
 the format and prints the parallel degrees and, per parameter, its sharding
-pattern, full shape, source dtype, split dims, fragments and padding.`,
+pattern, full shape, source dtype, split dims, fragments and padding. For an
+atomic checkpoint written by ucp convert it prints its manifest.`,
 		Example: `  ucp inspect checkpoint/global_step3/mp_rank_00_model_states.pt
   ucp inspect model.safetensors --json
-  ucp inspect checkpoint/            # a DeepSpeed save folder with 'latest'`,
+  ucp inspect checkpoint/            # a DeepSpeed save folder with 'latest'
+  ucp inspect checkpoint_universal/  # an atomic checkpoint`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runInspect(cmd.Context(), cmd.OutOrStdout(), args[0], opts)
@@ -59,6 +61,9 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 	st, err := os.Stat(path)
 	if err != nil {
 		return err
+	}
+	if st.IsDir() && opts.From == "" && isAtomic(path) {
+		return inspectAtomic(out, path, opts.JSON)
 	}
 	if st.IsDir() {
 		t, err := formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers})

@@ -199,6 +199,12 @@ func TestVerify(t *testing.T) {
 	if r := ucp(t, nil, "verify", dst); r.code != 0 || !strings.Contains(r.stdout, "all match the manifest") {
 		t.Fatalf("verify of a fresh checkpoint: %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	// inspect reads the manifest of an atomic checkpoint.
+	r := ucp(t, nil, "inspect", dst)
+	if r.code != 0 || !strings.Contains(r.stdout, "atomic checkpoint") || !strings.Contains(r.stdout, "head.weight") ||
+		!strings.Contains(r.stdout, "converted from deepspeed") {
+		t.Fatalf("inspect of an atomic checkpoint: %d %s %s", r.code, r.stdout, r.stderr)
+	}
 	// Flip one byte of one tensor: verify names that file.
 	victim := filepath.Join(dst, "zero", "head.weight", "exp_avg.pt")
 	b, err := os.ReadFile(victim)
@@ -209,7 +215,7 @@ func TestVerify(t *testing.T) {
 	if err := os.WriteFile(victim, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := ucp(t, nil, "verify", dst)
+	r = ucp(t, nil, "verify", dst)
 	if r.code == 0 || !strings.Contains(r.stdout, "head.weight/exp_avg.pt") || !strings.Contains(r.stderr, "1 of") {
 		t.Fatalf("verify of a corrupt checkpoint: %d %s %s", r.code, r.stdout, r.stderr)
 	}

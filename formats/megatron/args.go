@@ -21,6 +21,8 @@ type Args struct {
 	QueryGroups          int64 // the real group count: num_attention_heads without GQA
 	KVChannels           int64
 	FFN                  int64 // 0 when absent
+	MoEFFN               int64 // moe_ffn_hidden_size; 0 when absent or None
+	MoEExtendedTP        bool  // core 0.8-0.9 --moe-extended-tp
 	PaddedVocab          int64
 	VocabSize            int64 // 0 when args has none
 	SwiGLU               bool
@@ -135,6 +137,8 @@ func parseArgs(path string, root *pyobj.Dict) (*Args, error) {
 	a.World = int(opt("world_size", 0))
 	a.DP = int(opt("data_parallel_size", 0))
 	a.FFN = opt("ffn_hidden_size", 0)
+	a.MoEFFN = opt("moe_ffn_hidden_size", 0)
+	a.MoEExtendedTP = optBool("moe_extended_tp", false)
 	a.VocabSize = opt("vocab_size", 0)
 	a.Untie = optBool("untie_embeddings_and_output_weights", false)
 	a.DistOpt = optBool("use_distributed_optimizer", false)
@@ -203,7 +207,13 @@ func (a *Args) geometry(needSwiGLU, needVocab bool) error {
 		if !ok {
 			return fmt.Errorf("%s: args.swiglu is %s, not a bool", a.path, pyobj.Repr(v))
 		}
-		a.SwiGLU = b
+		// --quick-geglu gates fc1 the same way (gated_linear_unit,
+		// core_transformer_config_from_args).
+		q, err := a.boolAttr("quick_geglu", false)
+		if err != nil {
+			return err
+		}
+		a.SwiGLU = b || q
 	}
 	if needVocab {
 		if a.PaddedVocab, err = a.intAttr("padded_vocab_size", "the vocabulary padding of embeddings and the output layer"); err != nil {

@@ -35,7 +35,7 @@ func index(t *testing.T, dir string, o Options) *fragment.Table {
 // carried buffers must match the truth too.
 func TestFixtures(t *testing.T) {
 	torch := truth.NewTorchBatch(t)
-	for _, c := range truth.Cases(t, "megatron", 14) {
+	for _, c := range truth.Cases(t, "megatron", 15) {
 		t.Run(c, func(t *testing.T) {
 			dir := truth.Fixture("megatron", c)
 			tp := filepath.Join(dir, "truth.pt")

@@ -70,6 +70,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if a.NumExperts > 0 && a.ETP != a.TP {
 		return nil, fmt.Errorf("%s: expert_tensor_parallel_size %d differs from tensor_model_parallel_size %d, which ucp does not read yet", a.path, a.ETP, a.TP)
 	}
+	if a.NumExperts > 0 && a.MoEExtendedTP {
+		// core 0.8-0.9 --moe-extended-tp: every rank holds all experts, their
+		// hidden dim split over TP x EP.
+		return nil, fmt.Errorf("%s: args.moe_extended_tp is set (experts split over tensor x expert parallel ranks), which ucp does not read", a.path)
+	}
 	if a.NumExperts > 0 && a.NumExperts%a.EP != 0 {
 		return nil, fmt.Errorf("%s: %d experts do not split over expert parallel %d", a.path, a.NumExperts, a.EP)
 	}
@@ -130,7 +135,7 @@ func (b *builder) readModels() error {
 		}
 		for _, lp := range f.params {
 			k := splitKind(lp.local, false)
-			needSwiGLU = needSwiGLU || k == kindCol
+			needSwiGLU = needSwiGLU || k == kindCol || k == kindGrouped1
 			needVocab = needVocab || k == kindVocab || lp.tied
 		}
 	}
@@ -290,14 +295,23 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	byRank := make([][]source, len(pl.shards))
 	for _, s := range srcs {
 		r := 0
-		if len(byRank) > 1 {
+		switch {
+		case pl.byEP:
+			r = s.f.rd.ep*T + tpRank(s)
+		case len(byRank) > 1:
 			r = tpRank(s)
 		}
 		byRank[r] = append(byRank[r], s)
 	}
+	rankName := func(r int) string {
+		if pl.byEP {
+			return fmt.Sprintf("expert-parallel rank %d, tensor-parallel rank %d", r/T, r%T)
+		}
+		return fmt.Sprintf("tensor-parallel rank %d", r)
+	}
 	for r, ss := range byRank {
 		if len(ss) == 0 {
-			return nil, fmt.Errorf("%s: no folder holds tensor-parallel rank %d of %s", b.table.Source, r, name)
+			return nil, fmt.Errorf("%s: no folder holds %s of %s", b.table.Source, rankName(r), name)
 		}
 	}
 	p := &fragment.Param{Name: name, Shape: pl.shape, Info: pl.info, Frozen: buffer}
@@ -333,7 +347,7 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 				st.Frags = append(st.Frags, fragment.Fragment{Shard: len(st.Shards) - 1, Len: s.lp.t.Numel(), Src: ref.ref, SrcStart: ref.start})
 			}
 			if !placed {
-				return nil, fmt.Errorf("%s: no folder holds state %q of tensor-parallel rank %d of %s", b.table.Source, sn, r, name)
+				return nil, fmt.Errorf("%s: no folder holds state %q of %s of %s", b.table.Source, sn, rankName(r), name)
 			}
 		}
 		for _, f := range st.Frags {

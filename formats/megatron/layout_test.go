@@ -68,6 +68,8 @@ func TestNames(t *testing.T) {
 		{"language_model.encoder.layers.1.mlp.dense_h_to_4h.weight", 2, 0, "language_model.encoder.layers.3.mlp.dense_h_to_4h.weight", kindSwiGLU},
 		{"decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight", 0, 2, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight", kindRow},
 		{"decoder.layers.0.mlp.experts.linear_fc1.weight1", 2, 4, "decoder.layers.2.mlp.experts.linear_fc1.weight5", kindSwiGLU},
+		{"decoder.layers.1.mlp.experts.weight1", 2, 4, "decoder.layers.3.mlp.experts.weight1", kindGrouped1},
+		{"decoder.layers.0.mlp.experts.weight2", 0, 2, "decoder.layers.0.mlp.experts.weight2", kindGrouped2},
 		{"decoder.layers.0.self_attention.linear_proj.bias", 1, 0, "decoder.layers.1.self_attention.linear_proj.bias", kindRep},
 		{"decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", 1, 0, "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight", kindRep},
 		{"decoder.final_layernorm.weight", 5, 0, "decoder.final_layernorm.weight", kindRep},

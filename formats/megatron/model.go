@@ -119,7 +119,7 @@ func (f *rankFile) readModel(a *Args) error {
 		}
 		var list []*localParam
 		err := flatten(f.rd.model, md, "", 0, func(name string, t *torchfile.Tensor) error {
-			lp := &localParam{local: name, t: t, chunk: v, expert: isExpert(name), buffer: isBuffer(name)}
+			lp := &localParam{local: name, t: t, chunk: v, expert: expertParallel(name, a.EP), buffer: isBuffer(name)}
 			if !lp.buffer {
 				if c := tiedCopyOf(name, a.Untie); c != "" {
 					lp.tied, lp.name = true, c
@@ -252,10 +252,13 @@ func (f *rankFile) assignNames(a *Args, offsets [][]int) error {
 				if ex.local >= nLocal {
 					return fmt.Errorf("%s: %s is local expert %d but %d experts over expert parallel %d leave %d per rank", f.rd.model, lp.local, ex.local, a.NumExperts, a.EP, nLocal)
 				}
-			} else if lp.expert {
-				if reFusedGrouped.MatchString(lp.local) {
-					return fmt.Errorf("%s: %s is a GroupedMLP weight (all local experts fused, --moe-grouped-gemm without Transformer Engine), which ucp does not read yet", f.rd.model, lp.local)
+			} else if isGrouped(lp.local) {
+				// GroupedMLP: all local experts in one tensor, whose name
+				// has no expert number (placement.go splits it).
+				if nLocal == 0 {
+					return fmt.Errorf("%s: %s is a GroupedMLP weight (all local experts fused) but args.num_experts is not set", f.rd.model, lp.local)
 				}
+			} else if isExpert(lp.local) {
 				return fmt.Errorf("%s: %s is under mlp.experts but names no expert number", f.rd.model, lp.local)
 			}
 			if !lp.tied {

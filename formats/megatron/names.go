@@ -11,16 +11,19 @@ import (
 type kind uint8
 
 const (
-	kindUnknown kind = iota
-	kindRep          // replicated: every TP rank holds the full tensor
-	kindVocab        // vocabulary-parallel rows, padded to padded_vocab_size
-	kindQKV          // fused QKV in the grouped layout: a plain dim-0 split
-	kindCol          // column-parallel: dim-0 split
-	kindSwiGLU       // gated fc1: each rank holds [W_r; V_r]
-	kindRow          // row-parallel: dim-1 split
+	kindUnknown  kind = iota
+	kindRep           // replicated: every TP rank holds the full tensor
+	kindVocab         // vocabulary-parallel rows, padded to padded_vocab_size
+	kindQKV           // fused QKV in the grouped layout: a plain dim-0 split
+	kindCol           // column-parallel: dim-0 split
+	kindSwiGLU        // gated fc1: each rank holds [W_r; V_r]
+	kindRow           // row-parallel: dim-1 split
+	kindGrouped1      // GroupedMLP weight1: all local experts' fc1, [H, nle*G*F/t]
+	kindGrouped2      // GroupedMLP weight2: all local experts' fc2, [nle*F/t, H]
 )
 
-var kindNames = [...]string{"unknown", "replicated", "vocabulary", "fused QKV", "column-parallel", "SwiGLU fc1", "row-parallel"}
+var kindNames = [...]string{"unknown", "replicated", "vocabulary", "fused QKV", "column-parallel", "SwiGLU fc1", "row-parallel",
+	"GroupedMLP weight1", "GroupedMLP weight2"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -39,11 +42,19 @@ var (
 	// Local expert numbers: SequentialMLP and TEGroupedMLP.
 	reSeqExpert     = regexp.MustCompile(`\.mlp\.experts\.local_experts\.(\d+)\.`)
 	reGroupedExpert = regexp.MustCompile(`(\.mlp\.experts\.linear_fc[12]\.(?:weight|bias))(\d+)$`)
-	reFusedGrouped  = regexp.MustCompile(`\.mlp\.experts\.weight[12]$`)
+	// GroupedMLP (legacy grouped GEMM): the local experts fused in two
+	// tensors per layer.
+	reFusedGrouped = regexp.MustCompile(`\.mlp\.experts\.weight([12])$`)
 )
 
 // splitKind classifies a parameter by its name.
 func splitKind(name string, swiglu bool) kind {
+	if m := reFusedGrouped.FindStringSubmatch(name); m != nil {
+		if m[1] == "1" {
+			return kindGrouped1
+		}
+		return kindGrouped2
+	}
 	switch {
 	case reVocab.MatchString(name):
 		return kindVocab
@@ -62,9 +73,20 @@ func splitKind(name string, swiglu bool) kind {
 	return kindUnknown
 }
 
-// isExpert reports whether a parameter belongs to the expert-parallel
-// experts (param.allreduce = False), which EP and ETP split.
+// isExpert reports whether a parameter belongs to the routed experts,
+// which EP and ETP split. They are expert-parallel parameters
+// (param.allreduce = False: the expert optimizer and DDP buffers) only
+// with EP > 1 (see expertParallel).
 func isExpert(name string) bool { return strings.Contains(name, ".mlp.experts.") }
+
+// expertParallel reports whether a parameter is expert-parallel
+// (allreduce = False): an expert with EP > 1. Megatron sets
+// allreduce = not (is_expert and expert_parallel) on expert linears and
+// GroupedMLP's weight1/weight2 alike (NOTES.md §4.1).
+func expertParallel(name string, ep int) bool { return ep > 1 && isExpert(name) }
+
+// isGrouped reports the fused GroupedMLP weights.
+func isGrouped(name string) bool { return reFusedGrouped.MatchString(name) }
 
 // isBuffer reports persistent buffers saved in the model state that are
 // not parameters (the router's expert_bias).

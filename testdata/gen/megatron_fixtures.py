@@ -100,6 +100,16 @@ CASES = [
          ModelCfg(**SMALL, experts=4, moe_ffn=8, swiglu=True, norm="RMSNorm", bias=False,
                   pos="rope", divisor=32),
          Topo(tp=2, pp=2, dp=2, ep=2), "distopt_f3", save_rng=False, seed=20),
+    Case("moe_groupedmlp_tp2_ep2_distopt",
+         "MoE with the legacy GroupedMLP (--moe-grouped-gemm --moe-use-legacy-grouped-gemm, "
+         "core <= 0.16): 4 experts fused per layer into mlp.experts.weight1 [H, E/EP * 2F/TP] "
+         "(memory [E/EP, H, 2F/TP], [gate_r | up_r] per expert) and mlp.experts.weight2 "
+         "[E/EP * F/TP, H], TP2 (ETP2) EP2 DP2, SwiGLU, TE spec, untied, distributed optimizer "
+         "chained [dense, expert] F3 with 2 expert buckets (ddp_bucket_size 200)",
+         ModelCfg(**SMALL, experts=4, moe_ffn=8, swiglu=True, norm="RMSNorm", bias=False,
+                  pos="rope", untie=True, moe_impl="legacy_grouped", divisor=32),
+         Topo(tp=2, dp=2, ep=2), "distopt_f3", bucket_size=200, overlap=True, save_rng=False,
+         seed=24),
     Case("legacy_tp2_pp2",
          "Legacy megatron/model names (nested language_model.{embedding,encoder}, "
          "layers.N.self_attention.query_key_value, _extra_state None), TP2 PP2, LayerNorm, no "

@@ -32,6 +32,11 @@ def _flatten(d, prefix=""):
 
 
 def _split_kind(name, args):
+    # GroupedMLP (core <= 0.16.1 moe/experts.py): all local experts fused in weight1 / weight2
+    if re.search(r"\.mlp\.experts\.weight1$", name):
+        return "gmm1"
+    if re.search(r"\.mlp\.experts\.weight2$", name):
+        return "gmm2"
     if name.endswith("word_embeddings.weight") or name.endswith("output_layer.weight"):
         return "vocab"
     if ".linear_qkv.weight" in name or ".linear_qkv.bias" in name or ".query_key_value." in name:
@@ -171,9 +176,11 @@ def read_checkpoint(root):
                 last = p == lay.pp - 1 and v == nchunks - 1
                 shared = (not args.untie_embeddings_and_output_weights and lay.pp > 1 and (
                     is_tied or (atom.endswith("word_embeddings.weight") and first and not last)))
+                # expert-parallel (allreduce = False: expert optimizer and buffers) only with
+                # EP > 1 (layers.py / experts.py: allreduce = not (is_expert and expert_parallel))
                 ps.append({"name": name, "atomic": atom, "tied": is_tied, "tensor": val,
                            "shape": tuple(val.shape), "numel": val.numel(),
-                           "expert": _is_expert(name), "shared": shared, "chunk": v})
+                           "expert": _is_expert(name) and lay.ep > 1, "shared": shared, "chunk": v})
                 key = (r, e)
                 if is_tied:
                     tied.append((atom, key, val))
@@ -264,6 +271,34 @@ def _put(frags, state, x, key, t):
         frags[state][x["atomic"]][key] = t
 
 
+def merge_grouped(pieces, kind, etp, ep, E, H, gated):
+    """GroupedMLP weight1 / weight2 from every (ETP, EP) rank, the way Megatron itself reshards
+    them (core_v0.16.1 GroupedMLP.sharded_state_dict): each local tensor is viewed as
+    real_shape (weight1 [nle, H, X], weight2 [nle, X, H]) and transposed to per-expert linear
+    weights; gated fc1 rows are chunked into w (tp_rank of 2t) and v (t + tp_rank of 2t) along
+    the row axis; fc2 columns at tp_rank of t; experts at ep_rank * nle. Returns the TP = EP = 1
+    tensor that sh_ten_merge_fn builds from the global one (transpose(-1, -2).reshape), and the
+    global [E, rows, cols] tensor (dist-ckpt experts.linear_fc{1,2}.weight)."""
+    nle = E // ep
+    any_t = next(iter(pieces.values()))
+    X = any_t.numel() // (nle * H)
+    if kind == "gmm1":
+        n = 2 if gated else 1
+        glob = torch.full((E, X * etp, H), float("nan"), dtype=any_t.dtype)
+        for (r, e), t in pieces.items():
+            assert t.shape == (H, nle * X), (t.shape, H, nle, X)
+            loc = t.view(nle, H, X).transpose(-1, -2)
+            for k, part in enumerate(torch.chunk(loc, n, -2)):
+                slot, w = k * etp + r, X // n
+                glob[e * nle:(e + 1) * nle, slot * w:(slot + 1) * w] = part
+        return glob.transpose(-1, -2).reshape(H, -1), glob
+    glob = torch.full((E, H, X * etp), float("nan"), dtype=any_t.dtype)
+    for (r, e), t in pieces.items():
+        assert t.shape == (nle * X, H), (t.shape, H, nle, X)
+        glob[e * nle:(e + 1) * nle, :, r * X:(r + 1) * X] = t.view(nle, X, H).transpose(-1, -2)
+    return glob.transpose(-1, -2).reshape(-1, H), glob
+
+
 def merge(pieces, kind, size, is_expert):
     """pieces: {(tp, ep): tensor}. TP (ETP for experts) shards merge by kind; other copies
     (EP replicas of dense params, TP replicas) must be equal."""
@@ -310,7 +345,16 @@ def check_case(case_dir):
             ex = _is_expert(n)
             size = lay.etp if ex else lay.tp
             try:
-                t = merge(frags[state][n], kind, size, ex)
+                if kind in ("gmm1", "gmm2"):
+                    t, glob = merge_grouped(frags[state][n], kind, size, lay.ep, lay.E,
+                                            args.hidden_size, args.swiglu)
+                    if len(frags[state][n]) != size * lay.ep:
+                        errs.append(f"{state} {n}: {len(frags[state][n])} pieces, not ETP x EP")
+                    parts = truth.get("expert_parts", {})
+                    if state == "fp32" and not torch.equal(glob, parts.get(n, torch.zeros(0))):
+                        errs.append(f"{n}: per-expert weights differ from truth['expert_parts']")
+                else:
+                    t = merge(frags[state][n], kind, size, ex)
             except AssertionError as e:
                 errs.append(f"{state} {n}: {e}")
                 continue
@@ -324,10 +368,14 @@ def check_case(case_dir):
                             f"{None if want is None else tuple(want.shape)})")
             if state == "fp32":
                 copies = len(frags[state][n])
-                pat = _pattern(kind, size, copies)
+                pat = _pattern(kind, size, copies, lay.ep)
                 if pat != truth["patterns"][n]:
                     errs.append(f"{n}: pattern {pat} != truth {truth['patterns'][n]}")
-                w = merge(weights[n], kind, size, ex)
+                if kind in ("gmm1", "gmm2"):
+                    w, _ = merge_grouped(weights[n], kind, size, lay.ep, lay.E, args.hidden_size,
+                                         args.swiglu)
+                else:
+                    w = merge(weights[n], kind, size, ex)
                 if kind == "vocab":
                     w = w[:V]
                 if not torch.equal(w, want.to(w.dtype)):
@@ -352,7 +400,10 @@ def check_case(case_dir):
     return errs
 
 
-def _pattern(kind, size, copies):
+def _pattern(kind, size, copies, ep=1):
+    if kind in ("gmm1", "gmm2"):
+        # several experts x (gate, up) slices per rank at ETP > 1; whole experts at ETP 1
+        return "Shard-NC" if size > 1 else ("Shard-V" if ep > 1 else "Unique")
     if size > 1:
         if kind in ("vocab", "col", "qkv"):
             return "Shard-V"

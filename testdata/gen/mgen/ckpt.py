@@ -178,12 +178,16 @@ def make_args(cfg, topo, Vp, *, iteration, fp16, distopt, bucket_size, overlap, 
             num_experts=cfg.experts or None,
             moe_ffn_hidden_size=cfg.moe_ffn or None,
             moe_router_topk=2,
-            moe_grouped_gemm=cfg.experts > 0 and cfg.moe_impl == "grouped",
+            moe_grouped_gemm=cfg.experts > 0 and cfg.moe_impl in ("grouped", "legacy_grouped"),
             moe_router_enable_expert_bias=cfg.expert_bias,
             attention_backend=enums.AttnBackend.auto,
             use_legacy_models=False,
             main_grads_dtype=torch.float32,
         )
+        if cfg.experts and cfg.moe_impl == "legacy_grouped":
+            # TE spec picks GroupedMLP over TEGroupedMLP with --moe-use-legacy-grouped-gemm
+            # (core_v0.16.1 transformer_engine_spec_provider.py grouped_mlp_modules).
+            s["moe_use_legacy_grouped_gemm"] = True
     elif era == "core_v0.6":
         s.update(expert_model_parallel_size=topo.ep, num_experts=cfg.experts or None,
                  use_mcore_models=True, use_dist_ckpt=False, dist_ckpt_format="torch_dist")

@@ -47,6 +47,11 @@ LR, MIN_LR, WD = 3e-4, 3e-5, 0.1
 
 
 def _tp_attrs(e: model.Entry):
+    # GroupedMLP: _initialize_affine_weight_gpu(weight1, partition_dim=1) / (weight2, 0)
+    if e.split == "gmm1":
+        return (True, 1, 1)
+    if e.split == "gmm2":
+        return (True, 0, 1)
     if e.split in ("col", "qkv", "vocab", "swiglu"):
         return (True, 0, 1)
     if e.split == "row":
@@ -63,6 +68,10 @@ def _nest(d: dict, path, value):
 def build(case: Case, out_dir: str) -> dict:
     cfg, topo = case.cfg, case.topo
     assert topo.etp_ in (topo.tp, 1)
+    # Experts are expert-parallel params (allreduce = False: own optimizer and DDP buffers) only
+    # with EP > 1 (layers.py / experts.py: allreduce = not (is_expert and expert_parallel)); the
+    # generator models that case only.
+    assert not cfg.experts or topo.ep > 1
     Vp = model.padded_vocab(cfg, topo.tp)
     st = model.build_full_state(cfg, Vp, case.seed)
     dtype = torch.float16 if case.fp16 else torch.bfloat16
@@ -110,11 +119,13 @@ def build(case: Case, out_dir: str) -> dict:
                             holders[en.atomic] = holders.get(en.atomic, 0) + 1
                             continue
                         size, rank = (topo.etp_, r % topo.etp_) if en.expert else (topo.tp, r)
-                        f32 = layout.shard(st.fp32[en.atomic], en.split, rank, size)
+                        cut = dict(ep=(e, topo.ep), experts=cfg.experts, gated=cfg.swiglu)
+                        f32 = layout.shard(st.fp32[en.atomic], en.split, rank, size, **cut)
                         rec = optim.PRec(
                             name=en.local_name, entry=en, fp32=f32,
-                            exp_avg=layout.shard(st.exp_avg[en.atomic], en.split, rank, size),
-                            exp_avg_sq=layout.shard(st.exp_avg_sq[en.atomic], en.split, rank, size),
+                            exp_avg=layout.shard(st.exp_avg[en.atomic], en.split, rank, size, **cut),
+                            exp_avg_sq=layout.shard(st.exp_avg_sq[en.atomic], en.split, rank, size,
+                                                    **cut),
                             dtype=dtype, tp_attrs=_tp_attrs(en))
                         recs.append(rec)
                         _nest(mdict, en.path, f32.to(dtype))
@@ -247,7 +258,8 @@ def _truth(case, cfg, topo, Vp, st, holders, files, buffer_meta, step):
         fp32[n], m[n], v[n] = cut(st.fp32[n]), cut(st.exp_avg[n]), cut(st.exp_avg_sq[n])
         shapes[n] = list(fp32[n].shape)
         size = topo.etp_ if en.expert else topo.tp
-        patterns[n] = layout.pattern(en.split, size, holders[n])
+        patterns[n] = layout.pattern(en.split, size, holders[n], ep=topo.ep, experts=cfg.experts,
+                                     gated=cfg.swiglu)
         splits[n] = en.split
     tied = not cfg.untie
     notes = list(case.notes)
@@ -291,7 +303,23 @@ def _truth(case, cfg, topo, Vp, st, holders, files, buffer_meta, step):
         "vocab_size": V, "meta": meta,
         "buffers": dict(st.buffers),
     }
+    if cfg.moe_impl == "legacy_grouped" and cfg.experts:
+        truth["expert_parts"] = _expert_parts(cfg, fp32)
     if cfg.gqa:
         # separate q/k/v (what an HF-style q_proj/k_proj/v_proj split of the fused tensor gives)
         truth["qkv_parts"] = st.qkv_parts
     return truth
+
+
+def _expert_parts(cfg, fp32):
+    """GroupedMLP weights as per-expert linear weights: what SequentialMLP / TEGroupedMLP hold and
+    what GroupedMLP.sharded_state_dict saves under experts.linear_fc1.weight [E, G*F, H] (gated
+    rows [gate; up]) and experts.linear_fc2.weight [E, H, F]: weight1.view(E, H, -1) and
+    weight2.view(E, -1, H), each transposed."""
+    out = {}
+    for n, t in fp32.items():
+        if n.endswith(".mlp.experts.weight1"):
+            out[n] = t.reshape(cfg.experts, t.shape[0], -1).transpose(1, 2).contiguous()
+        elif n.endswith(".mlp.experts.weight2"):
+            out[n] = t.reshape(cfg.experts, -1, t.shape[1]).transpose(1, 2).contiguous()
+    return out

@@ -46,7 +46,8 @@ class ModelCfg:
     spec: str = "te"  # te | local | legacy
     experts: int = 0
     moe_ffn: int = 0
-    moe_impl: str = "grouped"  # grouped (TEGroupedMLP weight{j}) | sequential (local_experts.{j})
+    moe_impl: str = "grouped"  # grouped (TEGroupedMLP weight{j}) | sequential (local_experts.{j}) |
+    #                            legacy_grouped (GroupedMLP: experts fused in weight1 / weight2)
     expert_bias: bool = False  # router.expert_bias persistent fp32 buffer
 
     @property
@@ -91,7 +92,7 @@ class Entry:
     path: Tuple[str, ...]  # nested dict path; mcore: 1 element
     kind: str  # param | buffer | extra
     atomic: Optional[str] = None  # global name of the param/buffer (global layer, global expert)
-    split: str = "rep"  # vocab | col | qkv | swiglu | row | rep
+    split: str = "rep"  # vocab | col | qkv | swiglu | row | rep | gmm1 | gmm2 (GroupedMLP)
     expert: bool = False  # split over EP (and ETP instead of TP)
     shape: Tuple[int, ...] = ()  # global shape (vocab rows padded)
     extra: str = ""  # extra-state flavour: te | none
@@ -174,7 +175,14 @@ def _layer(cfg: ModelCfg, Vp: int, experts: List[Tuple[int, int]]):
         if cfg.expert_bias:
             add("mlp.router.expert_bias", "buffer", "rep", (cfg.experts,))
         Fe = cfg.moe_ffn
-        if cfg.moe_impl == "grouped":
+        if cfg.moe_impl == "legacy_grouped":
+            # GroupedMLP (moe/experts.py, core <= 0.16.1): all local experts in two params
+            # registered weight1, weight2; no _extra_state. Global (TP = EP = 1) shapes:
+            # weight1 [H, E * fc1_rows] stored as [E, H, fc1_rows] (forward:
+            # weight1.view(num_local_experts, hidden, -1)), weight2 [E * Fe, H] as [E, Fe, H].
+            add("mlp.experts.weight1", "param", "gmm1", (H, cfg.experts * cfg.efc1_rows), True)
+            add("mlp.experts.weight2", "param", "gmm2", (cfg.experts * Fe, H), True)
+        elif cfg.moe_impl == "grouped":
             for j, e in experts:
                 add(f"mlp.experts.linear_fc1.weight{j}|{e}", "param", fc1, (cfg.efc1_rows, H), True)
             add("mlp.experts.linear_fc1._extra_state", "extra", extra="te")
