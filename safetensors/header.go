@@ -50,54 +50,78 @@ func parseHeader(b []byte) (*header, error) {
 	if !p.eat('{') {
 		return nil, p.errorf("header must be a JSON object, found %s", p.what())
 	}
-	if err := p.enter(); err != nil {
-		return nil, err
-	}
 	seen := map[string]bool{}
-	for first := true; ; first = false {
-		p.ws()
-		if p.eat('}') {
-			break
-		}
-		if !first {
-			if !p.eat(',') {
-				return nil, p.errorf("expected ',' or '}' in header object, found %s", p.what())
-			}
-			p.ws()
-		}
-		keyAt := p.i
-		key, err := p.str()
+	err := p.seq('}', "header object", func() error {
+		key, keyAt, err := p.key("key")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if seen[key] {
 			p.i = keyAt
-			return nil, p.errorf("duplicate key %q", key)
+			return p.errorf("duplicate key %q", key)
 		}
 		seen[key] = true
-		p.ws()
-		if !p.eat(':') {
-			return nil, p.errorf("expected ':' after key %q, found %s", key, p.what())
-		}
-		p.ws()
 		if key == metadataKey {
-			if h.metadata, err = p.metadata(); err != nil {
-				return nil, err
-			}
-			continue
+			h.metadata, err = p.metadata()
+			return err
 		}
 		e, err := p.entry(key)
 		if err != nil {
-			return nil, fmt.Errorf("tensor %q: %w", key, err)
+			return fmt.Errorf("tensor %q: %w", key, err)
 		}
 		h.entries = append(h.entries, e)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	p.depth--
 	p.ws()
 	if p.i != len(p.b) {
 		return nil, p.errorf("trailing characters after the header object (only whitespace may follow; pad with spaces)")
 	}
 	return h, nil
+}
+
+// seq parses the elements of an array or object whose opener was just
+// eaten: elem parses one element, commas separate them, closer ends them.
+// what names the container in errors.
+func (p *parser) seq(closer byte, what string, elem func() error) error {
+	if err := p.enter(); err != nil {
+		return err
+	}
+	for first := true; ; first = false {
+		p.ws()
+		if p.eat(closer) {
+			break
+		}
+		if !first {
+			if !p.eat(',') {
+				return p.errorf("expected ',' or '%c' in %s, found %s", closer, what, p.what())
+			}
+			p.ws()
+		}
+		if err := elem(); err != nil {
+			return err
+		}
+	}
+	p.depth--
+	return nil
+}
+
+// key parses an object member's `"key":` and returns the key and its
+// offset (for errors about the key itself); what names keys in errors.
+func (p *parser) key(what string) (string, int, error) {
+	at := p.i
+	k, err := p.str()
+	if err != nil {
+		return "", at, err
+	}
+	p.ws()
+	if !p.eat(':') {
+		return "", at, p.errorf("expected ':' after %s %q, found %s", what, k, p.what())
+	}
+	p.ws()
+	return k, at, nil
 }
 
 // metadata parses the __metadata__ value: null, or an object of strings.
@@ -108,45 +132,25 @@ func (p *parser) metadata() (map[string]string, error) {
 	if !p.eat('{') {
 		return nil, p.errorf("__metadata__ must be an object of strings, found %s", p.what())
 	}
-	if err := p.enter(); err != nil {
-		return nil, err
-	}
 	m := map[string]string{}
-	for first := true; ; first = false {
-		p.ws()
-		if p.eat('}') {
-			break
-		}
-		if !first {
-			if !p.eat(',') {
-				return nil, p.errorf("expected ',' or '}' in __metadata__, found %s", p.what())
-			}
-			p.ws()
-		}
-		keyAt := p.i
-		k, err := p.str()
+	err := p.seq('}', "__metadata__", func() error {
+		k, keyAt, err := p.key("__metadata__ key")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if _, dup := m[k]; dup {
 			p.i = keyAt
-			return nil, p.errorf("duplicate __metadata__ key %q", k)
+			return p.errorf("duplicate __metadata__ key %q", k)
 		}
-		p.ws()
-		if !p.eat(':') {
-			return nil, p.errorf("expected ':' after __metadata__ key %q, found %s", k, p.what())
-		}
-		p.ws()
 		if p.peek() != '"' {
-			return nil, p.errorf("__metadata__ value of %q must be a string, found %s", k, p.what())
+			return p.errorf("__metadata__ value of %q must be a string, found %s", k, p.what())
 		}
-		v, err := p.str()
-		if err != nil {
-			return nil, err
-		}
-		m[k] = v
+		m[k], err = p.str()
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	p.depth--
 	return m, nil
 }
 
@@ -158,95 +162,58 @@ func (p *parser) entry(name string) (rawEntry, error) {
 	if !p.eat('{') {
 		return e, p.errorf("tensor entry must be a JSON object, found %s", p.what())
 	}
-	if err := p.enter(); err != nil {
-		return e, err
-	}
-	var haveDType, haveShape, haveOffsets bool
-	var others map[string]bool
-	for first := true; ; first = false {
-		p.ws()
-		if p.eat('}') {
-			break
-		}
-		if !first {
-			if !p.eat(',') {
-				return e, p.errorf("expected ',' or '}' in tensor entry, found %s", p.what())
-			}
-			p.ws()
-		}
-		keyAt := p.i
-		k, err := p.str()
+	seen := map[string]bool{}
+	err := p.seq('}', "tensor entry", func() error {
+		k, keyAt, err := p.key("field")
 		if err != nil {
-			return e, err
+			return err
 		}
-		p.ws()
-		if !p.eat(':') {
-			return e, p.errorf("expected ':' after field %q, found %s", k, p.what())
+		if seen[k] {
+			p.i = keyAt
+			return p.errorf("duplicate field %q", k)
 		}
-		p.ws()
-		dup := false
+		seen[k] = true
 		switch k {
 		case "dtype":
-			dup, haveDType = haveDType, true
-			if !dup {
-				if p.peek() != '"' {
-					return e, p.errorf("dtype must be a string, found %s", p.what())
-				}
-				at := p.i
-				s, err := p.str()
-				if err != nil {
-					return e, err
-				}
-				d, ok := refDTypeByName(s)
-				if !ok {
-					p.i = at
-					return e, p.errorf("unknown dtype %q", s)
-				}
-				e.dtype = d
+			if p.peek() != '"' {
+				return p.errorf("dtype must be a string, found %s", p.what())
 			}
+			at := p.i
+			s, err := p.str()
+			if err != nil {
+				return err
+			}
+			d, ok := refDTypeByName(s)
+			if !ok {
+				p.i = at
+				return p.errorf("unknown dtype %q", s)
+			}
+			e.dtype = d
 		case "shape":
-			dup, haveShape = haveShape, true
-			if !dup {
-				if e.shape, err = p.uints("shape", -1); err != nil {
-					return e, err
-				}
-				if e.shape == nil {
-					e.shape = []uint64{}
-				}
+			if e.shape, err = p.uints("shape", -1); err != nil {
+				return err
+			}
+			if e.shape == nil {
+				e.shape = []uint64{}
 			}
 		case "data_offsets":
-			dup, haveOffsets = haveOffsets, true
-			if !dup {
-				offs, err := p.uints("data_offsets", 2)
-				if err != nil {
-					return e, err
-				}
-				e.begin, e.end = offs[0], offs[1]
+			offs, err := p.uints("data_offsets", 2)
+			if err != nil {
+				return err
 			}
+			e.begin, e.end = offs[0], offs[1]
 		default:
-			if others == nil {
-				others = map[string]bool{}
-			}
-			dup, others[k] = others[k], true
-			if !dup {
-				if err := p.skip(); err != nil {
-					return e, err
-				}
-			}
+			return p.skip()
 		}
-		if dup {
-			p.i = keyAt
-			return e, p.errorf("duplicate field %q", k)
-		}
+		return nil
+	})
+	if err != nil {
+		return e, err
 	}
-	p.depth--
-	switch {
-	case !haveDType:
-		return e, p.errorf("missing field \"dtype\"")
-	case !haveShape:
-		return e, p.errorf("missing field \"shape\"")
-	case !haveOffsets:
-		return e, p.errorf("missing field \"data_offsets\"")
+	for _, f := range []string{"dtype", "shape", "data_offsets"} {
+		if !seen[f] {
+			return e, p.errorf("missing field %q", f)
+		}
 	}
 	return e, nil
 }
@@ -257,28 +224,15 @@ func (p *parser) uints(field string, want int) ([]uint64, error) {
 	if !p.eat('[') {
 		return nil, p.errorf("%s must be an array of non-negative integers, found %s", field, p.what())
 	}
-	if err := p.enter(); err != nil {
+	var out []uint64
+	err := p.seq(']', field, func() error {
+		v, err := p.uint(field)
+		out = append(out, v)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	var out []uint64
-	for first := true; ; first = false {
-		p.ws()
-		if p.eat(']') {
-			break
-		}
-		if !first {
-			if !p.eat(',') {
-				return nil, p.errorf("expected ',' or ']' in %s, found %s", field, p.what())
-			}
-			p.ws()
-		}
-		v, err := p.uint(field)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	p.depth--
 	if want >= 0 && len(out) != want {
 		return nil, p.errorf("%s has %d elements, want %d", field, len(out), want)
 	}
@@ -322,42 +276,17 @@ func (p *parser) skip() error {
 	case c == '"':
 		_, err := p.str()
 		return err
-	case c == '{' || c == '[':
-		closer := byte('}')
-		if c == '[' {
-			closer = ']'
-		}
+	case c == '{':
 		p.i++
-		if err := p.enter(); err != nil {
-			return err
-		}
-		for first := true; ; first = false {
-			p.ws()
-			if p.eat(closer) {
-				break
-			}
-			if !first {
-				if !p.eat(',') {
-					return p.errorf("expected ',' or '%c', found %s", closer, p.what())
-				}
-				p.ws()
-			}
-			if c == '{' {
-				if _, err := p.str(); err != nil {
-					return err
-				}
-				p.ws()
-				if !p.eat(':') {
-					return p.errorf("expected ':', found %s", p.what())
-				}
-				p.ws()
-			}
-			if err := p.skip(); err != nil {
+		return p.seq('}', "an object", func() error {
+			if _, _, err := p.key("key"); err != nil {
 				return err
 			}
-		}
-		p.depth--
-		return nil
+			return p.skip()
+		})
+	case c == '[':
+		p.i++
+		return p.seq(']', "an array", p.skip)
 	case c == '-' || (c >= '0' && c <= '9'):
 		return p.number()
 	case p.lit("true"), p.lit("false"), p.lit("null"):

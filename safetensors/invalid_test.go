@@ -80,7 +80,7 @@ func invalidCases() []invalidCase {
 		{"exponent without digits", fileOf(`{"m":{"x":1e+,"dtype":"U8","shape":[0],"data_offsets":[0,0]}}`, nil), ErrJSON, "no digits in exponent"},
 		{"lone minus", fileOf(`{"m":{"x":-,"dtype":"U8","shape":[0],"data_offsets":[0,0]}}`, nil), ErrJSON, "invalid number"},
 		{"bad literal", fileOf(`{"m":{"x":nul,"dtype":"U8","shape":[0],"data_offsets":[0,0]}}`, nil), ErrJSON, "expected a JSON value, found null"},
-		{"bad object in unknown field", fileOf(`{"m":{"x":{"k" 1},"dtype":"U8","shape":[0],"data_offsets":[0,0]}}`, nil), ErrJSON, "expected ':', found a number"},
+		{"bad object in unknown field", fileOf(`{"m":{"x":{"k" 1},"dtype":"U8","shape":[0],"data_offsets":[0,0]}}`, nil), ErrJSON, `expected ':' after key "k", found a number`},
 		{"metadata missing colon", fileOf(`{"__metadata__":{"k" "v"}}`, nil), ErrJSON, `expected ':' after __metadata__ key "k"`},
 		{"bad number in unknown field", fileOf(`{"a":{"x":01,"dtype":"U8","shape":[0],"data_offsets":[0,0]}}`, nil), ErrJSON, "expected ',' or '}' in tensor entry"},
 
