@@ -17,11 +17,11 @@ import (
 	"io"
 	"math"
 	"math/bits"
-	"os"
 	"slices"
 	"unicode/utf8"
 
 	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // MaxHeaderSize is the largest header the reference accepts (bytes).
@@ -82,18 +82,8 @@ type File struct {
 
 // Open opens and validates a safetensors file. Close it when done.
 func Open(path string) (*File, error) {
-	f, err := os.Open(path)
+	sf, f, err := fsutil.OpenReaderAt(path, Read)
 	if err != nil {
-		return nil, err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	sf, err := Read(f, st.Size(), path)
-	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	sf.closer = f

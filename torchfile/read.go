@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -52,18 +52,8 @@ type File struct {
 
 // Open opens a torch.save file by path. Close it when done.
 func Open(path string) (*File, error) {
-	f, err := os.Open(path)
+	tf, f, err := fsutil.OpenReaderAt(path, Read)
 	if err != nil {
-		return nil, err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	tf, err := Read(f, st.Size(), path)
-	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	tf.closer = f

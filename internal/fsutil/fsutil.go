@@ -4,6 +4,7 @@ package fsutil
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -43,4 +44,26 @@ func SyncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// OpenReaderAt opens path and passes it to read as an io.ReaderAt of the
+// file's size; on success it also returns the open file for the caller
+// to close, on failure it closes the file itself.
+func OpenReaderAt[T any](path string, read func(r io.ReaderAt, size int64, name string) (T, error)) (T, *os.File, error) {
+	var zero T
+	f, err := os.Open(path)
+	if err != nil {
+		return zero, nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return zero, nil, err
+	}
+	v, err := read(f, st.Size(), path)
+	if err != nil {
+		f.Close()
+		return zero, nil, err
+	}
+	return v, f, nil
 }
