@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/truth"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
@@ -16,20 +17,13 @@ import (
 )
 
 func TestFixtures(t *testing.T) {
-	torch := truth.NewTorchBatch(t)
-	for _, c := range truth.Cases(t, "deepspeed", 10) {
-		t.Run(c, func(t *testing.T) {
-			dir := truth.Fixture("deepspeed", c)
-			tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dst := truth.Convert(t, tbl, 2)
-			truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
-			torch.Add(t, c, dst, filepath.Join(dir, "truth.pt"), "")
-		})
-	}
-	torch.Run(t)
+	truth.ConvertCases(t, "deepspeed", 10, func(t *testing.T, dir string) *fragment.Table {
+		tbl, err := Index(context.Background(), dir, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tbl
+	}, nil)
 }
 
 // TestMegatronPatterns checks the patterns the Megatron-DeepSpeed TP case

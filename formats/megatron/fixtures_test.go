@@ -34,28 +34,20 @@ func index(t *testing.T, dir string, o Options) *fragment.Table {
 // with real torch; the patterns, the order of the parameters and the
 // carried buffers must match the truth too.
 func TestFixtures(t *testing.T) {
-	torch := truth.NewTorchBatch(t)
-	for _, c := range truth.Cases(t, "megatron", 15) {
-		t.Run(c, func(t *testing.T) {
-			dir := truth.Fixture("megatron", c)
-			tp := filepath.Join(dir, "truth.pt")
-			tbl := index(t, filepath.Join(dir, "checkpoint"), Options{})
-			if !Detect(filepath.Join(dir, "checkpoint")) {
-				t.Error("Detect is false")
-			}
-			tr, err := truth.Load(tp)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tr.Close()
-			checkPatterns(t, tbl, tr)
-			checkBuffers(t, tbl, tr)
-			dst := truth.Convert(t, tbl, 2)
-			truth.Check(t, dst, tp)
-			torch.Add(t, c, dst, tp, "")
-		})
-	}
-	torch.Run(t)
+	truth.ConvertCases(t, "megatron", 15, func(t *testing.T, dir string) *fragment.Table {
+		if !Detect(dir) {
+			t.Error("Detect is false")
+		}
+		return index(t, dir, Options{})
+	}, func(t *testing.T, tbl *fragment.Table, tp string) {
+		tr, err := truth.Load(tp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		checkPatterns(t, tbl, tr)
+		checkBuffers(t, tbl, tr)
+	})
 }
 
 // checkPatterns compares the names (in order), shapes and patterns of the

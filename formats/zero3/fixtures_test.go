@@ -15,20 +15,13 @@ import (
 )
 
 func TestFixtures(t *testing.T) {
-	torch := truth.NewTorchBatch(t)
-	for _, c := range truth.Cases(t, "zero3", 13) {
-		t.Run(c, func(t *testing.T) {
-			dir := truth.Fixture("zero3", c)
-			tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dst := truth.Convert(t, tbl, 2)
-			truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
-			torch.Add(t, c, dst, filepath.Join(dir, "truth.pt"), "")
-		})
-	}
-	torch.Run(t)
+	truth.ConvertCases(t, "zero3", 13, func(t *testing.T, dir string) *fragment.Table {
+		tbl, err := Index(context.Background(), dir, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tbl
+	}, nil)
 }
 
 // TestPaperPadding: 1024 elements on DP 3 pad to 1026, 342 per rank.

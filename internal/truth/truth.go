@@ -282,6 +282,31 @@ func (b *TorchBatch) Run(tb testing.TB) {
 	}
 }
 
+// ConvertCases converts every case of testdata/fixtures/<format> (at
+// least min) with two workers and checks it bit for bit against its
+// truth.pt, with ucp's reader and then, all cases in one Python process,
+// with real torch. index builds a case's table from its checkpoint
+// folder; check, when not nil, runs format-specific checks of the table
+// against the truth file first.
+func ConvertCases(t *testing.T, format string, min int, index func(t *testing.T, checkpoint string) *fragment.Table,
+	check func(t *testing.T, tbl *fragment.Table, truthPath string)) {
+	torch := NewTorchBatch(t)
+	for _, c := range Cases(t, format, min) {
+		t.Run(c, func(t *testing.T) {
+			dir := Fixture(format, c)
+			tp := filepath.Join(dir, "truth.pt")
+			tbl := index(t, filepath.Join(dir, "checkpoint"))
+			if check != nil {
+				check(t, tbl, tp)
+			}
+			dst := Convert(t, tbl, 2)
+			Check(t, dst, tp)
+			torch.Add(t, c, dst, tp, "")
+		})
+	}
+	torch.Run(t)
+}
+
 // RepoRoot returns the module root (the folder with go.mod).
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
