@@ -19,10 +19,12 @@ all: build
 build:
 	$(GO) build -o $(BIN) ./cmd/ucp
 
-# The main job on the bundled example: inspect it, convert it, show one atomic file.
+# The main job on the bundled example: inspect it, convert it, show and verify the atomic result and one of its files.
 demo: build
 	$(BIN) inspect $(EXAMPLE)
 	$(BIN) convert --force $(EXAMPLE) $(OUT)/demo/atomic
+	$(BIN) inspect $(OUT)/demo/atomic
+	$(BIN) verify $(OUT)/demo/atomic
 	$(BIN) inspect $(OUT)/demo/atomic/zero/$$(ls $(OUT)/demo/atomic/zero | grep -v '\.pt$$' | head -1)/fp32.pt
 
 deps:
