@@ -57,6 +57,18 @@ type FileEntry struct {
 	CRC32 string `json:"crc32"`
 }
 
+// AllFiles lists every file the manifest covers: the state files of each
+// parameter in order, then the global files.
+func (m *Manifest) AllFiles() []FileEntry {
+	var out []FileEntry
+	for _, p := range m.Params {
+		for _, f := range p.Files {
+			out = append(out, f.FileEntry)
+		}
+	}
+	return append(out, m.Files...)
+}
+
 func newCRC() hash.Hash32 { return crc32.NewIEEE() }
 
 // ReadManifest reads DIR/ucp.json.

@@ -57,13 +57,8 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 			return nil, fmt.Errorf("%s: parameter %s is listed twice", filepath.Join(dir, ManifestName), p.Name)
 		}
 		r.params[p.Name] = i
-		for _, s := range p.Files {
-			if err := add(s.FileEntry); err != nil {
-				return nil, err
-			}
-		}
 	}
-	for _, f := range m.Files {
+	for _, f := range m.AllFiles() {
 		if err := add(f); err != nil {
 			return nil, err
 		}

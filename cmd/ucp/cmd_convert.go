@@ -206,19 +206,11 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 	secs := time.Since(start).Seconds()
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
 	fmt.Fprintf(out, "  %d parameters, %d files, %s read, %s written in %.2fs (index %.2fs): %.2f GB/s read, %.2f GB/s written\n",
-		len(m.Params), stateFiles(m)+len(m.Files), humanBytes(stats.BytesRead), humanBytes(stats.BytesWritten), secs,
+		len(m.Params), len(m.AllFiles()), humanBytes(stats.BytesRead), humanBytes(stats.BytesWritten), secs,
 		indexed.Seconds(), float64(stats.BytesRead)/secs/1e9, float64(stats.BytesWritten)/secs/1e9)
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}
-}
-
-func stateFiles(m *atomic.Manifest) int {
-	n := 0
-	for _, p := range m.Params {
-		n += len(p.Files)
-	}
-	return n
 }
 
 func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {

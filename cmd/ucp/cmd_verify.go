@@ -41,12 +41,7 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 	if err != nil {
 		return err
 	}
-	files := append([]atomic.FileEntry(nil), m.Files...)
-	for _, p := range m.Params {
-		for _, f := range p.Files {
-			files = append(files, f.FileEntry)
-		}
-	}
+	files := m.AllFiles()
 	var mu sync.Mutex
 	var bad []string
 	var total int64

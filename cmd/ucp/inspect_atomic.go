@@ -28,17 +28,13 @@ func inspectAtomic(out io.Writer, dir string, asJSON bool) error {
 	if asJSON {
 		return writeJSON(out, m)
 	}
-	var files, bytes int64
-	for _, f := range m.Files {
-		files, bytes = files+1, bytes+f.Bytes
-	}
-	for _, p := range m.Params {
-		for _, f := range p.Files {
-			files, bytes = files+1, bytes+f.Bytes
-		}
+	files := m.AllFiles()
+	var bytes int64
+	for _, f := range files {
+		bytes += f.Bytes
 	}
 	d := m.Source.Degrees
-	fmt.Fprintf(out, "%s: atomic checkpoint (version %d), %d parameters, %d files, %s\n", dir, m.Version, len(m.Params), files, humanBytes(bytes))
+	fmt.Fprintf(out, "%s: atomic checkpoint (version %d), %d parameters, %d files, %s\n", dir, m.Version, len(m.Params), len(files), humanBytes(bytes))
 	fmt.Fprintf(out, "converted from %s %s", m.Source.Format, m.Source.Path)
 	if m.Source.Tag != "" {
 		fmt.Fprintf(out, " (tag %s)", m.Source.Tag)
