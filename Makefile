@@ -10,6 +10,7 @@ OUT      ?= out
 ifeq ($(CI),true)
 export UCP_REQUIRE_TORCH  := 1
 export UCP_REQUIRE_SHARED := 1
+export UCP_REQUIRE_TORCH2 := 1
 endif
 
 .PHONY: all build demo test deps fixtures bench fuzz lint clean

@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# Installs what the tests need beyond Go: Debian's python3-torch (real torch
-# checks fixtures and reads what ucp writes) and make. Idempotent; quiet when
-# everything is present.
+# Installs what the tests need beyond Go: make, Debian's python3-torch 1.13
+# (real torch checks fixtures and reads what ucp writes), and, as root, the
+# Debian 13 chroot with real torch 2.x and safetensors (scripts/torch2-chroot.sh,
+# built once and reused). Idempotent; quiet when everything is present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 need=()
 command -v make >/dev/null 2>&1 || need+=(make)
 /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
-[ ${#need[@]} -eq 0 ] && exit 0
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
-    echo "deps: missing ${need[*]} and not root; real-torch checks will be skipped" >&2
-    exit 0
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "deps: missing ${need[*]} and not root; real-torch checks will be skipped" >&2
+      exit 0
+    fi
+  fi
+  echo "deps: installing ${need[*]} with apt-get" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt=($sudo apt-get -o DPkg::Lock::Timeout=600)
+  "${apt[@]}" update -qq
+  # A first install on a fresh machine has been seen to fail in dpkg's configure
+  # step; finishing the configuration and trying once more succeeds.
+  if ! "${apt[@]}" install -y -qq --no-install-recommends "${need[@]}" >/dev/null; then
+    $sudo dpkg --configure -a || true
+    "${apt[@]}" install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
 fi
-echo "deps: installing ${need[*]} with apt-get" >&2
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if [ "$(id -u)" -eq 0 ]; then
+  ./scripts/torch2-chroot.sh build
+fi
