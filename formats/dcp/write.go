@@ -3,9 +3,6 @@ package dcp
 import (
 	"fmt"
 	"hash/crc32"
-	"math"
-
-	"github.com/x448/float16"
 
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/pyobj"
@@ -149,33 +146,5 @@ func saveBytes(v pyobj.Value) ([]byte, error) {
 	return buf, nil
 }
 
-// fromFloat32 converts little-endian float32 elements to dt in place of
-// dst (len(src)/4 elements of dt): float32 is copied, bfloat16 and float16
-// round to nearest even as torch's .to() does.
-func fromFloat32(dst, src []byte, dt dtype.DType) error {
-	n := len(src) / 4
-	switch dt {
-	case dtype.Float32:
-		copy(dst, src)
-	case dtype.BFloat16:
-		for i := 0; i < n; i++ {
-			u := uint32(src[4*i]) | uint32(src[4*i+1])<<8 | uint32(src[4*i+2])<<16 | uint32(src[4*i+3])<<24
-			var h uint16
-			if u&0x7f800000 == 0x7f800000 && u&0x007fffff != 0 {
-				h = 0x7fc0 | uint16(u>>16)&0x8000 // NaN stays a quiet NaN with its sign
-			} else {
-				h = uint16((u + 0x7fff + (u>>16)&1) >> 16)
-			}
-			dst[2*i], dst[2*i+1] = byte(h), byte(h>>8)
-		}
-	case dtype.Float16:
-		for i := 0; i < n; i++ {
-			u := uint32(src[4*i]) | uint32(src[4*i+1])<<8 | uint32(src[4*i+2])<<16 | uint32(src[4*i+3])<<24
-			h := float16.Fromfloat32(math.Float32frombits(u)).Bits()
-			dst[2*i], dst[2*i+1] = byte(h), byte(h>>8)
-		}
-	default:
-		return fmt.Errorf("cannot write %v tensors (float32, bfloat16 or float16)", dt)
-	}
-	return nil
-}
+// fromFloat32 converts float32 elements to dt as torch's .to() does.
+func fromFloat32(dst, src []byte, dt dtype.DType) error { return dtype.FromFloat32(dst, src, dt) }

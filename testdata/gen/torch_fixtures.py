@@ -26,6 +26,7 @@ JSON value encoding (typed, because JSON cannot tell int/float/tuple apart):
 Per file: {"file","format","prefix","root","storages":{key:{dtype,numel,hex}}}.
 
 convert.json + convert_*.bin check dtype.ToFloat32 against torch's .float();
+cast.json checks dtype.FromFloat32 against torch's .to(bfloat16/float16);
 pickle_protoN.pkl + pickles.json check pyobj's unpickler against CPython's
 pickle at protocols 0-5. Consumers: torchfile/fixtures_test.go,
 dtype/torch_test.go, pyobj/unpickle_test.go; testdata/corrupt/ is derived
@@ -506,6 +507,45 @@ def convert_fixture():
     write_json(os.path.join(OUT, "convert.json"), doc)
 
 
+# Low halves of the float32 inputs of cast.json: every high half (sign,
+# exponent, top 7 mantissa bits) with each of these covers the bfloat16
+# ties (0x8000) and the float16 ties (bit 12) with odd and even neighbours.
+CAST_LOWS = [0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x0FFF, 0x1000, 0x1001,
+             0x2000, 0x3000, 0x5000, 0xE000]
+
+
+def cast_inputs():
+    """The float32 bit patterns of cast.json, high half major; dtype/round_test.go
+    builds the same list."""
+    hi = torch.arange(65536, dtype=torch.int64).repeat_interleave(len(CAST_LOWS))
+    lo = torch.tensor(CAST_LOWS, dtype=torch.int64).repeat(65536)
+    return (hi << 16) | lo
+
+
+def cast_fixture():
+    """dtype.FromFloat32 vs torch's Tensor.to(bfloat16 / float16): SHA-256 of
+    torch's output bytes plus CRC-32 per 4096-element chunk. float16 leaves
+    NaN inputs out (torch 1.13 and 2.x round NaN payloads differently)."""
+    bits = cast_inputs()
+    doc = {"note": "expected = torch %s Tensor.to(dtype) on this machine" % torch.__version__,
+           "lows": CAST_LOWS}
+
+    def expect(u):
+        f = torch.from_numpy(u.numpy().astype(np.uint32).view(np.float32).copy())
+        out = {}
+        for name, dt in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+            x = f
+            if dt == torch.float16:
+                x = f[~torch.isnan(f)]
+            b = tensor_bytes(x.to(dt))
+            crcs = ["%08x" % zlib.crc32(b[i:i + 2 * 4096]) for i in range(0, len(b), 2 * 4096)]
+            out[name] = {"n": x.numel(), "sha256": hashlib.sha256(b).hexdigest(), "chunk_crc32": crcs}
+        return out
+
+    doc.update(expect(bits))
+    write_json(os.path.join(OUT, "cast.json"), doc)
+
+
 def pickle_fixture():
     """pickle_protoN.pkl: plain Python values pickled by CPython at protocols
     0-5 (no torch), and pickles.json with the value CPython reads back from
@@ -558,6 +598,7 @@ def main():
     save_fixture("bytesio.pt", obj_views(), via_bytesio=True)
     save_fixture("many.v1.pt", collections.OrderedDict(w=torch.arange(3, dtype=torch.float32)))
     convert_fixture()
+    cast_fixture()
     pickle_fixture()
 
 
