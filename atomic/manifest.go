@@ -28,6 +28,8 @@ type SourceInfo struct {
 	Path    string           `json:"path"`
 	Tag     string           `json:"tag,omitempty"`
 	Degrees fragment.Degrees `json:"degrees"`
+	DType   string           `json:"dtype,omitempty"` // training dtype, when the source tells it
+	Args    map[string]any   `json:"args,omitempty"`  // saved training arguments (scalars)
 }
 
 // ParamEntry describes one parameter and its files.
@@ -38,6 +40,7 @@ type ParamEntry struct {
 	Pattern     string       `json:"pattern"`
 	SplitDims   []int        `json:"split_dims,omitempty"` // -1: a flattened tensor split in ranges
 	Frozen      bool         `json:"frozen,omitempty"`
+	SourceDType string       `json:"source_dtype,omitempty"` // frozen parameters and buffers: the stored dtype
 	VocabSize   int64        `json:"vocab_size,omitempty"`
 	PaddedVocab int64        `json:"padded_vocab_size,omitempty"`
 	Aliases     []string     `json:"aliases,omitempty"`

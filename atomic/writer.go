@@ -350,12 +350,16 @@ func (w *Writer) Finalize() (*Manifest, error) {
 		}
 	}
 	m := &Manifest{Format: ManifestFormat, Version: ManifestVersion, Tool: w.opt.Tool,
-		Source: SourceInfo{Format: w.table.Format, Path: w.table.Source, Tag: w.table.Tag, Degrees: w.table.Degrees},
-		Notes:  w.table.Notes}
+		Source: SourceInfo{Format: w.table.Format, Path: w.table.Source, Tag: w.table.Tag, Degrees: w.table.Degrees,
+			DType: w.table.DType, Args: w.table.Args},
+		Notes: w.table.Notes}
 	for pi, p := range w.table.Params {
 		kind, dims := patterns.Classify(p)
 		pe := ParamEntry{Name: p.Name, Shape: append([]int64{}, p.Shape...), DType: "float32", Pattern: kind.String(),
 			SplitDims: dims, Frozen: p.Frozen, Aliases: p.Info.Aliases}
+		if st := p.State(fragment.FP32); p.Frozen && st != nil && len(st.Frags) > 0 && st.Frags[0].Src.T != nil {
+			pe.SourceDType = st.Frags[0].Src.DType().String()
+		}
 		if p.Info.VocabSize > 0 {
 			pe.VocabSize, pe.PaddedVocab = p.Info.VocabSize, p.Info.PaddedVocab
 		}

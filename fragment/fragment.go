@@ -201,6 +201,12 @@ type Table struct {
 	WriteFiles []ValueFile
 	// Notes are facts the reader wants the user to see (padding kept, ...).
 	Notes []string
+	// DType is the model's training dtype ("bfloat16", ...) when the
+	// source tells it, and Args its saved training arguments (scalar
+	// values by name, see ScalarArgs), for exports that need the model's
+	// geometry (Hugging Face config.json).
+	DType string
+	Args  map[string]any
 }
 
 // CopyFile is a file copied unchanged into the output.

@@ -24,12 +24,13 @@ type exportOptions struct {
 	Force    bool
 	Verify   bool
 	Quiet    bool
+	hfOptions
 }
 
 func newExportCommand() *cobra.Command {
 	var opts exportOptions
 	cmd := &cobra.Command{
-		Use:   "export ATOMIC DST --to dcp",
+		Use:   "export ATOMIC DST --to dcp|hf|torch",
 		Short: "Write an atomic checkpoint in a training framework's format",
 		Long: `Write the atomic checkpoint in ATOMIC (made by 'ucp convert') to DST in the
 format named by --to.
@@ -41,16 +42,27 @@ model and optimizer of the same shapes: <model-key>.<param> for the weights,
 the extra state's values at their keys, and the param groups. Every tensor is
 split in --shards chunks along dim 0 (torch.chunk sizes, as FSDP2 shards it),
 chunk r of every tensor in __r_0.distcp. DST is written as DST.partial,
-.metadata last, and renamed when complete.`,
+.metadata last, and renamed when complete.
+
+--to hf writes a Hugging Face model folder: model.safetensors, or
+model-0000i-of-0000n.safetensors shards (--max-shard-size, 5GB by default)
+and model.safetensors.index.json. --to torch writes pytorch_model.bin (or
+its shards and pytorch_model.bin.index.json) instead. The weights are the
+fp32 master weights cast to --dtype (default: the training dtype the
+manifest records, else float32); optimizer states are left out. --arch
+llama renames Megatron GPT models to LlamaForCausalLM names (QKV and fc1
+split) and writes config.json; --params REGEX exports a subset.`,
 		Example: `  ucp export out/atomic out/dcp --to dcp
-  ucp export --to dcp --shards 8 --dtype bfloat16 atomic/ dcp/`,
+  ucp export --to dcp --shards 8 --dtype bfloat16 atomic/ dcp/
+  ucp export --to hf --arch llama --dtype bfloat16 atomic/ hf/`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.DTypeSet = cmd.Flags().Changed("dtype")
 			return runExport(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.To, "to", "", "target format (dcp)")
+	f.StringVar(&opts.To, "to", "", "target format (dcp, hf, torch)")
 	f.IntVar(&opts.Shards, "shards", 1, "chunks per tensor along dim 0, one rank file each")
 	f.StringVar(&opts.DType, "dtype", "float32", "dtype of the written weights and optimizer states (float32, bfloat16, float16)")
 	f.StringVar(&opts.ModelKey, "model-key", "model", "top-level key of the model state dict")
@@ -59,16 +71,19 @@ chunk r of every tensor in __r_0.distcp. DST is written as DST.partial,
 	f.BoolVar(&opts.Force, "force", false, "replace DST if it exists")
 	f.BoolVar(&opts.Verify, "verify", true, "check every atomic file's CRC-32 against the manifest before using it")
 	f.BoolVar(&opts.Quiet, "quiet", false, "no summary")
+	addHFFlags(f, &opts.hfOptions)
 	return cmd
 }
 
 func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportOptions) error {
 	switch opts.To {
 	case "dcp":
+	case "hf", "torch":
+		return runExportHF(ctx, out, src, dst, opts)
 	case "":
-		return fmt.Errorf("--to is required (one of: dcp)")
+		return fmt.Errorf("--to is required (one of: dcp, hf, torch)")
 	default:
-		return fmt.Errorf("unknown target format %q (known: dcp)", opts.To)
+		return fmt.Errorf("unknown target format %q (known: dcp, hf, torch)", opts.To)
 	}
 	if opts.Shards <= 0 {
 		return fmt.Errorf("--shards must be at least 1")

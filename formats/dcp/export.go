@@ -153,23 +153,8 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 	if _, err := Open(ctx, tmp, Options{Workers: opt.Workers}); err != nil {
 		return fail(fmt.Errorf("the written checkpoint does not read back: %w", err))
 	}
-	if !opt.NoSync {
-		if err := fsutil.SyncDir(tmp); err != nil {
-			return fail(err)
-		}
-	}
-	if opt.Force {
-		if err := os.RemoveAll(dst); err != nil {
-			return fail(err)
-		}
-	}
-	if err := os.Rename(tmp, dst); err != nil {
+	if err := fsutil.PublishDir(tmp, dst, opt.Force, opt.NoSync); err != nil {
 		return fail(err)
-	}
-	if !opt.NoSync {
-		if err := fsutil.SyncDir(filepath.Dir(dst)); err != nil {
-			return nil, err
-		}
 	}
 	stats.Files = opt.Shards
 	stats.Bytes = int64(len(pkl))

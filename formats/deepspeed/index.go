@@ -153,6 +153,14 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err := b.build(); err != nil {
 		return nil, err
 	}
+	// Megatron-DeepSpeed saves its training arguments with the model state.
+	if v, ok := models[0].root.Get("args"); ok {
+		b.table.Args = fragment.ScalarArgs(v)
+		b.table.DType = fragment.TrainingDType(b.table.Args)
+	}
+	if b.table.DType == "" {
+		b.table.DType = moduleDType(models[0].root)
+	}
 	o00 := optims[[2]int{0, 0}]
 	b.table.Degrees = fragment.Degrees{TP: T, PP: P, DP: D, EP: 1, ZeRO: o00.stage}
 	if b.table.Optimizer, err = universalOptimizerState(o00, D); err != nil {
@@ -774,4 +782,21 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 	}
 	b.table.Params = append(b.table.Params, p)
 	return nil
+}
+
+// moduleDType is the dtype of the first floating-point tensor of the saved
+// module (the weights in the training dtype), or "".
+func moduleDType(root *pyobj.Dict) string {
+	v, _ := root.Get("module")
+	d, ok := v.(*pyobj.Dict)
+	if !ok {
+		return ""
+	}
+	for i := 0; i < d.Len(); i++ {
+		_, val := d.Item(i)
+		if t, ok := val.(*torchfile.Tensor); ok && t.DType.IsFloat() {
+			return t.DType.String()
+		}
+	}
+	return ""
 }

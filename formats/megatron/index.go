@@ -93,6 +93,8 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		return nil, err
 	}
 	b.globals()
+	b.table.Args = fragment.ScalarArgs(a.ns)
+	b.table.DType = fragment.TrainingDType(b.table.Args)
 	return b.table, nil
 }
 

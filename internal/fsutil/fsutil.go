@@ -67,3 +67,27 @@ func OpenReaderAt[T any](path string, read func(r io.ReaderAt, size int64, name 
 	}
 	return v, f, nil
 }
+
+// PublishDir makes the complete folder tmp appear as dst: tmp is synced,
+// dst removed first when replace is set, tmp renamed, and the parent
+// synced. On an error before the rename, tmp is left for the caller to
+// remove.
+func PublishDir(tmp, dst string, replace, noSync bool) error {
+	if !noSync {
+		if err := SyncDir(tmp); err != nil {
+			return err
+		}
+	}
+	if replace {
+		if err := os.RemoveAll(dst); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	if !noSync {
+		return SyncDir(filepath.Dir(dst))
+	}
+	return nil
+}
