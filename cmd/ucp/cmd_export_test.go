@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ucp-project/ucp/formats/dcp"
 	"github.com/ucp-project/ucp/internal/truth"
 )
 
@@ -131,4 +132,56 @@ func zeroFiles(t *testing.T, dir string) map[string][]byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// A DeepSpeed source's param groups (flat-group ids) are written to DCP
+// with the parameters named by order: group 0 holds the decayed weights,
+// group 1 the biases and norms of z1_twogroups_dp3.
+func TestExportDCPDeepSpeedParamGroups(t *testing.T) {
+	ctx := context.Background()
+	tmp := t.TempDir()
+	a := filepath.Join(tmp, "atomic")
+	if err := runConvert(ctx, io.Discard, io.Discard, truth.Fixture("deepspeed", "z1_twogroups_dp3", "checkpoint"), a,
+		convertOptions{Workers: 2, CheckReplicas: true, Quiet: true}); err != nil {
+		t.Fatal(err)
+	}
+	d := filepath.Join(tmp, "dcp")
+	var out bytes.Buffer
+	if err := runExport(ctx, &out, a, d, exportOptions{To: "dcp", Shards: 1, DType: "float32", ModelKey: "model", Workers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "param groups not written") {
+		t.Fatalf("summary: %s", out.String())
+	}
+	c, err := dcp.Open(ctx, d, dcp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(d, "__0_0.distcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		"optim.param_groups.0.params": {"'embed.weight'", "blocks.1.fc2.weight", "head.weight"},
+		"optim.param_groups.1.params": {"blocks.0.ln.bias", "ln_f.weight", "head.bias"},
+	}
+	for _, s := range c.Meta.Storage {
+		names, ok := want[s.Index.FQN]
+		if !ok {
+			continue
+		}
+		delete(want, s.Index.FQN)
+		item := string(data[s.Info.Offset : s.Info.Offset+s.Info.Length])
+		for _, n := range names {
+			if !strings.Contains(item, strings.Trim(n, "'")) {
+				t.Errorf("%s does not name %s", s.Index.FQN, n)
+			}
+		}
+		if s.Index.FQN == "optim.param_groups.0.params" && strings.Contains(item, "bias") {
+			t.Errorf("group 0 names a bias")
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("missing keys %v", want)
+	}
 }

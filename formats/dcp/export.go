@@ -315,7 +315,15 @@ func exportKeys(r *atomic.Reader, opt ExportOptions, stats *ExportStats) ([]*out
 			return nil, err
 		}
 		pg, _ := pyobj.Path(v, "param_groups")
-		if ok, why := namedGroups(pg, trained); ok {
+		ok, why := namedGroups(pg, trained)
+		if !ok {
+			if named, err := groupsByOrder(r, pg, trained); err == nil {
+				pg, ok = named, true
+			} else {
+				why += "; " + err.Error()
+			}
+		}
+		if ok {
 			leaves, err := flatten(pyobj.DictOf(opt.OptimKey, pyobj.DictOf("param_groups", pg)))
 			if err != nil {
 				return nil, err
@@ -667,4 +675,79 @@ func exportMetadata(keys []*outKey, opt ExportOptions, dst string) *Metadata {
 		md.Storage = append(md.Storage, s.e)
 	}
 	return md
+}
+
+// groupsByOrder names the parameters of DeepSpeed's param groups, whose
+// params are flat-group ids, by parameter order: group i holds the
+// parameters of the model states' param_shapes[i], in order (the model
+// states of every stage, copied into the atomic checkpoint).
+func groupsByOrder(r *atomic.Reader, pg pyobj.Value, trained map[string]bool) (pyobj.Value, error) {
+	groups, ok := pyobj.Seq(pg)
+	if !ok || len(groups) == 0 {
+		return nil, fmt.Errorf("no param_groups list")
+	}
+	names := make([][]string, len(groups))
+	seen := map[string]bool{}
+	found := false
+	for _, fe := range r.Manifest.Files {
+		if !strings.HasSuffix(fe.Path, "model_states.pt") {
+			continue
+		}
+		path := filepath.Join(r.Dir, filepath.FromSlash(fe.Path))
+		f, err := torchfile.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		ps, _ := pyobj.Path(f.Root, "param_shapes")
+		f.Close()
+		shapes, ok := pyobj.Seq(ps)
+		if !ok {
+			continue
+		}
+		if len(shapes) != len(groups) {
+			return nil, fmt.Errorf("%s: %d param_shapes groups for %d param groups", path, len(shapes), len(groups))
+		}
+		found = true
+		for i, s := range shapes {
+			d, ok := s.(*pyobj.Dict)
+			if !ok {
+				return nil, fmt.Errorf("%s: param_shapes[%d] is %s", path, i, pyobj.TypeName(s))
+			}
+			for _, k := range d.Keys() {
+				n, ok := k.(string)
+				if !ok || seen[n] || !trained[n] {
+					continue
+				}
+				seen[n] = true
+				names[i] = append(names[i], n)
+			}
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("no model states with param_shapes to name them by order")
+	}
+	out := &pyobj.List{}
+	for i, g := range groups {
+		d, ok := g.(*pyobj.Dict)
+		if !ok {
+			return nil, fmt.Errorf("param_groups[%d] is %s", i, pyobj.TypeName(g))
+		}
+		c := pyobj.NewDict(d.Kind)
+		for j := 0; j < d.Len(); j++ {
+			k, v := d.Item(j)
+			if k == "params" {
+				l := &pyobj.List{}
+				for _, n := range names[i] {
+					l.Items = append(l.Items, n)
+				}
+				v = l
+			}
+			c.Set(k, v)
+		}
+		out.Items = append(out.Items, c)
+	}
+	if ok, why := namedGroups(out, trained); !ok {
+		return nil, fmt.Errorf("named by order: %s", why)
+	}
+	return out, nil
 }
