@@ -68,7 +68,13 @@ rm -rf "$B/out1"
 T_UN=$(convert outn --workers "$CORES" --no-sync --report "$B/report-n.json")
 RSSN=$(json "$B/report-n.json" peak_rss_bytes)
 T_UNS=$(convert outs --workers "$CORES" --report "$B/report-s.json")
-rm -rf "$B/outs"
+# ucp export --to hf (bf16, synced) against cp -r; sync of the same output bytes.
+exphf() { rm -rf "$B/hf"; sync; "$UCP" export --quiet --force --to hf --dtype bfloat16 --memory "$MEM" --verify=false "$B/outs" "$B/hf"; }
+T_EX=$(best exphf)
+cphf() { rm -rf "$B/hfcp"; sync; cp -r "$B/hf" "$B/hfcp"; sync; }
+T_EXCP=$(best cphf)
+HF_BYTES=$(du -sb "$B/hf" | cut -f1)
+rm -rf "$B/outs" "$B/hf" "$B/hfcp"
 
 # Four simulated nodes: four processes sharing one output folder.
 rm -rf "$B/out4" "$B/out4.partial"; sync
@@ -98,6 +104,8 @@ printf '%-44s %8s %8s\n' "ucp convert --workers 1 --no-sync" "$T_U1" "$(ratio "$
 printf '%-44s %8s %8s\n' "ucp convert --workers $CORES --no-sync" "$T_UN" "$(ratio "$T_UN" "$T_CP")"
 printf '%-44s %8s %8s   (x cp -r; sync: %s)\n' "ucp convert --workers $CORES (synced)" "$T_UNS" "$(ratio "$T_UNS" "$T_CP")" "$(ratio "$T_UNS" "$T_CPS")"
 printf '%-44s %8s %8s\n' "4 nodes x 1 worker (processes), --no-sync" "$T_N4" "$(ratio "$T_N4" "$T_CP")"
+printf '%-44s %8s %8s   (x cp -r; sync of its %s: %s)\n' "ucp export --to hf --dtype bfloat16 (synced)" "$T_EX" "$(ratio "$T_EX" "$T_CP")" \
+  "$(awk -v b="$HF_BYTES" 'BEGIN{printf "%.2f GB", b/1e9}')" "$(ratio "$T_EX" "$T_EXCP")"
 echo
 echo "peak RSS: $(awk -v a="$RSS1" 'BEGIN{printf "%.0f MB", a/1e6}') with 1 worker, $(awk -v a="$RSSN" 'BEGIN{printf "%.0f MB", a/1e6}') with $CORES (budget $MEM)"
 echo "4 nodes: output identical to 1 node: $SAME; bytes moved per node ${NODE_IO[*]} (spread ${SPREAD}%)"
