@@ -6,11 +6,11 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
-func newBar(w io.Writer, total int64) *progressbar.ProgressBar {
+func newBar(w io.Writer, label string, total int64) *progressbar.ProgressBar {
 	return progressbar.NewOptions64(total,
 		progressbar.OptionSetWriter(w),
 		progressbar.OptionShowBytes(true),
-		progressbar.OptionSetDescription("converting"),
+		progressbar.OptionSetDescription(label),
 		progressbar.OptionThrottle(100_000_000),
 		progressbar.OptionShowCount(),
 		progressbar.OptionClearOnFinish(),

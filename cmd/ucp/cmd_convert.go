@@ -135,7 +135,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return finalize(out, w, t, start, opts.Quiet)
 	}
 	srcBytes, outBytes := t.Bytes()
-	bar := newProgress(errOut, (srcBytes+outBytes)*int64(plan.NodeBytes[node])/max(sum(plan.NodeBytes), 1), opts.Quiet)
+	bar := newProgress(errOut, "converting", (srcBytes+outBytes)*int64(plan.NodeBytes[node])/max(sum(plan.NodeBytes), 1), opts.Quiet)
 	stats, err := mapreduce.Run(ctx, t, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
 		Progress: bar.add})
 	bar.finish()
@@ -244,11 +244,12 @@ type progress struct {
 	}
 }
 
-func newProgress(w io.Writer, total int64, quiet bool) *progress {
+// label says what the bar counts (converting, exporting).
+func newProgress(w io.Writer, label string, total int64, quiet bool) *progress {
 	if quiet || !isTerminal(w) {
 		return &progress{}
 	}
-	return &progress{bar: newBar(w, total)}
+	return &progress{bar: newBar(w, label, total)}
 }
 
 func (p *progress) add(read, written int64) {

@@ -66,7 +66,7 @@ func runExportHF(ctx context.Context, out io.Writer, src, dst string, opts expor
 	var bar *progress
 	o.Progress = func(total, read, written int64) {
 		if bar == nil {
-			bar = newProgress(os.Stderr, total, opts.Quiet)
+			bar = newProgress(os.Stderr, "exporting", total, opts.Quiet)
 			return
 		}
 		bar.add(read, written)
