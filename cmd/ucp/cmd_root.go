@@ -17,6 +17,7 @@ step.pt) with a manifest (ucp.json). Any target parallelism can load them.`,
 	}
 	root.AddCommand(
 		newConvertCommand(),
+		newDiffCommand(),
 		newExportCommand(),
 		newInspectCommand(),
 		newVerifyCommand(),
