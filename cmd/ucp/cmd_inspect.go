@@ -24,6 +24,9 @@ type inspectOptions struct {
 	Tag     string
 	Workers int
 	Values  bool
+	Filter  string
+	Layers  bool
+	All     bool
 }
 
 func newInspectCommand() *cobra.Command {
@@ -38,7 +41,8 @@ For a file it prints the tree of keys with each tensor's dtype, shape, size and
 where its bytes lie; no tensor data is read. For a checkpoint folder it detects
 the format and prints the parallel degrees and, per parameter, its sharding
 pattern, full shape, source dtype, split dims, fragments and padding. For an
-atomic checkpoint written by ucp convert it prints its manifest.`,
+atomic checkpoint written by ucp convert it prints its manifest.
+` + inspectHelp,
 		Example: `  ucp inspect checkpoint/global_step3/mp_rank_00_model_states.pt
   ucp inspect model.safetensors --json
   ucp inspect checkpoint/            # a DeepSpeed save folder with 'latest'
@@ -54,6 +58,9 @@ atomic checkpoint written by ucp convert it prints its manifest.`,
 	f.StringVar(&opts.Tag, "tag", "", "checkpoint tag or iteration to read (default: the latest)")
 	f.IntVar(&opts.Workers, "workers", 0, "files decoded at once (default: all cores)")
 	f.BoolVar(&opts.Values, "values", false, "also list non-tensor values of a file")
+	f.StringVar(&opts.Filter, "filter", "", "list only the parameters whose name matches this regular expression")
+	f.BoolVar(&opts.Layers, "layers", false, "list one line per layer kind (layer numbers collapsed) instead of every parameter")
+	f.BoolVar(&opts.All, "all", false, "list every parameter, however many")
 	return cmd
 }
 
@@ -73,7 +80,7 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 		if opts.JSON {
 			return writeJSON(out, checkpointReport(t))
 		}
-		return printCheckpoint(out, t)
+		return printCheckpointView(out, t, opts)
 	}
 	return inspectFile(out, path, opts)
 }
@@ -261,55 +268,6 @@ func checkpointReport(t *fragment.Table) checkpointJSON {
 		rep.Params = append(rep.Params, pr)
 	}
 	return rep
-}
-
-func printCheckpoint(out io.Writer, t *fragment.Table) error {
-	rep := checkpointReport(t)
-	d := t.Degrees
-	fmt.Fprintf(out, "%s: %s checkpoint", t.Source, t.Format)
-	if t.Tag != "" {
-		fmt.Fprintf(out, " (tag %s)", t.Tag)
-	}
-	fmt.Fprintf(out, "\nTP %d  PP %d  DP %d", d.TP, d.PP, d.DP)
-	if d.EP > 1 {
-		fmt.Fprintf(out, "  EP %d", d.EP)
-	}
-	if d.VPP > 1 {
-		fmt.Fprintf(out, "  VPP %d", d.VPP)
-	}
-	if d.ZeRO > 0 {
-		fmt.Fprintf(out, "  ZeRO-%d", d.ZeRO)
-	}
-	src, dst := t.Bytes()
-	fmt.Fprintf(out, "  %d parameters, %s of state to read, %s atomic\n\n", len(t.Params), humanBytes(src), humanBytes(dst))
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARAMETER\tPATTERN\tSHAPE\tDTYPE\tSPLIT\tSHARDS\tFRAGS\tPADDING\tSTATES")
-	for _, p := range rep.Params {
-		split := "-"
-		if len(p.SplitDims) > 0 {
-			parts := make([]string, len(p.SplitDims))
-			for i, d := range p.SplitDims {
-				parts[i] = fmt.Sprint(d)
-				if d < 0 {
-					parts[i] = "flat"
-				}
-			}
-			split = strings.Join(parts, ",")
-		}
-		name := p.Name
-		if p.Frozen {
-			name += " (frozen)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%d\t%d\t%d\t%s\n", name, p.Pattern, p.Shape, p.DType, split, p.Shards, p.Fragments, p.Padding,
-			strings.Join(p.States, ","))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for _, n := range t.Notes {
-		fmt.Fprintln(out, "note:", n)
-	}
-	return nil
 }
 
 func writeJSON(out io.Writer, v any) error {

@@ -50,7 +50,7 @@ func inspectAtomic(out io.Writer, dir string, asJSON bool) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARAMETER\tPATTERN\tSHAPE\tSOURCE DTYPE\tSTATES")
 	for _, p := range m.Params {
-		name := p.Name
+		name := escapeControl(p.Name)
 		if p.Frozen {
 			name += " (frozen)"
 		}

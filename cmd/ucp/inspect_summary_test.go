@@ -1,0 +1,55 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/ucp-project/ucp/internal/truth"
+)
+
+func TestInspectSummaryGolden(t *testing.T) {
+	src := truth.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
+	cases := []struct {
+		name string
+		args []string
+	}{
+		{"summary", nil},
+		{"filter", []string{"--filter", `\.mlp\.dense_h_to_4h`}},
+		{"full", []string{"--all"}},
+		{"layers", []string{"--layers"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := ucp(t, nil, append(append([]string{"inspect"}, c.args...), src)...)
+			if r.code != 0 {
+				t.Fatalf("exit %d: %s", r.code, r.stderr)
+			}
+			golden(t, "inspect/"+c.name+".golden", r.stdout, src, "SRC")
+		})
+	}
+	if r := ucp(t, nil, "inspect", "--filter", "(", src); r.code == 0 {
+		t.Fatal("a bad --filter was accepted")
+	}
+}
+
+func TestLayerNames(t *testing.T) {
+	for _, c := range []struct{ in, kind, nums string }{
+		{"blocks.3.fc1.weight", "blocks.*.fc1.weight", "3"},
+		{"2.mlp.dense.bias", "*.mlp.dense.bias", "2"},
+		{"layers.1.experts.12.w1", "layers.*.experts.*.w1", "1.12"},
+		{"embed.weight", "embed.weight", ""},
+		{"fc12a.weight", "fc12a.weight", ""},
+	} {
+		if k := layerKind(c.in); k != c.kind {
+			t.Errorf("layerKind(%q) = %q, want %q", c.in, k, c.kind)
+		}
+		if n := layerNumbers(c.in); n != c.nums {
+			t.Errorf("layerNumbers(%q) = %q, want %q", c.in, n, c.nums)
+		}
+	}
+	if got := collapseRanges([]string{"3", "0", "1", "2", "7"}); got != "0-3,7" {
+		t.Errorf("collapseRanges = %q", got)
+	}
+	if got := escapeControl("a\x1b[2Jb\n"); got != `a\x1b[2Jb\n` {
+		t.Errorf("escapeControl = %q", got)
+	}
+}
