@@ -164,8 +164,8 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return err
 	}
 	if !opts.Quiet {
-		fmt.Fprintf(out, "node %d of %d (from %s) done: %s read, %s written in %.2fs\n", node, nodes, from,
-			humanBytes(stats.BytesRead), humanBytes(stats.BytesWritten), time.Since(start).Seconds())
+		fmt.Fprintf(out, "node %d of %d (from %s) done: %s\n", node, nodes, from,
+			transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
 	}
 	if !all {
 		if !opts.Quiet {
@@ -187,7 +187,7 @@ func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Tim
 	if err != nil || quiet {
 		return err
 	}
-	fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %.2fs\n", w.Dst, len(m.Params), time.Since(start).Seconds())
+	fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %s\n", w.Dst, len(m.Params), fmtDuration(time.Since(start)))
 	return nil
 }
 
@@ -203,37 +203,56 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 	if opts.Quiet {
 		return
 	}
-	secs := time.Since(start).Seconds()
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
-	fmt.Fprintf(out, "  %d parameters, %d files, %s read, %s written in %.2fs (index %.2fs): %.2f GB/s read, %.2f GB/s written\n",
-		len(m.Params), len(m.AllFiles()), humanBytes(stats.BytesRead), humanBytes(stats.BytesWritten), secs,
-		indexed.Seconds(), float64(stats.BytesRead)/secs/1e9, float64(stats.BytesWritten)/secs/1e9)
+	fmt.Fprintf(out, "  %d parameters, %d files, %s\n", len(m.Params), len(m.AllFiles()),
+		transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}
 }
 
 func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
-	var total int64
-	for _, b := range plan.NodeBytes {
-		total += b
+	var read, written int64
+	for _, tk := range plan.Tasks {
+		r, w := taskIO(tk)
+		read, written = read+r, written+w
 	}
-	fmt.Fprintf(out, "plan: %d tasks over %d node(s) x %d worker(s), chunks of at most %d elements, %s to move\n",
-		len(plan.Tasks), plan.Nodes, plan.Cores, plan.ChunkElems, humanBytes(total))
+	fmt.Fprintf(out, "plan: %d tasks over %d node(s) x %d worker(s), chunks of at most %d elements: %s to read, %s to write\n",
+		len(plan.Tasks), plan.Nodes, plan.Cores, plan.ChunkElems, humanBytes(read), humanBytes(written))
+	fmt.Fprintf(out, "PARAMETERS counts the parameters (of %d) a worker touches: a parameter split in chunks over\n"+
+		"several workers is counted by each of them. SHARE is the worker's part of the bytes read and written.\n\n", len(t.Params))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tWORKER\tTASKS\tPARAMETERS\tBYTES\tSHARE")
+	fmt.Fprintln(tw, "NODE\tWORKER\tTASKS\tPARAMETERS\tREAD\tWRITE\tSHARE")
 	for n := 0; n < plan.Nodes; n++ {
 		for wi, share := range plan.WorkerShares(n) {
-			var b int64
+			var r, w int64
 			params := map[int]bool{}
 			for _, tk := range share {
-				b += tk.Bytes
-				params[tk.Param] = true
+				tr, tw := taskIO(tk)
+				r, w = r+tr, w+tw
+				if tk.State != mapreduce.CopyTask {
+					params[tk.Param] = true
+				}
 			}
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(b), 100*float64(b)/float64(max(total, 1)))
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(r), humanBytes(w),
+				100*float64(r+w)/float64(max(read+written, 1)))
 		}
 	}
 	return tw.Flush()
+}
+
+// taskIO splits a task's planning weight into the bytes it reads and
+// writes: state chunks write float32 and read the rest, copies read and
+// write the file, steps are too small to count.
+func taskIO(tk mapreduce.Task) (read, written int64) {
+	switch tk.State {
+	case mapreduce.CopyTask:
+		return tk.Bytes / 2, tk.Bytes / 2
+	case mapreduce.StepTask:
+		return 0, 0
+	}
+	written = 4 * (tk.End - tk.Start)
+	return tk.Bytes - written, written
 }
 
 // progress shows a bar on a terminal and nothing otherwise.

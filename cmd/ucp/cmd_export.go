@@ -109,8 +109,8 @@ func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportO
 		return nil
 	}
 	fmt.Fprintf(out, "exported %s -> %s (dcp)\n", src, dst)
-	fmt.Fprintf(out, "  %d tensors and %d values in %d rank files, %s in %.2fs\n",
-		st.Tensors, st.Values, st.Files, humanBytes(st.Bytes), time.Since(start).Seconds())
+	fmt.Fprintf(out, "  %d tensors and %d values in %d rank files, %s in %s\n",
+		st.Tensors, st.Values, st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
 	for _, n := range st.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}

@@ -82,8 +82,8 @@ func runExportHF(ctx context.Context, out io.Writer, src, dst string, opts expor
 		return nil
 	}
 	fmt.Fprintf(out, "exported %s -> %s (%s, %v)\n", src, dst, opts.To, st.DType)
-	fmt.Fprintf(out, "  %d tensors in %d files, %s of tensors, %s written in %.2fs\n",
-		st.Tensors, st.Files, humanBytes(st.TensorBytes), humanBytes(st.Bytes), time.Since(start).Seconds())
+	fmt.Fprintf(out, "  %d tensors in %d files, %s of tensors, %s written in %s\n",
+		st.Tensors, st.Files, humanBytes(st.TensorBytes), humanBytes(st.Bytes), fmtDuration(time.Since(start)))
 	for _, n := range st.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}

@@ -152,7 +152,16 @@ func printCheckpointView(out io.Writer, t *fragment.Table, opts inspectOptions) 
 	if re != nil {
 		what = fmt.Sprintf("%d of %d parameters match /%s/", len(rows), len(t.Params), opts.Filter)
 	}
-	fmt.Fprintf(out, "\n%s: %s to read, %s to write (float32 atomic)\n\n", what, humanBytes(src), humanBytes(dst))
+	copied := ""
+	if re == nil && len(t.CopyFiles) > 0 {
+		var c int64
+		for _, f := range t.CopyFiles {
+			c += f.Size
+		}
+		src, dst = src+c, dst+c
+		copied = fmt.Sprintf(", %s in %d copied file(s)", humanBytes(c), len(t.CopyFiles))
+	}
+	fmt.Fprintf(out, "\n%s: %s to read, %s to write (float32 states%s)\n\n", what, humanBytes(src), humanBytes(dst), copied)
 	if err := printSummary(out, rows); err != nil {
 		return err
 	}

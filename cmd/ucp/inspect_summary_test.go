@@ -1,6 +1,8 @@
 package main
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/truth"
@@ -51,5 +53,28 @@ func TestLayerNames(t *testing.T) {
 	}
 	if got := escapeControl("a\x1b[2Jb\n"); got != `a\x1b[2Jb\n` {
 		t.Errorf("escapeControl = %q", got)
+	}
+}
+
+// TestDryRunGolden pins the plan printout: binary units, the same read and
+// written quantities as the run's summary, and what PARAMETERS counts.
+func TestDryRunGolden(t *testing.T) {
+	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	r := ucp(t, nil, "convert", "--dry-run", "--workers", "2", "--memory", "1GiB", src, filepath.Join(t.TempDir(), "out"))
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	golden(t, "convert/dry-run.golden", r.stdout, src, "SRC")
+	// The run reads and writes what the plan said.
+	out := filepath.Join(t.TempDir(), "out")
+	run := ucp(t, nil, "convert", "--workers", "2", src, out)
+	if run.code != 0 {
+		t.Fatalf("exit %d: %s", run.code, run.stderr)
+	}
+	first := strings.SplitN(r.stdout, "\n", 2)[0]
+	amounts := first[strings.LastIndex(first, ": ")+2:] // "27.9 KiB to read, 27.9 KiB to write"
+	want := strings.ReplaceAll(strings.ReplaceAll(amounts, " to read", " read"), " to write", " written")
+	if !strings.Contains(run.stdout, want) || strings.Contains(run.stdout, "0.00") || strings.Contains(run.stdout, "GB") {
+		t.Fatalf("the run's summary does not say %q in binary units:\n%s", want, run.stdout)
 	}
 }
