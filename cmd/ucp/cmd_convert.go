@@ -49,11 +49,13 @@ SRC is a checkpoint folder: a DeepSpeed save folder with 'latest' or a tag
 folder (ZeRO-1/2, BF16_Optimizer, ZeRO-3, Megatron-DeepSpeed TP/PP), a
 Megatron-LM save folder or iter_* folder, or a PyTorch Distributed Checkpoint
 folder with .metadata (FSDP, DTensor, torchtitan). The format is detected;
---from names it. ucp indexes the source
-(pickles only), checks that every element of every state is covered exactly
-once, then reads exactly the byte ranges it needs, converts them to float32
-and writes DST/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,
-DST/zero/optimizer_state.pt, the model-state files, and DST/ucp.json last.
+--from names it.
+
+ucp indexes the source (pickles only), checks that every element of every
+state is covered exactly once, then reads exactly the byte ranges it needs,
+converts them to float32 and writes
+DST/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, DST/zero/optimizer_state.pt,
+the model-state files, and DST/ucp.json last.
 DST appears only when it is complete; a 'latest_universal' file naming it is
 written beside it, as DeepSpeed's ds_to_universal does.
 
@@ -69,7 +71,7 @@ rerun alone.`,
   ucp convert --dry-run ckpt/ out/      # print the plan only
   srun -N4 --ntasks-per-node=1 ucp convert /shared/ckpt /shared/out   # 4 nodes under Slurm
   ucp convert --report run.json ckpt/ out/   # per-worker timings, and a timeline in run.svg`,
-		Args: cobra.ExactArgs(2),
+		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runConvert(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], args[1], opts)
 		},
@@ -85,6 +87,7 @@ rerun alone.`,
 	f.Int64Var(&opts.VocabSize, "vocab-size", 0, "true vocabulary size, for checkpoints that do not record it")
 	f.IntVar(&opts.NumNodes, "num-nodes", 0, "nodes sharing the conversion (default: from the launcher's environment, else 1)")
 	f.IntVar(&opts.NodeRank, "node-rank", -1, "this node's rank, 0-based (default: from the launcher's environment, else 0)")
+	f.Lookup("node-rank").DefValue = "0" // -1 means "not given"; the usage says the default
 	f.BoolVar(&opts.Finalize, "finalize", false, "only write the manifest of a multi-node conversion whose nodes have all finished")
 	f.StringVar(&opts.Memory, "memory", "", "memory budget of the reducers, like 8GiB (default: a quarter of RAM)")
 	f.StringVar(&opts.Report, "report", "", "write per-worker phase timings to this JSON file and a timeline next to it (.svg)")
@@ -97,6 +100,9 @@ rerun alone.`,
 func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opts convertOptions) error {
 	if opts.Workers <= 0 {
 		return fmt.Errorf("--workers must be at least 1")
+	}
+	if err := sourceCheck(src, opts.From); err != nil {
+		return err
 	}
 	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
 	if err != nil {
@@ -113,7 +119,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	start := time.Now()
 	t, err := formats.Index(ctx, src, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize})
 	if err != nil {
-		return err
+		return sourceError(src, opts.Tag, err)
 	}
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, err)

@@ -56,7 +56,7 @@ like convert: memory stays within --memory whatever the checkpoint's size.`,
 		Example: `  ucp diff ckpt/global_step3_universal ckpt_ucp/          # ucp against ds_to_universal
   ucp diff --rtol 1e-6 run1/checkpoint run2/checkpoint   # two runs, with a tolerance
   ucp diff --all ckpt/ out/atomic                       # list every state, equal ones too`,
-		Args: cobra.ExactArgs(2),
+		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runDiff(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
 		},

@@ -55,7 +55,7 @@ split) and writes config.json; --params REGEX exports a subset.`,
 		Example: `  ucp export out/atomic out/dcp --to dcp
   ucp export --to dcp --shards 8 --dtype bfloat16 atomic/ dcp/
   ucp export --to hf --arch llama --dtype bfloat16 atomic/ hf/`,
-		Args: cobra.ExactArgs(2),
+		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.DTypeSet = cmd.Flags().Changed("dtype")
 			return runExport(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
@@ -94,6 +94,9 @@ func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportO
 	dt, err := dtype.Parse(opts.DType)
 	if err != nil {
 		return fmt.Errorf("--dtype: %w", err)
+	}
+	if err := atomicCheck(src); err != nil {
+		return err
 	}
 	start := time.Now()
 	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})

@@ -59,6 +59,9 @@ func runExportHF(ctx context.Context, out io.Writer, src, dst string, opts expor
 	}
 	debug.SetMemoryLimit(o.Memory + 100<<20)
 	start := time.Now()
+	if err := atomicCheck(src); err != nil {
+		return err
+	}
 	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})
 	if err != nil {
 		return err

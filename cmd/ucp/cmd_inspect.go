@@ -47,7 +47,7 @@ atomic checkpoint written by ucp convert it prints its manifest.
   ucp inspect model.safetensors --json
   ucp inspect checkpoint/            # a DeepSpeed save folder with 'latest'
   ucp inspect checkpoint_universal/  # an atomic checkpoint`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runInspect(cmd.Context(), cmd.OutOrStdout(), args[0], opts)
 		},
@@ -65,9 +65,17 @@ atomic checkpoint written by ucp convert it prints its manifest.
 }
 
 func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOptions) error {
+	if err := checkPath(path); err != nil {
+		return err
+	}
 	st, err := os.Stat(path)
 	if err != nil {
 		return err
+	}
+	if !st.IsDir() {
+		if err := fileCheck(path); err != nil {
+			return err
+		}
 	}
 	if st.IsDir() && opts.From == "" && isAtomic(path) {
 		return inspectAtomic(out, path, opts.JSON)
@@ -75,7 +83,7 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 	if st.IsDir() {
 		t, err := formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers})
 		if err != nil {
-			return err
+			return sourceError(path, opts.Tag, err)
 		}
 		if opts.JSON {
 			return writeJSON(out, checkpointReport(t))

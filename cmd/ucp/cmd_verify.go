@@ -27,7 +27,7 @@ func newVerifyCommand() *cobra.Command {
 with the manifest. Every mismatch is reported; the exit code is non-zero if
 there is any.`,
 		Example: `  ucp verify checkpoints/global_step1000_universal`,
-		Args:    cobra.ExactArgs(1),
+		Args:    exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runVerify(cmd.Context(), cmd.OutOrStdout(), args[0], opts)
 		},
@@ -37,6 +37,9 @@ there is any.`,
 }
 
 func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOptions) error {
+	if err := atomicCheck(dir); err != nil {
+		return err
+	}
 	m, err := atomic.ReadManifest(dir)
 	if err != nil {
 		return err

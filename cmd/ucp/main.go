@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -17,11 +16,8 @@ func main() {
 	defer stop()
 	root := newRootCommand()
 	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "ucp:", err)
-		var ee *exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.code)
-		}
-		os.Exit(1)
+		msg, code := exitMessage(ctx, err)
+		fmt.Fprintln(os.Stderr, msg)
+		os.Exit(code)
 	}
 }
