@@ -20,13 +20,16 @@ all: build
 build:
 	$(GO) build -o $(BIN) ./cmd/ucp
 
-# The main job on the bundled example: inspect it, convert it, show and verify the atomic result and one of its files.
+# The main job on the bundled example: inspect it, convert it, show and verify the atomic result, then show
+# one converted tensor's values and check every state against the source with ucp diff.
 demo: build
 	$(BIN) inspect $(EXAMPLE)
 	$(BIN) convert --force $(EXAMPLE) $(OUT)/demo/atomic
 	$(BIN) inspect $(OUT)/demo/atomic
 	$(BIN) verify $(OUT)/demo/atomic
 	$(BIN) inspect $(OUT)/demo/atomic/zero/$$(ls $(OUT)/demo/atomic/zero | grep -v '\.pt$$' | head -1)/fp32.pt
+	$(BIN) diff --all $(EXAMPLE) $(OUT)/demo/atomic | head -8
+	$(BIN) diff $(EXAMPLE) $(OUT)/demo/atomic
 
 deps:
 	./scripts/deps.sh
