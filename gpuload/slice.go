@@ -88,7 +88,8 @@ func ReadMeta(path string) (Meta, error) {
 // else torch.chunk along cat_dim. Elements of the shard outside every map
 // are zeros (vocabulary padding).
 func TPShard(m Meta, full []int64, T, t int, localRows int64) (fragment.Shard, error) {
-	if T <= 1 || (m.CatDim < 0 && m.SubSizes == nil) {
+	repad := m.Vocab && len(full) == 2 && localRows > full[0] // a target padding even at T = 1
+	if (T <= 1 && !repad) || (m.CatDim < 0 && m.SubSizes == nil) {
 		return fragment.Shard{Shape: append([]int64(nil), full...)}, nil
 	}
 	if t < 0 || t >= T {

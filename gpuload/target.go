@@ -2,7 +2,6 @@ package gpuload
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/fragment"
@@ -66,12 +65,6 @@ func ReadModel(r *atomic.Reader) (Model, error) {
 	return m, nil
 }
 
-// isQKV tells Megatron's fused query-key-value projections by name.
-func isQKV(name string) bool {
-	return strings.Contains(name, "linear_qkv.weight") || strings.Contains(name, "linear_qkv.bias") ||
-		strings.Contains(name, "query_key_value.weight") || strings.Contains(name, "query_key_value.bias")
-}
-
 // PaddedVocab returns the vocabulary rows of a target at TP T: paddedVocab
 // when the caller gives it (it must hold the checkpoint's rows and divide
 // by T), Megatron's rule (a multiple of make_vocab_size_divisible_by x T)
@@ -96,8 +89,9 @@ func (m Model) PaddedVocab(param string, rows int64, T int, paddedVocab int64) (
 // Slice returns the shard tensor-parallel rank t of T holds of a parameter
 // of the checkpoint (TPShard with the target's vocabulary padding), after
 // checking what the target framework requires: for Megatron, that T
-// divides the attention heads and query groups (fused QKV, cut per query
-// group) and every split dimension, as megatron.core's divide() asserts.
+// divides the attention heads and query groups (the fused QKV, stored per
+// query group, is then cut between groups) and every split dimension, as
+// megatron.core's divide() asserts.
 func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int64) (fragment.Shard, error) {
 	if T < 1 || t < 0 || t >= T {
 		return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel rank %d of %d", p.Name, t, T)
@@ -111,14 +105,13 @@ func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int6
 		local = pv / int64(T)
 	}
 	if m.Megatron && T > 1 {
-		if isQKV(p.Name) {
-			for _, c := range []struct {
-				what string
-				n    int64
-			}{{"attention heads", m.Heads}, {"query groups", m.QueryGroups}} {
-				if c.n <= 0 || c.n%int64(T) != 0 {
-					return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel size %d does not divide the %d %s", p.Name, T, c.n, c.what)
-				}
+		// megatron.core divides the heads and the query groups by TP for every layer.
+		for _, c := range []struct {
+			what string
+			n    int64
+		}{{"attention heads", m.Heads}, {"query groups", m.QueryGroups}} {
+			if c.n <= 0 || c.n%int64(T) != 0 {
+				return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel size %d does not divide the %d %s", p.Name, T, c.n, c.what)
 			}
 		}
 		if d := meta.CatDim; d >= 0 && d < len(p.Shape) && !meta.Vocab {
