@@ -11,9 +11,10 @@ ifeq ($(CI),true)
 export UCP_REQUIRE_TORCH  := 1
 export UCP_REQUIRE_SHARED := 1
 export UCP_REQUIRE_TORCH2 := 1
+CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build demo test deps fixtures bench fuzz lint clean
+.PHONY: all build demo test deps fixtures bench fuzz lint clean python cuda-check
 
 all: build
 
@@ -34,9 +35,19 @@ demo: build
 deps:
 	./scripts/deps.sh
 
-test: deps
+# The Python package's tests run inside `go test ./capi` (TestPython), with Debian's torch and torch 2.6.
+test: deps python $(CI_CHECKS)
 	$(GO) vet ./...
 	$(GO) test -timeout 15m ./...
+
+# python/ucp/libucp.so: the C ABI (capi/) the Python package loads; then PYTHONPATH=python or pip install ./python.
+python:
+	$(GO) build -buildmode=c-shared -o python/ucp/libucp.so ./capi
+
+# Compiles and vets gpuload's NCCL path (-tags cuda) against CUDA 11.8 and NCCL headers and libraries
+# unpacked from Debian packages into /var/cache/ucp/cuda (no GPU or driver needed).
+cuda-check:
+	GO=$(GO) ./scripts/cuda-check.sh
 
 # Regenerates every committed fixture with Debian's torch (deterministic).
 fixtures:

@@ -33,17 +33,28 @@ type LoadStats struct {
 	BytesReceived int64 // received from the other ranks
 }
 
-// Owners assigns requests to n ranks, largest first to the least loaded
-// rank: each rank reads about 1/n of the bytes. Every rank computes the
-// same assignment from the same requests.
+// Owners assigns requests to n ranks by Balance: each rank reads about 1/n
+// of the bytes. Every rank computes the same assignment from the same
+// requests.
 func Owners(reqs []Request, n int) []int {
-	order := make([]int, len(reqs))
+	w := make([]int64, len(reqs))
+	for i, q := range reqs {
+		w[i] = q.count()
+	}
+	return Balance(w, n)
+}
+
+// Balance assigns items of the given weights to n ranks, heaviest first
+// to the least loaded rank (ties: the lowest rank), so no rank carries
+// more than 1/n of the total plus one item. It is deterministic.
+func Balance(weights []int64, n int) []int {
+	order := make([]int, len(weights))
 	for i := range order {
 		order[i] = i
 	}
-	sort.SliceStable(order, func(a, b int) bool { return reqs[order[a]].count() > reqs[order[b]].count() })
+	sort.SliceStable(order, func(a, b int) bool { return weights[order[a]] > weights[order[b]] })
 	load := make([]int64, n)
-	owner := make([]int, len(reqs))
+	owner := make([]int, len(weights))
 	for _, i := range order {
 		k := 0
 		for j := 1; j < n; j++ {
@@ -52,7 +63,7 @@ func Owners(reqs []Request, n int) []int {
 			}
 		}
 		owner[i] = k
-		load[k] += reqs[i].count()
+		load[k] += weights[i]
 	}
 	return owner
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 
 	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
@@ -87,7 +88,8 @@ func ReadMeta(path string) (Meta, error) {
 // else torch.chunk along cat_dim. Elements of the shard outside every map
 // are zeros (vocabulary padding).
 func TPShard(m Meta, full []int64, T, t int, localRows int64) (fragment.Shard, error) {
-	if T <= 1 || (m.CatDim < 0 && m.SubSizes == nil) {
+	repad := m.Vocab && len(full) == 2 && localRows > full[0] // a target padding even at T = 1
+	if (T <= 1 && !repad) || (m.CatDim < 0 && m.SubSizes == nil) {
 		return fragment.Shard{Shape: append([]int64(nil), full...)}, nil
 	}
 	if t < 0 || t >= T {
@@ -161,4 +163,37 @@ func ReadLocal(st *atomic.State, sh fragment.Shard, start, n int64, dst []float3
 		}
 	})
 	return err
+}
+
+// ReadLocalAs is ReadLocal into little-endian elements of type dt
+// (float32, bfloat16 or float16, cast as torch does) in dst, which must
+// hold n elements: float32 runs are read straight into dst. It returns the
+// bytes read from storage (padding is not read).
+func ReadLocalAs(st *atomic.State, sh fragment.Shard, start, n int64, dt dtype.DType, dst []byte) (int64, error) {
+	es := int64(dt.Size())
+	if dt != dtype.Float32 && dt != dtype.BFloat16 && dt != dtype.Float16 {
+		return 0, fmt.Errorf("cannot load as %v (float32, bfloat16 or float16)", dt)
+	}
+	if int64(len(dst)) < n*es {
+		return 0, fmt.Errorf("buffer of %d bytes for %d %v elements", len(dst), n, dt)
+	}
+	clear(dst[:n*es])
+	var read int64
+	var err error
+	sh.Runs(st.Shape, start, n, func(r fragment.Run) {
+		if err != nil {
+			return
+		}
+		out := dst[(r.Local-start)*es : (r.Local-start+r.N)*es]
+		if dt == dtype.Float32 {
+			err = st.ReadRange(r.Full, r.N, out)
+		} else {
+			var v []float32
+			if v, err = st.ReadFloat32(r.Full, r.N); err == nil {
+				err = dtype.FromFloat32(out, v, dt)
+			}
+		}
+		read += 4 * r.N
+	})
+	return read, err
 }

@@ -1,0 +1,326 @@
+// Command capi is ucp's C ABI: built with -buildmode=c-shared into
+// python/ucp/libucp.so (make python), it exports the resume-time loader of
+// package gpuload to C callers such as the Python package's ctypes layer.
+//
+// Conventions, for every export:
+//   - plain C types only; a checkpoint is an opaque integer handle (a
+//     cgo.Handle), so C never holds a Go pointer;
+//   - the return value is NULL on success, else an error message allocated
+//     with malloc that the caller frees with ucp_free;
+//   - a Go panic is recovered into such a message: none crosses into C;
+//   - output tensors are caller-owned buffers (a torch tensor's data_ptr)
+//     that Go fills in place and does not keep.
+//
+// ABI.md next to this file documents the functions.
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/cgo"
+	"sync"
+	"unsafe"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/gpuload"
+)
+
+func main() {} // required by -buildmode=c-shared; never runs
+
+// ckpt is what a handle refers to: an opened atomic checkpoint.
+type ckpt struct {
+	r     *atomic.Reader
+	model gpuload.Model
+	mu    sync.Mutex
+	metas map[string]gpuload.Meta // state file path -> its meta keys
+}
+
+// Layouts of ucp_shard and ucp_read.
+const (
+	layoutTP     = 0 // tensor-parallel slice: (n, rank) = (TP size, TP rank)
+	layoutChunk  = 1 // dim-0 torch.chunk: (n, rank) = (world size, rank)
+	maxDims      = 16
+	internalErrs = "ucp: internal error (please report): "
+)
+
+// Element types of ucp_read's destination.
+var dtypes = map[C.int]dtype.DType{0: dtype.Float32, 1: dtype.BFloat16, 2: dtype.Float16}
+
+// cerr turns an error into the C message the caller frees; nil stays NULL.
+func cerr(err error) *C.char {
+	if err == nil {
+		return nil
+	}
+	return C.CString(err.Error())
+}
+
+// guard recovers a panic into *out; every export defers it first.
+func guard(out **C.char) {
+	if p := recover(); p != nil {
+		*out = cerr(fmt.Errorf("%s%v", internalErrs, p))
+	}
+}
+
+func lookup(h C.uintptr_t) (c *ckpt, err error) {
+	defer func() {
+		if recover() != nil { // cgo.Handle.Value panics on an invalid handle
+			err = errors.New("ucp: invalid or closed checkpoint handle")
+		}
+	}()
+	if h == 0 {
+		return nil, errors.New("ucp: invalid or closed checkpoint handle")
+	}
+	c, ok := cgo.Handle(h).Value().(*ckpt)
+	if !ok {
+		return nil, errors.New("ucp: invalid checkpoint handle")
+	}
+	return c, nil
+}
+
+//export ucp_free
+func ucp_free(p unsafe.Pointer) { C.free(p) }
+
+//export ucp_open
+func ucp_open(path *C.char, verify C.int, handle *C.uintptr_t) (msg *C.char) {
+	defer guard(&msg)
+	dir := C.GoString(path)
+	r, err := atomic.OpenReader(dir, atomic.ReaderOptions{Verify: verify != 0})
+	if err != nil {
+		return cerr(fmt.Errorf("%s is not an atomic checkpoint (convert it with `ucp convert` first): %w", dir, err))
+	}
+	m, err := gpuload.ReadModel(r)
+	if err != nil {
+		return cerr(err)
+	}
+	*handle = C.uintptr_t(cgo.NewHandle(&ckpt{r: r, model: m, metas: map[string]gpuload.Meta{}}))
+	return nil
+}
+
+//export ucp_close
+func ucp_close(h C.uintptr_t) (msg *C.char) {
+	defer guard(&msg)
+	if _, err := lookup(h); err != nil {
+		return cerr(err)
+	}
+	cgo.Handle(h).Delete()
+	return nil
+}
+
+// info is ucp_info's JSON.
+type info struct {
+	Dir      string           `json:"dir"`
+	Manifest *atomic.Manifest `json:"manifest"`
+	Model    gpuload.Model    `json:"model"`
+}
+
+//export ucp_info
+func ucp_info(h C.uintptr_t, out **C.char) (msg *C.char) {
+	defer guard(&msg)
+	c, err := lookup(h)
+	if err != nil {
+		return cerr(err)
+	}
+	b, err := json.Marshal(info{Dir: c.r.Dir, Manifest: c.r.Manifest, Model: c.model})
+	if err != nil {
+		return cerr(err)
+	}
+	*out = C.CString(string(b))
+	return nil
+}
+
+// meta reads (once) the meta keys of a parameter's state file.
+func (c *ckpt) meta(param, state string) (gpuload.Meta, *atomic.ParamEntry, error) {
+	p, ok := c.r.Param(param)
+	if !ok {
+		return gpuload.Meta{}, nil, fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, param)
+	}
+	var path string
+	var have []string
+	for _, f := range p.Files {
+		if f.State == state {
+			path = c.r.Dir + "/" + f.Path
+		}
+		if f.State != fragment.StepState {
+			have = append(have, f.State)
+		}
+	}
+	if path == "" || state == fragment.StepState {
+		return gpuload.Meta{}, nil, fmt.Errorf("%s: parameter %s has no state %q (it has %v)", c.r.Dir, param, state, have)
+	}
+	c.mu.Lock()
+	m, ok := c.metas[path]
+	c.mu.Unlock()
+	if ok {
+		return m, p, nil
+	}
+	m, err := gpuload.ReadMeta(path)
+	if err != nil {
+		return m, nil, err
+	}
+	c.mu.Lock()
+	c.metas[path] = m
+	c.mu.Unlock()
+	return m, p, nil
+}
+
+// shard is the part of a parameter's state one target rank holds.
+func (c *ckpt) shard(param, state string, layout, n, rank int, paddedVocab int64) (fragment.Shard, error) {
+	m, p, err := c.meta(param, state)
+	if err != nil {
+		return fragment.Shard{}, err
+	}
+	switch layout {
+	case layoutTP:
+		return c.model.Slice(p, m, n, rank, paddedVocab)
+	case layoutChunk:
+		if n < 1 || rank < 0 || rank >= n {
+			return fragment.Shard{}, fmt.Errorf("%s: rank %d of %d", param, rank, n)
+		}
+		return gpuload.DimChunk(p.Shape, rank, n)
+	}
+	return fragment.Shard{}, fmt.Errorf("unknown layout %d", layout)
+}
+
+//export ucp_shard
+func ucp_shard(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, paddedVocab C.int64_t,
+	shape *C.int64_t, ndim *C.int) (msg *C.char) {
+	defer guard(&msg)
+	c, err := lookup(h)
+	if err != nil {
+		return cerr(err)
+	}
+	sh, err := c.shard(C.GoString(param), C.GoString(state), int(layout), int(n), int(rank), int64(paddedVocab))
+	if err != nil {
+		return cerr(err)
+	}
+	if len(sh.Shape) > maxDims {
+		return cerr(fmt.Errorf("%s: %d dims (at most %d)", C.GoString(param), len(sh.Shape), maxDims))
+	}
+	out := unsafe.Slice((*int64)(unsafe.Pointer(shape)), maxDims)
+	for i, d := range sh.Shape {
+		out[i] = d
+	}
+	*ndim = C.int(len(sh.Shape))
+	return nil
+}
+
+//export ucp_read
+func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, paddedVocab, start, count C.int64_t,
+	dt C.int, dst unsafe.Pointer, dstBytes C.int64_t, bytesRead *C.int64_t) (msg *C.char) {
+	defer guard(&msg)
+	c, err := lookup(h)
+	if err != nil {
+		return cerr(err)
+	}
+	t, ok := dtypes[dt]
+	if !ok {
+		return cerr(fmt.Errorf("unknown element type code %d", int(dt)))
+	}
+	name, st := C.GoString(param), C.GoString(state)
+	sh, err := c.shard(name, st, int(layout), int(n), int(rank), int64(paddedVocab))
+	if err != nil {
+		return cerr(err)
+	}
+	total := int64(1)
+	for _, d := range sh.Shape {
+		total *= d
+	}
+	s, k := int64(start), int64(count)
+	if s < 0 || k < 0 || s+k > total {
+		return cerr(fmt.Errorf("%s/%s: elements [%d, %d) of a shard of %d", name, st, s, s+k, total))
+	}
+	if need := k * int64(t.Size()); int64(dstBytes) < need || (need > 0 && dst == nil) {
+		return cerr(fmt.Errorf("%s/%s: a buffer of %d bytes for %d %v elements", name, st, int64(dstBytes), k, t))
+	}
+	if k == 0 {
+		*bytesRead = 0
+		return nil
+	}
+	sf, err := c.r.OpenState(name, st)
+	if err != nil {
+		return cerr(err)
+	}
+	defer sf.Close()
+	got, err := gpuload.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
+	*bytesRead = C.int64_t(got)
+	return cerr(err)
+}
+
+// Kinds of ucp_step's value.
+const (
+	stepNone   = 0
+	stepInt    = 1
+	stepFloat  = 2
+	stepTensor = 3 // a 0-dim tensor; its value converted to double
+)
+
+//export ucp_step
+func ucp_step(h C.uintptr_t, param *C.char, kind *C.int, value *C.double) (msg *C.char) {
+	defer guard(&msg)
+	c, err := lookup(h)
+	if err != nil {
+		return cerr(err)
+	}
+	k, v, err := step(c.r, C.GoString(param))
+	*kind, *value = C.int(k), C.double(v)
+	return cerr(err)
+}
+
+//export ucp_zero_pieces
+func ucp_zero_pieces(stage, dp, rank C.int, numels *C.int64_t, count C.int, out **C.char) (msg *C.char) {
+	defer guard(&msg)
+	ns := make([]int64, int(count))
+	if count > 0 {
+		copy(ns, unsafe.Slice((*int64)(unsafe.Pointer(numels)), int(count)))
+	}
+	var ps []gpuload.Piece
+	var size int64
+	var err error
+	switch stage {
+	case 1, 2:
+		ps, size, err = gpuload.Zero12Pieces(ns, int(dp), int(rank))
+	case 3:
+		ps, size, err = gpuload.Zero3Pieces(ns, int(dp), int(rank))
+	default:
+		err = fmt.Errorf("ZeRO stage %d (1, 2 or 3)", int(stage))
+	}
+	if err != nil {
+		return cerr(err)
+	}
+	rows := make([][4]int64, len(ps))
+	for i, p := range ps {
+		rows[i] = [4]int64{int64(p.Param), p.Local, p.N, p.At}
+	}
+	b, err := json.Marshal(map[string]any{"size": size, "pieces": rows})
+	if err != nil {
+		return cerr(err)
+	}
+	*out = C.CString(string(b))
+	return nil
+}
+
+//export ucp_balance
+func ucp_balance(weights *C.int64_t, count, n C.int, owners *C.int) (msg *C.char) {
+	defer guard(&msg)
+	if n < 1 || count < 0 {
+		return cerr(fmt.Errorf("balance %d items over %d ranks", int(count), int(n)))
+	}
+	if count == 0 {
+		return nil
+	}
+	w := unsafe.Slice((*int64)(unsafe.Pointer(weights)), int(count))
+	o := unsafe.Slice((*C.int)(unsafe.Pointer(owners)), int(count))
+	for i, k := range gpuload.Balance(w, int(n)) {
+		o[i] = C.int(k)
+	}
+	return nil
+}

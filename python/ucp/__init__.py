@@ -1,0 +1,443 @@
+"""ucp: load an atomic checkpoint into any parallelism at resume time, from PyTorch.
+
+An atomic checkpoint (written by ``ucp convert`` from DeepSpeed, Megatron-LM or DCP checkpoints) holds one
+consolidated float32 tensor per parameter and optimizer state. This package slices it for the rank that
+calls it, reading only the bytes that rank needs, straight into the buffers of the torch tensors it returns
+(the slicing and reading are ucp's Go loader, ``libucp.so``, called through ctypes). Its only dependency is
+torch (1.13 or 2.x).
+
+Example::
+
+    import ucp
+    ck = ucp.open("/ckpt/global_step1000_universal")
+    print(ck.names[:3], ck.params[ck.names[0]].shape)
+    sd = ucp.load_state_dict(ck, tp=2, tp_rank=0, states=("fp32", "exp_avg"), dtype=torch.bfloat16)
+    ucp.load_into(model, optimizer, path="/ckpt/global_step1000_universal")
+
+With ``group=`` a torch.distributed process group whose ranks need the same tensors (a data-parallel
+group), each rank reads about 1/N of the bytes and the group exchanges the rest, layer by layer.
+"""
+
+import collections
+import os
+import re
+
+import torch
+
+from . import _lib
+from ._lib import UCPError
+
+__all__ = ["UCPError", "Checkpoint", "Param", "open", "load_state_dict", "load_zero_partition",
+           "load_fsdp_chunk", "load_into", "last_load_stats", "LoadResult"]
+
+Param = collections.namedtuple("Param", "name shape dtype pattern split_dims states frozen vocab_size padded_vocab_size")
+Param.__doc__ = """One parameter of an atomic checkpoint (from its manifest): the full shape, the source dtype, how
+the source sharded it (pattern: Unique, Replicate, Partial, Shard-V/H/Hy/NC; split_dims) and its states."""
+
+LoadResult = collections.namedtuple("LoadResult", "missing_keys unexpected_keys")
+
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+STEP = "step"
+
+_stats = {"bytes_read": 0, "bytes_received": 0}
+
+
+def last_load_stats():
+    """Returns how the last load of this process read its data: ``{"bytes_read": bytes read from storage by
+    this rank, "bytes_received": bytes received from the other ranks of its group}``.
+
+    Example::
+
+        ucp.load_state_dict(path, group=dp_group)
+        print(ucp.last_load_stats())   # {'bytes_read': 1048576, 'bytes_received': 3145728}
+    """
+    return dict(_stats)
+
+
+class Checkpoint:
+    """An opened atomic checkpoint: what its manifest says, and a handle the loaders read through.
+
+    Attributes: ``path``; ``names`` (parameter names in manifest order); ``params`` (name -> Param);
+    ``source`` (the converted checkpoint's format, path, tag); ``degrees`` (its tp, pp, dp, ep, vpp, zero);
+    ``model`` (for Megatron sources: heads, query_groups, vocab_divisor, which tensor-parallel targets
+    must respect). Close it (or use it as a context manager) to release the handle.
+
+    Example::
+
+        with ucp.open("out/atomic") as ck:
+            for name in ck.names:
+                p = ck.params[name]
+                print(name, p.shape, p.pattern, p.states)
+    """
+
+    def __init__(self, path, verify=False):
+        self.path = os.fspath(path)
+        self._h = _lib.Handle(self.path, verify)
+        info = self._h.info()
+        m = info["manifest"]
+        self.source = {k: v for k, v in m["source"].items() if k != "degrees"}
+        self.degrees = dict(m["source"]["degrees"])
+        mod = info["model"]
+        self.model = {"megatron": mod["Megatron"], "heads": mod["Heads"], "query_groups": mod["QueryGroups"],
+                      "vocab_divisor": mod["VocabDivisor"]}
+        self.params = collections.OrderedDict()
+        for p in m["params"]:
+            self.params[p["name"]] = Param(p["name"], tuple(p["shape"]), p["dtype"], p["pattern"],
+                                           tuple(p.get("split_dims") or ()), tuple(f["state"] for f in p["files"]),
+                                           bool(p.get("frozen")), p.get("vocab_size", 0), p.get("padded_vocab_size", 0))
+        self.names = list(self.params)
+
+    def close(self):
+        """Releases the handle; the Checkpoint cannot load afterwards."""
+        self._h.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"ucp.Checkpoint({self.path!r}, {len(self.names)} parameters, from {self.source.get('format')})"
+
+
+def open(path, verify=False):  # noqa: A001 (ucp.open is the API the issue names)
+    """Opens an atomic checkpoint folder (the one holding ``ucp.json``) and returns a :class:`Checkpoint`.
+
+    ``verify=True`` checks each file's size and CRC-32 against the manifest before its first use.
+    Raises :class:`UCPError` when ``path`` is not an atomic checkpoint.
+
+    Example::
+
+        ck = ucp.open("/ckpt/global_step1000_universal")
+        ck.params["decoder.layers.0.mlp.linear_fc1.weight"].shape   # (32, 8)
+    """
+    return Checkpoint(path, verify)
+
+
+class _Opened:
+    """Accepts a path or a Checkpoint; closes only what it opened."""
+
+    def __init__(self, ck):
+        self.own = not isinstance(ck, Checkpoint)
+        self.ck = Checkpoint(ck) if self.own else ck
+
+    def __enter__(self):
+        return self.ck
+
+    def __exit__(self, *exc):
+        if self.own:
+            self.ck.close()
+
+
+# One read: elements [start, start+count) of a shard (layout, n, rank) of a state into `out` (contiguous CPU).
+_Req = collections.namedtuple("_Req", "param state layout n rank padded start count out")
+
+
+def _dtype_code(dtype):
+    if dtype is None:
+        return torch.float32, 0
+    if dtype in _DTYPES:
+        return dtype, _DTYPES[dtype]
+    if not dtype.is_floating_point:
+        raise UCPError(f"cannot load into {dtype}: a floating-point dtype is needed")
+    return torch.float32, 0  # read as float32, then cast by torch
+
+
+_LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+
+
+def _layer(name):
+    """The layer a parameter belongs to: its name up to the first number (decoder.layers.3), else itself."""
+    m = _LAYER.match(name)
+    return m.group(1) if m else name
+
+
+def _bytes(t):
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _global_rank(group, k):
+    import torch.distributed as dist
+    if group is None or group is dist.group.WORLD:
+        return k
+    if hasattr(dist, "get_global_rank"):
+        return dist.get_global_rank(group, k)
+    return dist.distributed_c10d._get_global_rank(group, k)
+
+
+def _run(ck, reqs, group):
+    """Reads every request into its output; with a group, each rank reads the requests Balance gives it and
+    the others arrive by broadcast from their owner, one layer at a time."""
+    read = recv = 0
+    h = ck._h
+    one = lambda q: h.read(q.param, q.state, q.layout, q.n, q.rank, q.padded, q.start, q.count,
+                           _DTYPES[q.out.dtype], q.out.data_ptr(), q.out.numel() * q.out.element_size())
+    if group is None:
+        for q in reqs:
+            read += one(q)
+        _stats.update(bytes_read=read, bytes_received=0)
+        return
+    import torch.distributed as dist
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    owners = _lib.balance([q.count * q.out.element_size() for q in reqs], world)
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    layers = collections.OrderedDict()
+    for q, o in zip(reqs, owners):
+        layers.setdefault(_layer(q.param), []).append((q, o))
+    for items in layers.values():
+        for k in range(world):
+            mine = [q for q, o in items if o == k]
+            size = sum(q.out.numel() * q.out.element_size() for q in mine)
+            if size == 0:
+                continue
+            if k == me:
+                for q in mine:
+                    read += one(q)
+                buf = torch.cat([_bytes(q.out) for q in mine]).to(device)
+                dist.broadcast(buf, src=_global_rank(group, k), group=group)
+                continue
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
+            dist.broadcast(buf, src=_global_rank(group, k), group=group)
+            buf = buf.cpu()
+            off = 0
+            for q in mine:
+                nb = q.out.numel() * q.out.element_size()
+                _bytes(q.out).copy_(buf[off:off + nb])
+                off += nb
+            recv += size
+    _stats.update(bytes_read=read, bytes_received=recv)
+
+
+def _names(ck, params):
+    if params is None:
+        return list(ck.names)
+    params = list(params)
+    unknown = [p for p in params if p not in ck.params]
+    if unknown:
+        raise UCPError(f"{ck.path}: no parameter {unknown[0]!r} in the checkpoint "
+                       f"({len(unknown)} unknown of {len(params)} asked; it has {len(ck.names)}, e.g. {ck.names[:3]})")
+    return params
+
+
+def _check_states(ck, names, states):
+    if isinstance(states, str):
+        raise UCPError(f"states must be a sequence of state names, not the string {states!r}")
+    for n in names:
+        for s in states:
+            if s not in ck.params[n].states:
+                raise UCPError(f"{ck.path}: parameter {n} has no state {s!r} (it has {', '.join(ck.params[n].states)})")
+
+
+def _step_value(ck, name):
+    kind, v = ck._h.step(name)
+    if kind == _lib.STEP_NONE:
+        raise UCPError(f"{ck.path}: parameter {name} has no step")
+    if kind == _lib.STEP_INT:
+        return int(v)
+    if kind == _lib.STEP_TENSOR:
+        return torch.tensor(v, dtype=torch.float32)
+    return v
+
+
+def load_state_dict(path, tp=1, tp_rank=0, states=("fp32",), dtype=None, params=None, group=None,
+                    padded_vocab_size=None):
+    """Loads every parameter's tensor-parallel slice for rank ``tp_rank`` of ``tp``, as the target framework
+    shards it, and returns ``{state: {name: tensor}}`` (CPU tensors, filled in place by the reader).
+
+    Column-parallel parameters are cut on dim 0 and row-parallel ones on dim 1 (torch.chunk), Megatron's
+    fused QKV per query group, SwiGLU ``fc1`` as ``[gate_r; up_r]``, vocabulary parameters re-padded with
+    zero rows for the target (Megatron's rule: a multiple of make_vocab_size_divisible_by x tp; or
+    ``padded_vocab_size``); replicated parameters come whole. For Megatron sources ``tp`` must divide the
+    heads, the query groups and every split dimension. ``dtype`` (default float32) casts on the way;
+    bfloat16 and float16 round to nearest even exactly as torch. ``states`` may include ``"step"``, which
+    gives each parameter's step (int, float or 0-dim tensor). ``params`` restricts the names. ``group``: a
+    torch.distributed group whose ranks all make this same call: each reads about 1/N of the bytes.
+
+    Example::
+
+        sd = ucp.load_state_dict("out/atomic", tp=2, tp_rank=1, states=("fp32", "exp_avg", "exp_avg_sq"))
+        model.load_state_dict(sd["fp32"])
+    """
+    if tp < 1 or not 0 <= tp_rank < tp:
+        raise UCPError(f"tensor-parallel rank {tp_rank} of {tp}")
+    with _Opened(path) as ck:
+        names = _names(ck, params)
+        states = tuple(states)
+        _check_states(ck, names, states)
+        want, code = _dtype_code(dtype)
+        out, reqs = {}, []
+        for s in states:
+            if s == STEP:
+                out[s] = {n: _step_value(ck, n) for n in names}
+                continue
+            out[s] = {}
+            for n in names:
+                shape = ck._h.shard_shape(n, s, _lib.LAYOUT_TP, tp, tp_rank, padded_vocab_size)
+                t = torch.empty(shape, dtype=want)
+                out[s][n] = t
+                reqs.append(_Req(n, s, _lib.LAYOUT_TP, tp, tp_rank, padded_vocab_size, 0, t.numel(), t))
+        _run(ck, reqs, group)
+        if dtype is not None and dtype not in _DTYPES:
+            out = {s: {n: (v.to(dtype) if torch.is_tensor(v) and s != STEP else v) for n, v in d.items()}
+                   for s, d in out.items()}
+        return out
+
+
+def load_fsdp_chunk(path, rank, world, states=("fp32",), dtype=None, params=None, group=None):
+    """Loads rank ``rank`` of ``world``'s dim-0 chunk of every parameter, as FSDP2 / DTensor ``Shard(0)``
+    splits a tensor (torch.chunk: the first ranks get ceil(rows/world) rows, the last may get fewer or
+    none), and returns ``{state: {name: tensor}}``. ``dtype``, ``params`` and ``group`` as in
+    :func:`load_state_dict`.
+
+    Example::
+
+        local = ucp.load_fsdp_chunk("out/atomic", rank=dist.get_rank(), world=dist.get_world_size())
+    """
+    if world < 1 or not 0 <= rank < world:
+        raise UCPError(f"rank {rank} of {world}")
+    with _Opened(path) as ck:
+        names = _names(ck, params)
+        states = tuple(states)
+        _check_states(ck, names, states)
+        want, code = _dtype_code(dtype)
+        out, reqs = {}, []
+        for s in states:
+            out[s] = {}
+            for n in names:
+                t = torch.empty(ck._h.shard_shape(n, s, _lib.LAYOUT_CHUNK, world, rank, 0), dtype=want)
+                out[s][n] = t
+                reqs.append(_Req(n, s, _lib.LAYOUT_CHUNK, world, rank, 0, 0, t.numel(), t))
+        _run(ck, reqs, group)
+        if dtype is not None and dtype not in _DTYPES:
+            out = {s: {n: v.to(dtype) for n, v in d.items()} for s, d in out.items()}
+        return out
+
+
+def load_zero_partition(path, dp, dp_rank, stage, param_order, states=("fp32", "exp_avg", "exp_avg_sq"),
+                        tp=1, tp_rank=0, padded_vocab_size=None, group=None):
+    """Loads data-parallel rank ``dp_rank`` of ``dp``'s flat fp32 partition of one DeepSpeed ZeRO parameter
+    group, laid out as DeepSpeed lays it out, and returns ``{state: 1-D float32 tensor}``.
+
+    ``param_order`` lists the group's parameter names in the order of the optimizer's param group (each
+    parameter taken as its tensor-parallel slice ``tp_rank`` of ``tp``). Stage 1 or 2: the slices
+    flattened in order, padded at the end to a multiple of 2 x dp, split evenly. Stage 3: each parameter
+    padded to dp x ceil(numel/dp) and split evenly, the rank's parts concatenated. Padding is zero.
+    ``group``: the ranks of the group (e.g. a tensor-parallel group's DP peers) share the reading.
+
+    Example::
+
+        parts = ucp.load_zero_partition("out/atomic", dp=4, dp_rank=1, stage=2, param_order=names)
+        parts["fp32"].shape   # torch.Size([partition size])
+    """
+    if stage not in (1, 2, 3):
+        raise UCPError(f"ZeRO stage {stage} (1, 2 or 3)")
+    with _Opened(path) as ck:
+        names = _names(ck, param_order)
+        states = tuple(states)
+        if STEP in states:
+            raise UCPError("the step is not part of a flat partition: load it with load_state_dict(states=('step',))")
+        _check_states(ck, names, states)
+        numels = []
+        for n in names:
+            shape = ck._h.shard_shape(n, states[0] if states else "fp32", _lib.LAYOUT_TP, tp, tp_rank, padded_vocab_size)
+            k = 1
+            for d in shape:
+                k *= d
+            numels.append(k)
+        size, pieces = _lib.zero_pieces(stage, dp, dp_rank, numels)
+        out, reqs = {}, []
+        for s in states:
+            flat = torch.zeros(size, dtype=torch.float32)
+            out[s] = flat
+            for i, local, n, at in pieces:
+                reqs.append(_Req(names[i], s, _lib.LAYOUT_TP, tp, tp_rank, padded_vocab_size, local, n,
+                                 flat[at:at + n]))
+        _run(ck, reqs, group)
+        return out
+
+
+def load_into(model, optimizer=None, path=None, strict=True, group=None):
+    """Resumes a plain ``torch.nn.Module`` and, optionally, a ``torch.optim.Adam``/``AdamW`` from an atomic
+    checkpoint by parameter name: the fp32 weights (cast to each parameter's dtype, copied to its device)
+    and, for the optimizer, ``exp_avg``, ``exp_avg_sq`` (``max_exp_avg_sq`` with amsgrad) and ``step``.
+    The optimizer's hyper-parameters (lr, betas, weight decay) stay those it was built with.
+
+    ``strict=True`` requires the model's ``named_parameters()`` and the checkpoint's names to match
+    exactly; with ``strict=False`` only the common names load. Returns ``LoadResult(missing_keys,
+    unexpected_keys)``. ``group`` as in :func:`load_state_dict` (all ranks load the same model).
+
+    Example (trained with ZeRO-3 on 64 GPUs, continued on one, no DeepSpeed needed)::
+
+        model = TinyLM(); opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ucp.load_into(model, opt, path="ckpt/global_step1000_universal")
+        loss = model(x).sum(); loss.backward(); opt.step()
+    """
+    if path is None:
+        raise UCPError("load_into needs path=, the atomic checkpoint folder")
+    if optimizer is not None and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise UCPError(f"load_into resumes torch.optim.Adam or AdamW, not {type(optimizer).__name__}")
+    with _Opened(path) as ck:
+        named = list(model.named_parameters())
+        have = set(ck.names)
+        missing = [n for n, _ in named if n not in have]
+        mine = {n for n, _ in named}
+        unexpected = [n for n in ck.names if n not in mine]
+        if strict and (missing or unexpected):
+            raise UCPError(f"{ck.path}: the model's parameter names do not match the checkpoint's (strict=True): "
+                           f"{len(missing)} missing from the checkpoint {missing[:5]}, "
+                           f"{len(unexpected)} in the checkpoint but not in the model {unexpected[:5]}")
+        load = [(n, p) for n, p in named if n in have]
+        for n, p in load:
+            if tuple(p.shape) != ck.params[n].shape:
+                raise UCPError(f"{ck.path}: parameter {n} has shape {tuple(ck.params[n].shape)} in the checkpoint, "
+                               f"{tuple(p.shape)} in the model")
+        opt_states = ()
+        byid = {id(p): n for n, p in load}
+        if optimizer is not None:
+            opt_states = ["exp_avg", "exp_avg_sq"]
+            if any(g.get("amsgrad") for g in optimizer.param_groups):
+                opt_states.append("max_exp_avg_sq")
+            _check_states(ck, [n for n, _ in load], ["fp32"] + opt_states)
+            for n, _ in load:
+                if STEP not in ck.params[n].states:
+                    raise UCPError(f"{ck.path}: parameter {n} has no step, which the optimizer state needs")
+        else:
+            _check_states(ck, [n for n, _ in load], ["fp32"])
+        reqs, after = [], []  # after: (target, staged) copies for tensors not filled in place
+
+        def target(n, s, like):
+            if like.device.type == "cpu" and like.dtype in _DTYPES and like.is_contiguous():
+                t = like
+            else:
+                t = torch.empty(like.shape, dtype=like.dtype if like.dtype in _DTYPES else torch.float32)
+                after.append((like, t))
+            reqs.append(_Req(n, s, _lib.LAYOUT_TP, 1, 0, 0, 0, t.numel(), t))
+
+        with torch.no_grad():
+            for n, p in load:
+                target(n, "fp32", p.data)
+            new_state = {}
+            if optimizer is not None:
+                for g in optimizer.param_groups:
+                    for p in g["params"]:
+                        n = byid.get(id(p))
+                        if n is None:
+                            continue
+                        on_dev = g.get("capturable") or g.get("fused")
+                        kind_v = _step_value(ck, n)
+                        step = torch.tensor(float(kind_v), dtype=torch.float32,
+                                            device=p.device if on_dev else "cpu")
+                        st = {"step": step}
+                        for s in opt_states:
+                            st[s] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                            target(n, s, st[s])
+                        new_state[p] = st
+            _run(ck, reqs, group)
+            for dst, src in after:
+                dst.copy_(src)
+            for p, st in new_state.items():
+                optimizer.state[p] = st
+        return LoadResult(missing, unexpected)
