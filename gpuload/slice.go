@@ -188,9 +188,9 @@ func ReadLocalAs(st *atomic.State, sh fragment.Shard, start, n int64, dt dtype.D
 		if dt == dtype.Float32 {
 			err = st.ReadRange(r.Full, r.N, out)
 		} else {
-			var v []float32
-			if v, err = st.ReadFloat32(r.Full, r.N); err == nil {
-				err = dtype.FromFloat32(out, v, dt)
+			raw := make([]byte, 4*r.N)
+			if err = st.ReadRange(r.Full, r.N, raw); err == nil {
+				err = dtype.FromFloat32(out, raw, dt)
 			}
 		}
 		read += 4 * r.N
