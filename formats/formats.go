@@ -57,6 +57,14 @@ func All() []Format {
 			},
 		},
 		{
+			Name:   megatron.DistFormat,
+			Help:   "Megatron-LM --ckpt-format torch_dist (megatron-core dist_checkpointing on DCP)",
+			Detect: megatron.DetectDist,
+			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+				return megatron.IndexDist(ctx, path, megatron.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize})
+			},
+		},
+		{
 			Name:   "dcp",
 			Help:   "PyTorch Distributed Checkpoint (FSDP, DTensor, torchtitan)",
 			Detect: dcp.Detect,

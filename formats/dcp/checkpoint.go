@@ -124,10 +124,11 @@ func metadataFiles(dir string) ([]string, error) {
 }
 
 // Detect reports whether path is a DCP folder: it holds .metadata (or the
-// per-rank __<rank>.metadata files of a save without collectives).
+// per-rank __<rank>.metadata files of a save without collectives) and no
+// Megatron metadata.json.
 func Detect(path string) bool {
 	st, err := os.Stat(path)
-	if err != nil || !st.IsDir() {
+	if err != nil || !st.IsDir() || isMegatron(path) {
 		return false
 	}
 	names, err := metadataFiles(path)

@@ -17,6 +17,9 @@ const maxExtraTensor = 16 << 20
 
 // Index builds the fragment table of the DCP folder at path.
 func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
+	if isMegatron(path) {
+		return nil, refuseMegatron(path)
+	}
 	c, err := Open(ctx, path, opt)
 	if err != nil {
 		return nil, err

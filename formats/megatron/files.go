@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ucp-project/ucp/formats/dcp"
 )
 
 // File and folder names (checkpointing.py get_checkpoint_name,
@@ -35,7 +37,7 @@ type rankDir struct {
 }
 
 // resolveIter finds the iteration folder: path itself when it holds
-// mp_rank_* folders, the one tag names (an iteration number, "release" or
+// mp_rank_* folders or a dist_checkpointing metadata.json, the one tag names (an iteration number, "release" or
 // a folder name), or the one latest_checkpointed_iteration.txt names.
 func resolveIter(path, tag string) (dir, name string, err error) {
 	st, err := os.Stat(path)
@@ -59,13 +61,13 @@ func resolveIter(path, tag string) (dir, name string, err error) {
 		}
 		return dir, name, nil
 	}
-	if hasRankDirs(path) {
+	if hasRankDirs(path) || hasDistMetadata(path) {
 		return path, filepath.Base(path), nil
 	}
 	tracker := filepath.Join(path, trackerFile)
 	b, err := os.ReadFile(tracker)
 	if err != nil {
-		return "", "", fmt.Errorf("%s: no %s and no mp_rank_* folders", path, trackerFile)
+		return "", "", fmt.Errorf("%s: no %s, no mp_rank_* folders and no %s", path, trackerFile, dcp.MegatronMetadataFile)
 	}
 	s := strings.TrimSpace(string(b))
 	switch {

@@ -1,0 +1,87 @@
+package formats
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/formats/dcp"
+	"github.com/ucp-project/ucp/internal/truth"
+)
+
+// megatronFolder copies a DCP fixture and adds a metadata.json, as Megatron's
+// dist_checkpointing does; with tracker set it is put in iter_0000003 of a
+// save folder with latest_checkpointed_iteration.txt. It returns the path a
+// user would give.
+func megatronFolder(t *testing.T, metadata string, tracker bool) string {
+	t.Helper()
+	src := truth.Fixture("dcp", "fsdp2_w2", "checkpoint")
+	save := t.TempDir()
+	dir := save
+	if tracker {
+		dir = filepath.Join(save, "iter_0000003")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(save, "latest_checkpointed_iteration.txt"), []byte("3"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, dcp.MegatronMetadataFile), []byte(metadata), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return save
+}
+
+// A DCP folder with Megatron's metadata.json is never read by the generic DCP
+// reader: detection picks torch_dist, and --from dcp refuses it.
+func TestMegatronDistNotReadAsDCP(t *testing.T) {
+	const torchDist = `{"sharded_backend": "torch_dist", "sharded_backend_version": 1}`
+	cases := []struct {
+		name, metadata string
+		tracker        bool
+		from           string
+		want           string // error substring
+	}{
+		{"iter folder, generic reader refused", torchDist, false, "dcp", `sharded_backend "torch_dist"), not a plain DCP checkpoint; read it with --from torch_dist`},
+		{"save folder, generic reader refused", torchDist, true, "dcp", "no .metadata"},
+		{"detected, not read yet", torchDist, true, "", "a Megatron-LM torch_dist checkpoint, which ucp does not read yet"},
+		{"zarr backend", `{"sharded_backend": "zarr"}`, false, "", `sharded_backend "zarr", which ucp does not read`},
+		{"metadata.json without a backend", `{"format": 1}`, false, "", "no sharded_backend"},
+		{"metadata.json that does not parse", `{`, false, "dcp", "not Megatron's dist_checkpointing metadata"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := megatronFolder(t, c.metadata, c.tracker)
+			if dcp.Detect(path) {
+				t.Errorf("dcp.Detect accepts a Megatron folder")
+			}
+			f, err := Detect(path)
+			if err != nil || f.Name != "torch_dist" {
+				t.Fatalf("Detect = %q, %v; want torch_dist", f.Name, err)
+			}
+			tab, err := Index(context.Background(), path, c.from, Options{Workers: 1})
+			if err == nil {
+				t.Fatalf("Index --from %q read %d parameters; want an error", c.from, len(tab.Params))
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not say %q", err, c.want)
+			}
+		})
+	}
+}
