@@ -207,6 +207,22 @@ type Table struct {
 	// geometry (Hugging Face config.json).
 	DType string
 	Args  map[string]any
+	// Scratch lists temporary folders the reader made that hold source
+	// data (DCP items decoded from zstd); Close removes them.
+	Scratch []string
+}
+
+// Close removes the table's scratch folders; call it when the sources are
+// no longer read.
+func (t *Table) Close() error {
+	var first error
+	for _, d := range t.Scratch {
+		if err := os.RemoveAll(d); err != nil && first == nil {
+			first = err
+		}
+	}
+	t.Scratch = nil
+	return first
 }
 
 // CopyFile is a file copied unchanged into the output.

@@ -121,6 +121,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err != nil {
 		return sourceError(src, opts.Tag, err)
 	}
+	defer t.Close()
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, err)
 	}

@@ -99,10 +99,12 @@ func runDiff(ctx context.Context, out io.Writer, a, b string, opts diffOptions) 
 	if err != nil {
 		return &exitError{2, err}
 	}
+	defer ta.Close()
 	tb, err := diffSide(ctx, b, opts)
 	if err != nil {
 		return &exitError{2, err}
 	}
+	defer tb.Close()
 	res, err := diff.Compare(ctx, ta, tb, diff.Options{RTol: opts.RTol, ATol: opts.ATol, Workers: opts.Workers, Memory: memory})
 	if err != nil {
 		return &exitError{2, err}
@@ -130,6 +132,7 @@ func diffSide(ctx context.Context, path string, opts diffOptions) (*fragment.Tab
 		return nil, err
 	}
 	if err := t.Validate(); err != nil {
+		t.Close()
 		return nil, fmt.Errorf("%s: coverage check failed: %w", path, err)
 	}
 	return t, nil

@@ -85,6 +85,7 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 		if err != nil {
 			return sourceError(path, opts.Tag, err)
 		}
+		defer t.Close()
 		if opts.JSON {
 			return writeJSON(out, checkpointReport(t))
 		}

@@ -38,6 +38,17 @@ type Checkpoint struct {
 	// own order), then keys without planner data (tensors, then values).
 	PlannerOrder []string
 	Notes        []string
+	// Scratch is the temporary folder of items decoded from stream
+	// transforms (zstd), "" when there are none; the table's refs point
+	// into it, so it lives until Table.Close (or Checkpoint.Close).
+	Scratch string
+}
+
+// Close removes the decoded items of the scratch folder.
+func (c *Checkpoint) Close() error {
+	err := removeScratch(c.Scratch)
+	c.Scratch = ""
+	return err
 }
 
 // Tensor is one tensor key with its chunks.
@@ -266,8 +277,10 @@ func Open(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 		}
 	}
 	if err := runJobs(ctx, jobs, opt.Workers); err != nil {
+		removeScratch(fs.scratch)
 		return nil, err
 	}
+	c.Scratch = fs.scratch
 	sort.Strings(c.Notes)
 	if len(names) > 1 {
 		c.Notes = append(c.Notes, fmt.Sprintf("saved without collectives: %d per-rank metadata files merged", len(names)))

@@ -157,9 +157,9 @@ func TestCorruptCheckpoints(t *testing.T) {
 		{"missing bytes MetadataIndex", func(t *testing.T, d string) {
 			rewrite(t, d, func(md *Metadata) { storageOf(t, md, "step", nil).Index.HasOffset = true })
 		}, []string{".metadata", `MetadataIndex("step")`}},
-		{"stream transform", func(t *testing.T, d string) {
+		{"plain item marked zstd", func(t *testing.T, d string) {
 			rewrite(t, d, func(md *Metadata) { storageOf(t, md, w, []int64{0, 0}).Info.Transforms = []string{"stream.zstd/1"} })
-		}, []string{w, "unsupported transform", "stream.zstd/1"}},
+		}, []string{"__0_0.distcp", w, "stream.zstd/1", "magic number mismatch"}},
 		{"path outside the folder", func(t *testing.T, d string) {
 			rewrite(t, d, func(md *Metadata) { storageOf(t, md, w, []int64{0, 0}).Info.RelativePath = "../__0_0.distcp" })
 		}, []string{w, "not a file name inside the checkpoint folder"}},

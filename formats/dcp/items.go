@@ -28,6 +28,10 @@ type files struct {
 	mu   sync.Mutex
 	open map[string]*dataFile
 	st   map[string]*safetensors.File // safetensors blobs by "path@offset"
+	// scratch is the folder of decompressed items (transformed tensor
+	// items), "" until one is needed; spilled are their open files.
+	scratch string
+	spilled []*os.File
 }
 
 type dataFile struct {
@@ -48,7 +52,10 @@ func (fs *files) close() {
 			d.f.Close()
 		}
 	}
-	fs.open = map[string]*dataFile{}
+	for _, f := range fs.spilled {
+		f.Close()
+	}
+	fs.open, fs.spilled = map[string]*dataFile{}, nil
 }
 
 // checkRelative rejects storage paths that leave the checkpoint folder;
@@ -97,6 +104,11 @@ type item struct {
 	off  int64
 	len  int64
 	df   *dataFile
+	// transforms are the stream transforms to undo, in order.
+	transforms []string
+	// shown names the item's file in messages: path, or for a decoded
+	// item the data file it came from.
+	shown string
 }
 
 func (it item) String() string { return fmt.Sprintf("%s@%d+%d", it.rel, it.off, it.len) }
@@ -104,9 +116,8 @@ func (it item) String() string { return fmt.Sprintf("%s@%d+%d", it.rel, it.off, 
 // resolve checks that an item lies inside its file and uses no stream
 // transform ucp cannot undo.
 func (fs *files) resolve(si StorageInfo) (item, error) {
-	if len(si.Transforms) > 0 {
-		return item{}, fmt.Errorf("%s: unsupported transform %q: ucp reads only untransformed items (zstd and other stream extensions are not supported)",
-			si.RelativePath, strings.Join(si.Transforms, ", "))
+	if err := checkTransforms(si.Transforms); err != nil {
+		return item{}, fmt.Errorf("%s: %w", filepath.Join(fs.dir, si.RelativePath), err)
 	}
 	df, err := fs.get(si.RelativePath)
 	if err != nil {
@@ -117,7 +128,7 @@ func (fs *files) resolve(si StorageInfo) (item, error) {
 		return item{}, fmt.Errorf("%s: item at offset %d of %d bytes reaches past the end of the %d-byte file",
 			path, si.Offset, si.Length, df.size)
 	}
-	return item{path: path, rel: si.RelativePath, off: si.Offset, len: si.Length, df: df}, nil
+	return item{path: path, rel: si.RelativePath, off: si.Offset, len: si.Length, df: df, transforms: si.Transforms, shown: path}, nil
 }
 
 var zipMagic = []byte("PK\x03\x04")
@@ -127,10 +138,16 @@ var zipMagic = []byte("PK\x03\x04")
 // SerializationFormat.SAFETENSORS, the safetensors blob that starts at the
 // recorded offset and runs to the end of the file.
 func (fs *files) tensor(key string, it item, want dtype.DType, offsets, sizes []int64) (fragment.TensorRef, error) {
+	if len(it.transforms) > 0 {
+		var err error
+		if it, err = fs.spill(it, key); err != nil {
+			return fragment.TensorRef{}, err
+		}
+	}
 	head := make([]byte, 4)
 	if it.len >= 4 {
 		if _, err := it.df.f.ReadAt(head, it.off); err != nil {
-			return fragment.TensorRef{}, fmt.Errorf("%s: %w", it.path, err)
+			return fragment.TensorRef{}, fmt.Errorf("%s: %w", it.shown, err)
 		}
 	}
 	var ref fragment.TensorRef
@@ -138,11 +155,11 @@ func (fs *files) tensor(key string, it item, want dtype.DType, offsets, sizes []
 	case bytes.Equal(head, zipMagic):
 		tf, err := torchfile.Read(io.NewSectionReader(it.df.f, it.off, it.len), it.len, it.String())
 		if err != nil {
-			return ref, fmt.Errorf("%s: item of %q: %w", it.path, key, err)
+			return ref, fmt.Errorf("%s: item of %q: %w", it.shown, key, err)
 		}
 		t, ok := tf.Root.(*torchfile.Tensor)
 		if !ok {
-			return ref, fmt.Errorf("%s: item of %q at offset %d holds %s, not a tensor", it.path, key, it.off, pyobj.TypeName(tf.Root))
+			return ref, fmt.Errorf("%s: item of %q at offset %d holds %s, not a tensor", it.shown, key, it.off, pyobj.TypeName(tf.Root))
 		}
 		ref = fragment.Ref(it.path, t, it.off)
 	case fs.looksSafetensors(it):
@@ -158,13 +175,13 @@ func (fs *files) tensor(key string, it item, want dtype.DType, offsets, sizes []
 			DType:   want, Shape: clone(sizes), Stride: torchfile.ContiguousStrides(sizes)}}
 	default:
 		return ref, fmt.Errorf("%s: item of %q at offset %d (%d bytes) is neither a torch.save stream, a safetensors blob, nor the chunk's %d raw bytes",
-			it.path, key, it.off, it.len, raw)
+			it.shown, key, it.off, it.len, raw)
 	}
 	if ref.T.DType != want {
-		return ref, fmt.Errorf("%s: item of %q at offset %d is %v, but the metadata says %v", it.path, key, it.off, ref.T.DType, want)
+		return ref, fmt.Errorf("%s: item of %q at offset %d is %v, but the metadata says %v", it.shown, key, it.off, ref.T.DType, want)
 	}
 	if !torchfile.SameShape(ref.T.Shape, sizes) {
-		return ref, fmt.Errorf("%s: item of %q at offset %d has shape %v, but its chunk has sizes %v", it.path, key, it.off, ref.T.Shape, sizes)
+		return ref, fmt.Errorf("%s: item of %q at offset %d has shape %v, but its chunk has sizes %v", it.shown, key, it.off, ref.T.Shape, sizes)
 	}
 	return ref, nil
 }
@@ -194,7 +211,7 @@ func (fs *files) safetensorsTensor(key string, it item, offsets []int64) (*torch
 		var err error
 		sf, err = safetensors.Read(io.NewSectionReader(it.df.f, it.off, size), size, it.String())
 		if err != nil {
-			return nil, fmt.Errorf("%s: item of %q: %w", it.path, key, err)
+			return nil, fmt.Errorf("%s: item of %q: %w", it.shown, key, err)
 		}
 		fs.mu.Lock()
 		fs.st[id] = sf
@@ -202,22 +219,22 @@ func (fs *files) safetensorsTensor(key string, it item, offsets []int64) (*torch
 	}
 	st, ok := sf.Tensor(key)
 	if !ok {
-		return nil, fmt.Errorf("%s: the safetensors blob at offset %d has no tensor %q", it.path, it.off, key)
+		return nil, fmt.Errorf("%s: the safetensors blob at offset %d has no tensor %q", it.shown, it.off, key)
 	}
 	if info, ok := sf.Metadata["DCP_SHARDING_INFO"]; ok {
 		var sharding map[string]struct {
 			SavedOffsets []int64 `json:"saved_offsets"`
 		}
 		if err := json.Unmarshal([]byte(info), &sharding); err != nil {
-			return nil, fmt.Errorf("%s: DCP_SHARDING_INFO of the safetensors blob at offset %d: %w", it.path, it.off, err)
+			return nil, fmt.Errorf("%s: DCP_SHARDING_INFO of the safetensors blob at offset %d: %w", it.shown, it.off, err)
 		}
 		if sh, ok := sharding[key]; ok && !torchfile.SameShape(sh.SavedOffsets, offsets) {
 			return nil, fmt.Errorf("%s: the safetensors blob at offset %d saved %q at offsets %v, but the chunk is at %v",
-				it.path, it.off, key, sh.SavedOffsets, offsets)
+				it.shown, it.off, key, sh.SavedOffsets, offsets)
 		}
 	}
 	if st.NBytes != it.len {
-		return nil, fmt.Errorf("%s: tensor %q of the safetensors blob has %d bytes, but its item length is %d", it.path, key, st.NBytes, it.len)
+		return nil, fmt.Errorf("%s: tensor %q of the safetensors blob has %d bytes, but its item length is %d", it.shown, key, st.NBytes, it.len)
 	}
 	t := &torchfile.Tensor{
 		Storage: &torchfile.Storage{Key: "safetensors:" + key, DType: st.DType, Location: "cpu",
@@ -234,11 +251,21 @@ func (fs *files) safetensorsTensor(key string, it item, offsets []int64) (*torch
 // TensorRefs; an item that does not decode is carried as its raw bytes.
 func (fs *files) bytesValue(key string, it item) (pyobj.Value, string, error) {
 	if it.len > maxBytesItem {
-		return nil, "", fmt.Errorf("%s: non-tensor item of %q has %d bytes, more than the %d ucp carries", it.path, key, it.len, maxBytesItem)
+		return nil, "", fmt.Errorf("%s: non-tensor item of %q has %d bytes, more than the %d ucp carries", it.shown, key, it.len, maxBytesItem)
+	}
+	if len(it.transforms) > 0 {
+		// Decoded to a file too: tensors inside are read by range later.
+		var err error
+		if it, err = fs.spill(it, key); err != nil {
+			return nil, "", err
+		}
+	}
+	if it.len > maxBytesItem {
+		return nil, "", fmt.Errorf("%s: non-tensor item of %q has %d bytes, more than the %d ucp carries", it.shown, key, it.len, maxBytesItem)
 	}
 	data := make([]byte, it.len)
 	if _, err := it.df.f.ReadAt(data, it.off); err != nil && it.len > 0 {
-		return nil, "", fmt.Errorf("%s: %w", it.path, err)
+		return nil, "", fmt.Errorf("%s: %w", it.shown, err)
 	}
 	if bytes.HasPrefix(data, zipMagic) {
 		tf, err := torchfile.Read(bytes.NewReader(data), it.len, it.String())
@@ -247,7 +274,7 @@ func (fs *files) bytesValue(key string, it item) (pyobj.Value, string, error) {
 		}
 		v, err := refTensors(tf.Root, it, 0)
 		if err != nil {
-			return nil, "", fmt.Errorf("%s: item of %q: %w", it.path, key, err)
+			return nil, "", fmt.Errorf("%s: item of %q: %w", it.shown, key, err)
 		}
 		return v, "", nil
 	}

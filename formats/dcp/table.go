@@ -24,7 +24,12 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err != nil {
 		return nil, err
 	}
-	return c.Table()
+	t, err := c.Table()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return t, nil
 }
 
 // Layout is how the keys of a checkpoint map onto parameters.
@@ -82,6 +87,9 @@ func (c *Checkpoint) Table() (*fragment.Table, error) {
 	t.Extra = extra
 	t.Optimizer = a.optimizer(extra)
 	t.Notes = append(append(a.describe(), c.Notes...), a.notes...)
+	if c.Scratch != "" {
+		t.Scratch = []string{c.Scratch}
+	}
 	return t, nil
 }
 
