@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/dcp"
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/formats/megatron"
@@ -117,4 +119,63 @@ func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 		return nil, err
 	}
 	return f.Index(ctx, path, o)
+}
+
+// ReshardOptions are the target layout every writer understands; each
+// writer rejects what its framework cannot take.
+type ReshardOptions struct {
+	DP, TP, PP, VPP int
+	Zero            int         // DeepSpeed ZeRO stage
+	DType           dtype.DType // training dtype (Invalid: the source's)
+	BF16Optimizer   bool        // DeepSpeed BF16_Optimizer
+	DistOptimizer   bool        // Megatron distributed optimizer
+	Force, NoSync   bool
+}
+
+// ReshardStats tell what a writer wrote.
+type ReshardStats struct {
+	Files int
+	Bytes int64
+	Notes []string
+}
+
+// Target is a format ucp writes native checkpoints of, at a chosen
+// parallelism, from an atomic checkpoint.
+type Target struct {
+	Name    string
+	Help    string
+	Reshard func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error)
+}
+
+// Targets returns the formats 'ucp reshard --to' writes.
+func Targets() []Target {
+	return []Target{
+		{
+			Name: "deepspeed",
+			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2, BF16_Optimizer) and 'latest' beside it",
+			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
+				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer {
+					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron distributed-optimizer layouts (--pp, --vpp, --distributed-optimizer)")
+				}
+				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
+					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync})
+				if err != nil {
+					return nil, err
+				}
+				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes}, nil
+			},
+		},
+	}
+}
+
+// LookupTarget returns the writer of a target format.
+func LookupTarget(name string) (Target, error) {
+	var names []string
+	for _, t := range Targets() {
+		if t.Name == name {
+			return t, nil
+		}
+		names = append(names, t.Name)
+	}
+	return Target{}, fmt.Errorf("unknown target format %q (known: %s)", name, strings.Join(names, ", "))
 }

@@ -1,7 +1,8 @@
 // Package deepspeed indexes DeepSpeed ZeRO-1/2 (and BF16_Optimizer)
 // checkpoints, including Megatron-DeepSpeed tensor and pipeline
 // parallelism, into a fragment table. It parses pickles only; no tensor
-// bytes are read.
+// bytes are read. Reshard writes an atomic checkpoint back as a native
+// DeepSpeed checkpoint of another parallelism (FORMAT.md).
 package deepspeed
 
 import (

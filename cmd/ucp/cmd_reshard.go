@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/formats"
+)
+
+type reshardOptions struct {
+	To     string
+	DType  string
+	Verify bool
+	Quiet  bool
+	formats.ReshardOptions
+}
+
+func newReshardCommand() *cobra.Command {
+	var opts reshardOptions
+	cmd := &cobra.Command{
+		Use:   "reshard ATOMIC DST --to deepspeed --dp N --zero 1|2 [--tp N]",
+		Short: "Write an atomic checkpoint as a native checkpoint of another parallelism",
+		Long: `Write the atomic checkpoint in ATOMIC (made by 'ucp convert') as a native
+training checkpoint for a new parallelism, the way the framework itself would
+have saved that model at those degrees, so that a plain resume loads it.
+
+--to deepspeed writes DST as a DeepSpeed ` + "v0.14.5" + ` tag folder and 'latest' (naming
+DST) beside it: mp_rank_XX_model_states.pt per tensor-parallel rank (module in
+the training dtype, param_shapes, frozen parameters, counters, scheduler and
+client state from the source) and one [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt
+per rank with DeepSpeed's flat fp32 partitions, Adam moments, step, paddings and
+slice mappings. DeepSpeed's engine loads it with engine.load_checkpoint(DIR, tag)
+when its config has the same --dp, --tp, ZeRO stage and dtype, the same
+parameters in the same param groups (the source's, in order) and the optimizer
+the source used. ATOMIC must be converted from a DeepSpeed checkpoint (its
+model states give the module layout and the param groups).
+
+Everything is checked before anything is written: a --tp the model cannot
+take, a --dp DeepSpeed cannot save, an unknown stage are errors. DST is
+written as DST.partial and renamed when complete.`,
+		Example: `  ucp reshard out/atomic ckpt/global_step100 --to deepspeed --dp 3 --zero 2
+  ucp reshard --to deepspeed --dp 8 --zero 1 --tp 1 --dtype bfloat16 --bf16-optimizer atomic/ ckpt/step100`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runReshard(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.To, "to", "", "target format (deepspeed)")
+	f.IntVar(&opts.DP, "dp", 0, "data-parallel size of the target run")
+	f.IntVar(&opts.TP, "tp", 1, "tensor-parallel size of the target run")
+	f.IntVar(&opts.Zero, "zero", -1, "DeepSpeed ZeRO stage (1 or 2)")
+	f.StringVar(&opts.DType, "dtype", "", "training dtype of the target (float32, bfloat16, float16; default: the source's)")
+	f.BoolVar(&opts.BF16Optimizer, "bf16-optimizer", false, "DeepSpeed BF16_Optimizer files (bf16, ZeRO stage 1, fp32 gradient accumulation)")
+	f.BoolVar(&opts.Force, "force", false, "replace DST if it exists")
+	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the written files to disk")
+	f.BoolVar(&opts.Verify, "verify", true, "check every atomic file's CRC-32 against the manifest before using it")
+	f.BoolVar(&opts.Quiet, "quiet", false, "no summary")
+	return cmd
+}
+
+func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshardOptions) error {
+	if opts.To == "" {
+		return fmt.Errorf("--to is required (one of: deepspeed)")
+	}
+	tg, err := formats.LookupTarget(opts.To)
+	if err != nil {
+		return err
+	}
+	if opts.DP <= 0 {
+		return fmt.Errorf("--dp is required: the data-parallel size of the target run")
+	}
+	if opts.Zero < 0 {
+		return fmt.Errorf("--zero is required: the ZeRO stage of the target run")
+	}
+	if opts.DType != "" {
+		dt, err := dtype.Parse(opts.DType)
+		if err != nil {
+			return fmt.Errorf("--dtype: %w", err)
+		}
+		opts.ReshardOptions.DType = dt
+	}
+	if err := atomicCheck(src); err != nil {
+		return err
+	}
+	start := time.Now()
+	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})
+	if err != nil {
+		return err
+	}
+	st, err := tg.Reshard(ctx, r, dst, opts.ReshardOptions)
+	if err != nil {
+		return err
+	}
+	if opts.Quiet {
+		return nil
+	}
+	fmt.Fprintf(out, "resharded %s -> %s (%s: DP %d, TP %d, ZeRO-%d)\n", src, dst, tg.Name, opts.DP, opts.TP, opts.Zero)
+	fmt.Fprintf(out, "  %d files, %s in %s; %s names tag %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)),
+		filepath.Join(filepath.Dir(filepath.Clean(dst)), "latest"), filepath.Base(filepath.Clean(dst)))
+	for _, n := range st.Notes {
+		fmt.Fprintln(out, "  note:", n)
+	}
+	return nil
+}
