@@ -14,7 +14,7 @@ export UCP_REQUIRE_TORCH2 := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build demo test deps fixtures bench fuzz lint clean python cuda-check
+.PHONY: all build demo test deps fixtures bench fuzz lint clean python cuda-check check-deepspeed
 
 all: build
 
@@ -57,6 +57,13 @@ fixtures:
 	$(PYTHON) testdata/gen/zero3_fixtures.py
 	$(PYTHON) testdata/gen/megatron_fixtures.py
 	$(PYTHON) testdata/gen/dcp_fixtures.py
+
+# DeepSpeed's own engine (v0.14.5 source tree, run in place on CPU with Debian's torch 1.13 and gloo) trains,
+# saves, and loads what ucp reshard wrote at a new DP / ZeRO stage / optimizer; compares every rank's state
+# with the truth and runs one step. Not part of make test: CI cannot fetch DeepSpeed.
+check-deepspeed: build
+	@test -n "$(DS_SRC)" || { echo "usage: make check-deepspeed DS_SRC=/path/to/DeepSpeed-v0.14.5"; exit 2; }
+	./scripts/check-deepspeed.sh "$(DS_SRC)" $(BIN)
 
 bench: build
 	./scripts/bench.sh

@@ -152,7 +152,7 @@ func Targets() []Target {
 	return []Target{
 		{
 			Name: "deepspeed",
-			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2, BF16_Optimizer) and 'latest' beside it",
+			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2/3, BF16_Optimizer) and 'latest' beside it",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
 				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer {
 					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron distributed-optimizer layouts (--pp, --vpp, --distributed-optimizer)")

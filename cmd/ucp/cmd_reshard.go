@@ -25,7 +25,7 @@ type reshardOptions struct {
 func newReshardCommand() *cobra.Command {
 	var opts reshardOptions
 	cmd := &cobra.Command{
-		Use:   "reshard ATOMIC DST --to deepspeed --dp N --zero 1|2 [--tp N]",
+		Use:   "reshard ATOMIC DST --to deepspeed --dp N --zero 1|2|3 [--tp N]",
 		Short: "Write an atomic checkpoint as a native checkpoint of another parallelism",
 		Long: `Write the atomic checkpoint in ATOMIC (made by 'ucp convert') as a native
 training checkpoint for a new parallelism, the way the framework itself would
@@ -36,7 +36,8 @@ DST) beside it: mp_rank_XX_model_states.pt per tensor-parallel rank (module in
 the training dtype, param_shapes, frozen parameters, counters, scheduler and
 client state from the source) and one [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt
 per rank with DeepSpeed's flat fp32 partitions, Adam moments, step, paddings and
-slice mappings. DeepSpeed's engine loads it with engine.load_checkpoint(DIR, tag)
+slice mappings; with --zero 3, zero_pp_rank_D_mp_rank_00_model_states.pt and the
+per-parameter partitions of DeepSpeed's ZeRO-3 optimizer instead (--tp 1). DeepSpeed's engine loads it with engine.load_checkpoint(DIR, tag)
 when its config has the same --dp, --tp, ZeRO stage and dtype, the same
 parameters in the same param groups (the source's, in order) and the optimizer
 the source used. ATOMIC must be converted from a DeepSpeed checkpoint (its
@@ -56,7 +57,7 @@ written as DST.partial and renamed when complete.`,
 	f.StringVar(&opts.To, "to", "", "target format (deepspeed)")
 	f.IntVar(&opts.DP, "dp", 0, "data-parallel size of the target run")
 	f.IntVar(&opts.TP, "tp", 1, "tensor-parallel size of the target run")
-	f.IntVar(&opts.Zero, "zero", -1, "DeepSpeed ZeRO stage (1 or 2)")
+	f.IntVar(&opts.Zero, "zero", -1, "DeepSpeed ZeRO stage (1, 2 or 3)")
 	f.StringVar(&opts.DType, "dtype", "", "training dtype of the target (float32, bfloat16, float16; default: the source's)")
 	f.BoolVar(&opts.BF16Optimizer, "bf16-optimizer", false, "DeepSpeed BF16_Optimizer files (bf16, ZeRO stage 1, fp32 gradient accumulation)")
 	f.BoolVar(&opts.Force, "force", false, "replace DST if it exists")

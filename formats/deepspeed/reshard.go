@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
@@ -110,21 +109,20 @@ type plan struct {
 	// paddedVocab is the target's vocabulary rows (0: no vocabulary
 	// parameter), written into Megatron-DeepSpeed's args.
 	paddedVocab int64
+	subs        []subGroup // ZeRO-3 sub-groups
 }
 
 func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	m := r.Manifest
 	src := m.Source
-	if src.Format != "deepspeed" && src.Format != "zero3" {
+	if src.Format != "deepspeed" && src.Format != "deepspeed-zero3" {
 		return nil, fmt.Errorf("%s: converted from a %s checkpoint; --to deepspeed needs one converted from DeepSpeed (its model states and param groups)", r.Dir, src.Format)
 	}
 	if src.Degrees.PP > 1 {
 		return nil, fmt.Errorf("%s: converted from a pipeline-parallel checkpoint (PP %d); writing DeepSpeed pipeline layer files is not supported", r.Dir, src.Degrees.PP)
 	}
 	switch o.Zero {
-	case 1, 2:
-	case 3:
-		return nil, fmt.Errorf("--zero 3: writing ZeRO-3 checkpoints is not implemented yet")
+	case 1, 2, 3:
 	case 0:
 		return nil, fmt.Errorf("--zero 0 is not supported: without ZeRO DeepSpeed keeps the optimizer state in the model-state file; use 1, 2 or 3")
 	default:
@@ -1110,16 +1108,4 @@ func (p *plan) frozenFragment(e *atomic.ParamEntry, sh fragment.Shard, r int) (*
 	}
 	b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
 	return b, []fillPiece{{param: e.Name, state: fragment.FP32, shard: sh, n: n}}
-}
-
-// Describe says in one line what Reshard writes for these options.
-func (o ReshardOptions) Describe(dt dtype.DType) string {
-	opt := "DeepSpeedZeroOptimizer"
-	switch {
-	case o.BF16Optimizer:
-		opt = "BF16_Optimizer"
-	case o.Zero == 3:
-		opt = "DeepSpeedZeroOptimizer_Stage3"
-	}
-	return strings.Join([]string{fmt.Sprintf("ZeRO-%d", o.Zero), fmt.Sprintf("DP %d", o.DP), fmt.Sprintf("TP %d", o.TP), dt.String(), opt}, ", ")
 }

@@ -283,6 +283,7 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	if err := addFrozen(t, grid, rules); err != nil {
 		return nil, err
 	}
+	addAliases(t, grid[0][0].model)
 	if um := rules.Unmatched(); len(um) > 0 {
 		t.Notes = append(t.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
 	}
@@ -334,6 +335,24 @@ func stepOf(path string, v pyobj.Value) *fragment.Step {
 		return &fragment.Step{Tensor: &ref}
 	}
 	return &fragment.Step{Value: v}
+}
+
+// addAliases records tied weights: shared_params (alias -> stored name),
+// which DeepSpeed fills in global rank 0's model state only.
+func addAliases(t *fragment.Table, model *pyobj.Dict) {
+	v, _ := model.Get("shared_params")
+	d, ok := v.(*pyobj.Dict)
+	if !ok {
+		return
+	}
+	for i := 0; i < d.Len(); i++ {
+		alias, canon := d.Item(i)
+		as, _ := alias.(string)
+		cs, _ := canon.(string)
+		if p := t.Param(cs); p != nil && as != "" {
+			p.Info.Aliases = append(p.Info.Aliases, as)
+		}
+	}
 }
 
 // addFrozen adds frozen parameters (each rank holds its ZeRO-3 partition

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/truth"
+)
+
+// TestReshardThenInspect: ucp reshard writes a DeepSpeed folder that ucp
+// inspect shows as a source checkpoint of the new degrees, for every stage.
+func TestReshardThenInspect(t *testing.T) {
+	dir := t.TempDir()
+	atomic := filepath.Join(dir, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), atomic); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want fragment.Degrees
+	}{
+		{[]string{"--dp", "3", "--zero", "2", "--tp", "1"}, fragment.Degrees{TP: 1, PP: 1, DP: 3, EP: 1, ZeRO: 2}},
+		{[]string{"--dp", "1", "--zero", "1", "--tp", "2", "--bf16-optimizer"}, fragment.Degrees{TP: 2, PP: 1, DP: 1, EP: 1, ZeRO: 1}},
+		{[]string{"--dp", "4", "--zero", "3"}, fragment.Degrees{TP: 1, PP: 1, DP: 4, EP: 1, ZeRO: 3}},
+	} {
+		save := filepath.Join(dir, strings.Join(c.args, ""))
+		args := append([]string{"reshard", atomic, filepath.Join(save, "step3"), "--to", "deepspeed"}, c.args...)
+		r := ucp(t, nil, args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "latest names tag step3") {
+			t.Fatalf("%v: exit %d\n%s%s", c.args, r.code, r.stdout, r.stderr)
+		}
+		if b, err := os.ReadFile(filepath.Join(save, "latest")); err != nil || string(b) != "step3" {
+			t.Errorf("latest = %q, %v", b, err)
+		}
+		r = ucp(t, nil, "inspect", "--json", save)
+		if r.code != 0 {
+			t.Fatal(r.stderr)
+		}
+		var rep checkpointJSON
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Degrees != c.want || len(rep.Params) != 29 {
+			t.Errorf("%v: inspect shows degrees %+v and %d parameters, want %+v and 29", c.args, rep.Degrees, len(rep.Params), c.want)
+		}
+	}
+}
+
+func TestReshardBadFlags(t *testing.T) {
+	dir := t.TempDir()
+	atomic := filepath.Join(dir, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), atomic); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{atomic, "x", "--dp", "2", "--zero", "1"}, "--to is required"},
+		{[]string{atomic, "x", "--to", "megatronx", "--dp", "2", "--zero", "1"}, `unknown target format "megatronx"`},
+		{[]string{atomic, "x", "--to", "deepspeed", "--zero", "1"}, "--dp is required"},
+		{[]string{atomic, "x", "--to", "deepspeed", "--dp", "2"}, "--zero is required"},
+		{[]string{atomic, "x", "--to", "deepspeed", "--dp", "2", "--zero", "5"}, "unknown ZeRO stage 5"},
+		{[]string{atomic, "x", "--to", "deepspeed", "--dp", "2", "--zero", "1", "--dtype", "int3"}, "--dtype"},
+		{[]string{src, "x", "--to", "deepspeed", "--dp", "2", "--zero", "1"}, "not an atomic one"},
+	} {
+		r := ucp(t, nil, append([]string{"reshard"}, c.args...)...)
+		if r.code == 0 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v: exit %d, stderr %q, want it to say %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	if _, err := os.Stat("x"); err == nil {
+		t.Errorf("a failed reshard wrote x")
+	}
+}

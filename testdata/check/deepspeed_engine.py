@@ -1,0 +1,456 @@
+#!/usr/bin/python3
+"""Check `ucp reshard --to deepspeed` with DeepSpeed's own engine (make check-deepspeed DS_SRC=...).
+
+    /usr/bin/python3 testdata/check/deepspeed_engine.py --ds-src /path/to/DeepSpeed-v0.14.5 --ucp bin/ucp [--work DIR] [--case NAME]
+
+For every case (A -> B):
+  1. train: DeepSpeed's engine trains TinyLM for 3 AdamW steps at layout A (N gloo ranks on CPU) and saves
+     its checkpoint; the live optimizer's full fp32 weights, exp_avg, exp_avg_sq, the step and the module's
+     low-precision weights are gathered with DeepSpeed's safe_get_full_* and saved as truth.pt.
+  2. ucp convert the checkpoint, then ucp reshard it to layout B.
+  3. load: a fresh engine at layout B runs a plain engine.load_checkpoint(dir, tag) (no universal loading);
+     every rank compares its own flat fp32 partition, exp_avg and exp_avg_sq partitions and step with the
+     ones DeepSpeed's partitioning of the truth gives, bit for bit; the full parameters and moments read back
+     with safe_get_full_* and the module weights must equal the truth; then one training step must run and
+     give a finite loss and new weights.
+Nothing from DeepSpeed is copied into this repository: the source tree is used in place (PYTHONPATH).
+Environment per the recipe: DS_ACCELERATOR=cpu, gloo, Debian's torch 1.13, whose gloo lacks 16-bit and
+*_base / reduce_scatter collectives: those torch.distributed calls are wrapped (fp32 on the wire,
+all_gather/all_reduce based); checkpoint contents and layout stay DeepSpeed's.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name: (layout A, layout B); a layout is (zero stage, dp, dtype, bf16_optimizer)
+CASES = {
+    "z2_fp32_dp2_to_dp3": ((2, 2, "fp32", False), (2, 3, "fp32", False)),
+    "z1_bf16_dp3_to_dp2": ((1, 3, "bf16", False), (1, 2, "bf16", False)),
+    "z1_fp32_dp2_to_z2_dp3": ((1, 2, "fp32", False), (2, 3, "fp32", False)),
+    "z2_bf16_dp2_to_bf16opt_dp3": ((2, 2, "bf16", False), (1, 3, "bf16", True)),
+    "bf16opt_dp3_to_z2_dp2": ((1, 3, "bf16", True), (2, 2, "bf16", False)),
+    "z2_fp32_dp2_to_z3_dp3": ((2, 2, "fp32", False), (3, 3, "fp32", False)),
+    "z3_bf16_dp3_to_dp2": ((3, 3, "bf16", False), (3, 2, "bf16", False)),
+    "z3_fp32_dp2_to_z2_dp3": ((3, 2, "fp32", False), (2, 3, "fp32", False)),
+}
+
+
+def ds_config(stage, dtype, bf16opt):
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 1000,
+        "gradient_clipping": 1.0,
+        "zero_allow_untested_optimizer": True,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.01, "torch_adam": True}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001, "warmup_max_lr": 0.01,
+                                                     "warmup_num_steps": 2, "warmup_type": "linear"}},
+        "zero_optimization": {"stage": stage},
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+        if bf16opt:
+            cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    return cfg
+
+
+# ---------------------------------------------------------------- per-rank work (child processes)
+
+def setup_deepspeed(ds_src):
+    """Import DeepSpeed from a source tree as `pip install` would have configured it on this CPU machine."""
+    import collections
+    stub = types.ModuleType("hjson")  # only used for JSON config files; configs here are dicts
+    from json import load, loads, dump, dumps
+    stub.load, stub.loads, stub.dump, stub.dumps = load, loads, dump, dumps
+    sys.modules.setdefault("hjson", stub)
+    info = types.ModuleType("deepspeed.git_version_info_installed")
+    with open(os.path.join(ds_src, "version.txt")) as f:
+        info.version = f.read().strip()
+    info.git_hash, info.git_branch = "[none]", "[none]"
+    info.installed_ops = collections.defaultdict(bool)  # every op off
+    info.accelerator_name = "cpu"
+    info.torch_info = {"version": "1.13", "bf16_support": False, "cuda_version": "0.0", "nccl_version": "0.0",
+                       "hip_version": "0.0"}
+    sys.modules["deepspeed.git_version_info_installed"] = info
+    sys.path.insert(0, ds_src)
+    wrap_gloo()
+    import deepspeed
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+def wrap_gloo():
+    """torch 1.13's gloo: 16-bit tensors travel as fp32; the *_base, reduce_scatter and AVG collectives
+    are built from all_gather / all_reduce; async calls complete at once."""
+    import torch
+    import torch.distributed as dist
+
+    class Done:
+        def wait(self, *a, **k):
+            return True
+
+        def is_completed(self):
+            return True
+
+    def wire(t):
+        return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+    def back(w, t):
+        if w is not t:
+            t.copy_(w)
+
+    def ret(async_op):
+        return Done() if async_op else None
+
+    orig = {k: getattr(dist, k) for k in ("all_reduce", "reduce", "broadcast", "all_gather")}
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        avg = op == dist.ReduceOp.AVG
+        w = wire(tensor)
+        orig["all_reduce"](w, op=dist.ReduceOp.SUM if avg else op, group=group)
+        if avg:
+            w.div_(dist.get_world_size(group))
+        back(w, tensor)
+        return ret(async_op)
+
+    def reduce(tensor, dst, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        avg = op == dist.ReduceOp.AVG
+        w = wire(tensor)
+        orig["reduce"](w, dst, op=dist.ReduceOp.SUM if avg else op, group=group)
+        if avg:
+            w.div_(dist.get_world_size(group))
+        back(w, tensor)
+        return ret(async_op)
+
+    def broadcast(tensor, src, group=None, async_op=False):
+        w = wire(tensor)
+        orig["broadcast"](w, src, group=group)
+        back(w, tensor)
+        return ret(async_op)
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        ws = [wire(t) for t in tensor_list]
+        orig["all_gather"](ws, wire(tensor), group=group)
+        for w, t in zip(ws, tensor_list):
+            back(w, t)
+        return ret(async_op)
+
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        n = dist.get_world_size(group)
+        ws = [torch.empty_like(wire(input_tensor)) for _ in range(n)]
+        orig["all_gather"](ws, wire(input_tensor), group=group)
+        output_tensor.copy_(torch.cat([w.reshape(-1) for w in ws]).view_as(output_tensor))
+        return ret(async_op)
+
+    def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        w = wire(input).clone()
+        all_reduce(w, op=op, group=group)
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        output.copy_(w.reshape(n, -1)[r].view_as(output))
+        return ret(async_op)
+
+    def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        r = dist.get_rank(group)
+        for i, t in enumerate(input_list):
+            w = wire(t).clone()
+            all_reduce(w, op=op, group=group)
+            if i == r:
+                output.copy_(w)
+        return ret(async_op)
+
+    def all_reduce_coalesced(tensors, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        for t in tensors:
+            all_reduce(t, op=op, group=group)
+        return ret(async_op)
+
+    dist.all_reduce, dist.reduce, dist.broadcast, dist.all_gather = all_reduce, reduce, broadcast, all_gather
+    dist.all_gather_into_tensor = dist._all_gather_base = all_gather_into_tensor
+    dist.distributed_c10d.all_gather_into_tensor = dist.distributed_c10d._all_gather_base = all_gather_into_tensor
+    dist.reduce_scatter_tensor = dist._reduce_scatter_base = reduce_scatter_tensor
+    dist.reduce_scatter = reduce_scatter
+    dist.all_reduce_coalesced = all_reduce_coalesced
+
+
+def tiny_lm():
+    import torch
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self, h, f):
+            super().__init__()
+            self.ln = nn.LayerNorm(h)
+            self.fc1 = nn.Linear(h, f)
+            self.fc2 = nn.Linear(f, h)
+
+        def forward(self, x):
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+    class TinyLM(nn.Module):
+        # No parameter's size divides by 2 or 3: every partition is ragged and padded.
+        def __init__(self, vocab=37, hidden=11, ffn=29, seq=7):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, hidden)
+            self.pos = nn.Embedding(seq, hidden)
+            self.blocks = nn.ModuleList([Block(hidden, ffn) for _ in range(2)])
+            self.ln_f = nn.LayerNorm(hidden)
+            self.head = nn.Linear(hidden, vocab)
+
+        def forward(self, ids):
+            x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))
+            for b in self.blocks:
+                x = b(x)
+            logits = self.head(self.ln_f(x)).float()
+            return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                     ids[:, 1:].reshape(-1))
+
+    torch.manual_seed(1234)
+    return TinyLM()
+
+
+def batch(step, rank, dtype_unused=None):
+    import torch
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, 37, (2, 7), generator=g)
+
+
+def engine_for(deepspeed, layout):
+    stage, dp, dtype, bf16opt = layout
+    model = tiny_lm()
+    eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                        config=ds_config(stage, dtype, bf16opt))
+    return eng
+
+
+def full_state(deepspeed, eng):
+    """Full fp32 weights and moments per parameter through DeepSpeed's own accessors (collective)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    out = {"fp32": {}, "exp_avg": {}, "exp_avg_sq": {}}
+    for name, p in eng.module.named_parameters():
+        out["fp32"][name] = safe_get_full_fp32_param(p).detach().clone().float()
+        for k in ("exp_avg", "exp_avg_sq"):
+            out[k][name] = safe_get_full_optimizer_state(p, k).detach().clone().float()
+    return out
+
+
+def relink(eng):
+    # v0.14.5: after a native ZeRO-1/2 or BF16 load the hp views of safe_get_full_* are stale until
+    # DeepSpeed's own relinking methods run (the flat partitions themselves are loaded right).
+    opt = eng.optimizer
+    if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):
+        opt._link_all_hp_params()
+        opt._hp_optimizer_states_linked = False
+        opt._lazy_init_hp_params_optimizer_state()
+
+
+def flat_groups(eng):
+    """This rank's flat fp32 partitions (ZeRO-3: per sub-group), their torch optimizer state, and the
+    parameter names per group."""
+    opt = eng.optimizer
+    names = {p: n for n, p in eng.module.named_parameters()}
+    if hasattr(opt, "fp32_partitioned_groups_flat"):  # ZeRO-3
+        return [(flat, opt.optimizer.state[flat], [names[p] for p in params])
+                for flat, params in zip(opt.fp32_partitioned_groups_flat, opt.fp16_groups)]
+    if hasattr(opt, "bf16_groups"):  # BF16_Optimizer
+        fp32, groups = opt.fp32_groups_flat_partition, opt.bf16_groups
+    else:
+        fp32, groups = opt.single_partition_of_fp32_groups, opt.bit16_groups
+    out = []
+    for g, (flat, params) in enumerate(zip(fp32, groups)):
+        st = opt.optimizer.state[opt.optimizer.param_groups[g]["params"][0]]
+        out.append((flat, st, [names[p] for p in params]))
+    return out
+
+
+def lp_weights(deepspeed, eng, stage):
+    """The module's low-precision weights (gathered under ZeRO-3: collective)."""
+    params = list(eng.module.named_parameters())
+    if stage != 3:
+        return {n: p.detach().clone() for n, p in params}
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        return {n: p.detach().clone() for n, p in params}
+
+
+def expected_partition(full_by_name, names, stage, dp, rank):
+    """What rank `rank` must hold of a flat group: ZeRO-1/2 pad the group to a multiple of 2*dp and split it
+    evenly; ZeRO-3 splits every parameter alone in ceil(n/dp) pieces."""
+    import torch
+    if stage == 3:
+        parts = []
+        for n in names:
+            t = full_by_name[n].reshape(-1)
+            pn = (t.numel() + dp - 1) // dp
+            parts.append(torch.nn.functional.pad(t, (0, pn * dp - t.numel()))[rank * pn:(rank + 1) * pn])
+        return torch.cat(parts)
+    full = torch.cat([full_by_name[n].reshape(-1) for n in names])
+    align = 2 * dp
+    A = (full.numel() + align - 1) // align * align
+    S = A // dp
+    return torch.nn.functional.pad(full, (0, A - full.numel()))[rank * S:(rank + 1) * S]
+
+
+def rank_main(args):
+    import torch
+    import torch.distributed as dist
+    deepspeed = setup_deepspeed(args.ds_src)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    layout = tuple(json.loads(args.layout))
+    eng = engine_for(deepspeed, layout)
+    if args.phase == "train":
+        for step in range(3):
+            loss = eng(batch(step, rank))
+            eng.backward(loss)
+            eng.step()
+        eng.save_checkpoint(args.ckpt, tag="global_step3")
+        st = full_state(deepspeed, eng)
+        st["lp"] = lp_weights(deepspeed, eng, layout[0])
+        if rank == 0:
+            st["step"] = flat_groups(eng)[0][1]["step"]
+            torch.save(st, args.truth)
+        dist.barrier()
+        return
+    # load
+    truth = torch.load(args.truth)
+    path, _ = eng.load_checkpoint(args.ckpt, tag=args.tag)
+    assert path is not None, f"load_checkpoint({args.ckpt}, {args.tag}) loaded nothing"
+    bad = []
+    stage, dp, dtype, bf16opt = layout
+    compared = 0
+    for g, (flat, st, names) in enumerate(flat_groups(eng)):
+        for key, got in (("fp32", flat), ("exp_avg", st["exp_avg"]), ("exp_avg_sq", st["exp_avg_sq"])):
+            want = expected_partition(truth[key], names, stage, dp, rank).contiguous()
+            got = got.detach().float()
+            if got.numel() != want.numel() or not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+                bad.append(f"rank {rank} group {g} {key}: partition of {got.numel()} differs (want {want.numel()})")
+            compared += 1
+        if not torch.equal(torch.as_tensor(st["step"]), torch.as_tensor(truth["step"])):
+            bad.append(f"rank {rank} group {g} step {st['step']} want {truth['step']}")
+    relink(eng)
+    full = full_state(deepspeed, eng)
+    for key in ("fp32", "exp_avg", "exp_avg_sq"):
+        for n, t in truth[key].items():
+            if not torch.equal(full[key][n].view(torch.int32), t.view(torch.int32)):
+                bad.append(f"rank {rank} full {key} of {n} differs")
+    for n, w in lp_weights(deepspeed, eng, stage).items():
+        if not torch.equal(w, truth["lp"][n].to(w.dtype)):
+            bad.append(f"rank {rank} module weight {n} differs")
+    loss = eng(batch(7, rank))
+    eng.backward(loss)
+    eng.step()
+    after = full_state(deepspeed, eng)
+    moved = sum(not torch.equal(after["fp32"][n], truth["fp32"][n]) for n in truth["fp32"])
+    if not torch.isfinite(loss) or moved == 0:
+        bad.append(f"rank {rank} training step: loss {loss.item()}, {moved} parameters changed")
+    print(f"rank {rank}: {compared} flat partitions + steps, {3 * len(truth['fp32'])} full states, "
+          f"{len(truth['lp'])} module weights compared; step after load: loss {loss.item():.4f}, {moved} parameters "
+          f"changed; {'OK' if not bad else 'FAIL'}", flush=True)
+    for b in bad[:20]:
+        print("  " + b, flush=True)
+    dist.barrier()
+    if bad:
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------- driver
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, phase, layout, ckpt, truth, tag=""):
+    n = layout[1]
+    port = str(free_port())
+    procs = []
+    for r in range(n):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                   LOCAL_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
+                   DS_BUILD_OPS="0", OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+        cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--ds-src", args.ds_src, "--phase", phase,
+               "--layout", json.dumps(list(layout)), "--ckpt", ckpt, "--truth", truth, "--tag", tag]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    ok = True
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        outs.append(out)
+        ok = ok and p.returncode == 0
+    return ok, outs
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}")
+    return r.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ds-src", required=True)
+    ap.add_argument("--ucp", default="bin/ucp")
+    ap.add_argument("--work", default="")
+    ap.add_argument("--case", action="append")
+    ap.add_argument("--rank-main", action="store_true")
+    ap.add_argument("--phase")
+    ap.add_argument("--layout")
+    ap.add_argument("--ckpt")
+    ap.add_argument("--truth")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    args.ds_src = os.path.abspath(args.ds_src)
+    if args.rank_main:
+        return rank_main(args)
+    if not os.path.isfile(os.path.join(args.ds_src, "deepspeed", "runtime", "engine.py")):
+        sys.exit(f"{args.ds_src}: not a DeepSpeed source tree (no deepspeed/runtime/engine.py)")
+    work = args.work or tempfile.mkdtemp(prefix="ucp-check-deepspeed-")
+    failed = 0
+    for name in args.case or CASES:
+        a, b = CASES[name]
+        d = os.path.join(work, name)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        src, truth, atomic, dst = (os.path.join(d, x) for x in ("source", "truth.pt", "atomic", "resharded"))
+        ok, outs = launch(args, "train", a, src, truth)
+        if not ok:
+            print(f"FAIL {name}: training at {a} failed:\n" + "\n".join(o[-3000:] for o in outs))
+            failed += 1
+            continue
+        try:
+            run([args.ucp, "convert", "--quiet", src, atomic] if False else [args.ucp, "convert", src, atomic])
+            stage, dp, dtype, bf16opt = b
+            cmd = [args.ucp, "reshard", atomic, os.path.join(dst, "global_step3"), "--to", "deepspeed",
+                   "--dp", str(dp), "--zero", str(stage), "--dtype", {"fp32": "float32", "bf16": "bfloat16"}[dtype]]
+            if bf16opt:
+                cmd.append("--bf16-optimizer")
+            run(cmd)
+            print(run([args.ucp, "inspect", dst]).splitlines()[1])
+        except RuntimeError as e:
+            print(f"FAIL {name}: {e}")
+            failed += 1
+            continue
+        ok, outs = launch(args, "load", b, dst, truth, tag="global_step3")
+        lines = [l for o in outs for l in o.splitlines() if l.startswith("rank ") or l.startswith("  rank")]
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {a} -> {b}")
+        for l in lines:
+            print("   ", l)
+        if not ok:
+            failed += 1
+            if not lines:
+                print("\n".join(o[-3000:] for o in outs))
+    print(f"{len(args.case or CASES) - failed} of {len(args.case or CASES)} cases passed (work folder {work})")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
