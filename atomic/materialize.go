@@ -16,117 +16,27 @@ type refCopy struct {
 }
 
 // blobsForRefs returns v with every *fragment.TensorRef replaced by an
-// empty Blob of its dtype and shape, and the copies that fill them: tensors
-// found in source pickles (a ZeRO-3 step, DCP extra state, a model state's
-// module weights) are written again, streamed, whatever their size.
-// Containers holding no reference are shared, not copied.
-func blobsForRefs(v pyobj.Value) (pyobj.Value, []refCopy, error) {
-	b := &refBlobs{}
-	out, _, err := b.value(v, 0)
-	return out, b.copies, err
-}
-
-type refBlobs struct {
-	copies []refCopy
-	seen   map[*fragment.TensorRef]*torchfile.Blob
-}
-
-// value returns v with references replaced, and whether anything changed
-// (values are not comparable: tuples are slices).
-func (b *refBlobs) value(v pyobj.Value, depth int) (pyobj.Value, bool, error) {
-	if depth > pyobj.DefaultLimits.MaxDepth {
-		return nil, false, fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits.MaxDepth)
-	}
-	switch x := v.(type) {
-	case *fragment.TensorRef:
-		if b.seen == nil {
-			b.seen = map[*fragment.TensorRef]*torchfile.Blob{}
+// empty Blob of its dtype and shape (one per reference), and the copies that
+// fill them: tensors found in source pickles (a ZeRO-3 step, DCP extra
+// state, a model state's module weights) are written again, streamed,
+// whatever their size. Containers holding no reference are shared, not copied.
+func blobsForRefs(v pyobj.Value, lim pyobj.Limits) (pyobj.Value, []refCopy, error) {
+	var copies []refCopy
+	seen := map[*fragment.TensorRef]*torchfile.Blob{}
+	out, err := pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
+		ref, ok := v.(*fragment.TensorRef)
+		if !ok {
+			return nil, false, nil
 		}
-		if bl, ok := b.seen[x]; ok {
-			return bl, true, nil
+		bl, ok := seen[ref]
+		if !ok {
+			bl = &torchfile.Blob{DType: ref.T.DType, Shape: append([]int64(nil), ref.T.Shape...)}
+			seen[ref] = bl
+			copies = append(copies, refCopy{blob: bl, ref: ref})
 		}
-		bl := &torchfile.Blob{DType: x.T.DType, Shape: append([]int64(nil), x.T.Shape...)}
-		b.seen[x] = bl
-		b.copies = append(b.copies, refCopy{blob: bl, ref: x})
 		return bl, true, nil
-	case *pyobj.Dict:
-		var out *pyobj.Dict
-		for i := 0; i < x.Len(); i++ {
-			k, val := x.Item(i)
-			nv, changed, err := b.value(val, depth+1)
-			if err != nil {
-				return nil, false, err
-			}
-			if changed && out == nil {
-				out = x.Clone()
-			}
-			if out != nil {
-				out.Set(k, nv)
-			}
-		}
-		if x.Attrs != nil {
-			na, changed, err := b.value(x.Attrs, depth+1)
-			if err != nil {
-				return nil, false, err
-			}
-			if changed {
-				if out == nil {
-					out = x.Clone()
-				}
-				out.Attrs = na.(*pyobj.Dict)
-			}
-		}
-		if out != nil {
-			return out, true, nil
-		}
-	case *pyobj.List:
-		items, changed, err := b.seq(x.Items, depth)
-		if err != nil || !changed {
-			return x, false, err
-		}
-		return &pyobj.List{Items: items}, true, nil
-	case pyobj.Tuple:
-		items, changed, err := b.seq(x, depth)
-		if err != nil || !changed {
-			return x, false, err
-		}
-		return pyobj.Tuple(items), true, nil
-	case *pyobj.Object:
-		args, ca, err := b.seq(x.Args, depth)
-		if err != nil {
-			return nil, false, err
-		}
-		state, cs, err := b.value(x.State, depth+1)
-		if err != nil {
-			return nil, false, err
-		}
-		if ca || cs {
-			o := *x
-			if ca {
-				o.Args = args
-			}
-			o.State = state
-			return &o, true, nil
-		}
-	}
-	return v, false, nil
-}
-
-func (b *refBlobs) seq(items []pyobj.Value, depth int) ([]pyobj.Value, bool, error) {
-	var out []pyobj.Value
-	for i, it := range items {
-		nv, changed, err := b.value(it, depth+1)
-		if err != nil {
-			return nil, false, err
-		}
-		if changed && out == nil {
-			out = append([]pyobj.Value(nil), items...)
-		}
-		if out != nil {
-			out[i] = nv
-		}
-	}
-	return out, out != nil, nil
+	})
+	return out, copies, err
 }
 
 // copyChunk bounds the memory of streaming one source tensor.

@@ -19,6 +19,8 @@ type ReaderOptions struct {
 	// Verify checks every file's size and CRC-32 against the manifest
 	// before its first use (one sequential read of the file).
 	Verify bool
+	// Limits bound the walk over loaded values (zero: pyobj.DefaultLimits).
+	Limits pyobj.Limits
 }
 
 // Reader reads an atomic checkpoint through its manifest: the parameters
@@ -256,7 +258,7 @@ func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
 	}
 	defer f.Close()
 	budget := int64(maxLoaded)
-	v, err := blobs(f, f.Root, &budget, 0)
+	v, err := blobs(f, f.Root, &budget, r.opt.Limits)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -265,54 +267,21 @@ func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
 
 // blobs replaces the tensors of a decoded value with Blobs holding their
 // bytes (contiguous, as torch.save would write them again).
-func blobs(f *torchfile.File, v pyobj.Value, budget *int64, depth int) (pyobj.Value, error) {
-	if depth > pyobj.DefaultLimits.MaxDepth {
-		return nil, fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits.MaxDepth)
-	}
-	switch x := v.(type) {
-	case *torchfile.Tensor:
+func blobs(f *torchfile.File, v pyobj.Value, budget *int64, lim pyobj.Limits) (pyobj.Value, error) {
+	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
+		x, ok := v.(*torchfile.Tensor)
+		if !ok {
+			return nil, false, nil
+		}
 		if *budget -= x.NBytes(); *budget < 0 {
-			return nil, fmt.Errorf("tensors add up to more than %d bytes", int64(maxLoaded))
+			return nil, false, fmt.Errorf("tensors add up to more than %d bytes", int64(maxLoaded))
 		}
 		b, err := f.ReadTensor(x)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		bl := torchfile.NewBlob(x.DType, x.Shape, b)
 		bl.RequiresGrad = x.RequiresGrad
-		return bl, nil
-	case *pyobj.Dict:
-		c := pyobj.NewDict(x.Kind)
-		c.Attrs = x.Attrs
-		for i := 0; i < x.Len(); i++ {
-			k, val := x.Item(i)
-			nv, err := blobs(f, val, budget, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			c.Set(k, nv)
-		}
-		return c, nil
-	case *pyobj.List:
-		out := &pyobj.List{Items: make([]pyobj.Value, len(x.Items))}
-		for i, e := range x.Items {
-			nv, err := blobs(f, e, budget, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out.Items[i] = nv
-		}
-		return out, nil
-	case pyobj.Tuple:
-		out := make(pyobj.Tuple, len(x))
-		for i, e := range x {
-			nv, err := blobs(f, e, budget, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = nv
-		}
-		return out, nil
-	}
-	return v, nil
+		return bl, true, nil
+	})
 }

@@ -271,7 +271,7 @@ func (w *Writer) WriteStep(pi int, v pyobj.Value) error {
 }
 
 func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
-	v, copies, err := blobsForRefs(v)
+	v, copies, err := blobsForRefs(v, pyobj.DefaultLimits())
 	if err != nil {
 		return nil, err
 	}

@@ -239,57 +239,23 @@ type ValueFile struct {
 }
 
 // RefTree returns v with every *torchfile.Tensor replaced by a
-// *TensorRef into path, containers copied where they hold one, so that a
-// decoded source file can be written again with its tensors streamed.
-func RefTree(path string, v pyobj.Value) pyobj.Value {
+// *TensorRef into path (one reference per tensor), containers copied where
+// they hold one, so that a decoded source file can be written again with
+// its tensors streamed.
+func RefTree(path string, v pyobj.Value, lim pyobj.Limits) (pyobj.Value, error) {
 	refs := map[*torchfile.Tensor]*TensorRef{}
-	var walk func(v pyobj.Value, depth int) pyobj.Value
-	walk = func(v pyobj.Value, depth int) pyobj.Value {
-		if depth > pyobj.DefaultLimits.MaxDepth {
-			return v
+	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
+		t, ok := v.(*torchfile.Tensor)
+		if !ok {
+			return nil, false, nil
 		}
-		switch x := v.(type) {
-		case *torchfile.Tensor:
-			if r, ok := refs[x]; ok {
-				return r
-			}
-			r := &TensorRef{Path: path, T: x}
-			refs[x] = r
-			return r
-		case *pyobj.Dict:
-			d := pyobj.NewDict(x.Kind)
-			for i := 0; i < x.Len(); i++ {
-				k, val := x.Item(i)
-				d.Set(k, walk(val, depth+1))
-			}
-			if x.Attrs != nil {
-				d.Attrs = walk(x.Attrs, depth+1).(*pyobj.Dict)
-			}
-			return d
-		case *pyobj.List:
-			l := &pyobj.List{Items: make([]pyobj.Value, len(x.Items))}
-			for i, it := range x.Items {
-				l.Items[i] = walk(it, depth+1)
-			}
-			return l
-		case pyobj.Tuple:
-			t := make(pyobj.Tuple, len(x))
-			for i, it := range x {
-				t[i] = walk(it, depth+1)
-			}
-			return t
-		case *pyobj.Object:
-			o := *x
-			o.Args = make([]pyobj.Value, len(x.Args))
-			for i, a := range x.Args {
-				o.Args[i] = walk(a, depth+1)
-			}
-			o.State = walk(x.State, depth+1)
-			return &o
+		r, ok := refs[t]
+		if !ok {
+			r = &TensorRef{Path: path, T: t}
+			refs[t] = r
 		}
-		return v
-	}
-	return walk(v, 0)
+		return r, true, nil
+	})
 }
 
 // NewCopyFile describes src, copied as name into the output.

@@ -202,7 +202,7 @@ func fileTensors(path string, values bool) (*fileReport, error) {
 		return nil, err
 	}
 	rep := &fileReport{File: path, Format: string(f.Format), Prefix: f.Prefix, Tensors: []tensorReport{}, Unexpected: f.Unexpected}
-	err = pyobj.Walk(f.Root, func(p []pyobj.Value, v pyobj.Value) error {
+	err = pyobj.Walk(f.Root, pyobj.DefaultLimits(), func(p []pyobj.Value, v pyobj.Value) error {
 		switch x := v.(type) {
 		case *torchfile.Tensor:
 			tr := tensorReport{Key: jsonKey(p), DType: x.DType.String(), Shape: nonNil(x.Shape), StorageOffset: x.StorageOffset,

@@ -172,7 +172,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			// DeepSpeed's universal loader expects the model states to
 			// carry universal info, as ds_to_universal --inject_missing_state
 			// gives them: write them again with it, tensors streamed.
-			root := fragment.RefTree(files.Model[mp], models[mp].root).(*pyobj.Dict)
+			rv, err := fragment.RefTree(files.Model[mp], models[mp].root, pyobj.DefaultLimits())
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", files.Model[mp], err)
+			}
+			root := rv.(*pyobj.Dict).Clone() // a copy only where tensors are: never set keys in the source's tree
 			root.Set("universal_checkpoint_info", pyobj.DictOf("universal_checkpoint_version", 0.2))
 			b.table.WriteFiles = append(b.table.WriteFiles, fragment.ValueFile{Name: name, Value: root})
 			continue
