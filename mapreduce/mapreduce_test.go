@@ -221,13 +221,3 @@ func TestReadErrorStopsRun(t *testing.T) {
 		}
 	}
 }
-
-func TestTimeline(t *testing.T) {
-	st := &Stats{Tasks: 2, Elapsed: 2e9, Workers: []WorkerStats{{Spans: []Span{{Start: 0, End: 1e9, Label: "a<b>/fp32"}}}, {}}}
-	svg := Timeline(st, "node 0")
-	for _, want := range []string{"<svg", "worker 1", "a&lt;b&gt;/fp32", "</svg>"} {
-		if !strings.Contains(svg, want) {
-			t.Errorf("timeline lacks %q", want)
-		}
-	}
-}

@@ -42,22 +42,33 @@ type Stats struct {
 
 // WorkerStats are one reducer's phase timings and its tasks on a timeline.
 type WorkerStats struct {
-	Tasks        int           `json:"tasks"`
-	BytesRead    int64         `json:"bytes_read"`
-	BytesWritten int64         `json:"bytes_written"`
-	Read         time.Duration `json:"read_ns"`
-	Convert      time.Duration `json:"convert_ns"`
-	Write        time.Duration `json:"write_ns"`
-	Wait         time.Duration `json:"wait_ns"`
-	Spans        []Span        `json:"spans"`
+	Tasks        int   `json:"tasks"`
+	BytesRead    int64 `json:"bytes_read"`
+	BytesWritten int64 `json:"bytes_written"`
+	Phases
+	Wait  time.Duration `json:"wait_ns"`
+	Spans []Span        `json:"spans"`
 }
 
-// Span is one task on the timeline, in nanoseconds since the run started.
+// Phases is time spent reading the source, converting (casting, placing,
+// averaging) and writing the output.
+type Phases struct {
+	Read    time.Duration `json:"read_ns"`
+	Convert time.Duration `json:"convert_ns"`
+	Write   time.Duration `json:"write_ns"`
+}
+
+// Busy is the time in all three phases.
+func (p Phases) Busy() time.Duration { return p.Read + p.Convert + p.Write }
+
+// Span is one task on the timeline, in nanoseconds since the run started,
+// with the time it spent in each phase (they add up to End-Start).
 type Span struct {
 	Start int64  `json:"start_ns"`
 	End   int64  `json:"end_ns"`
 	Label string `json:"label"`
 	Bytes int64  `json:"bytes"`
+	Phases
 }
 
 // outFile is one output state file shared by the tasks that write it.
@@ -116,13 +127,19 @@ func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				t0 := time.Now()
+				t0, before := time.Now(), ws.Phases
 				if err := red.run(tasks[i]); err != nil {
 					return err
 				}
 				ws.Tasks++
-				ws.Spans = append(ws.Spans, Span{Start: int64(t0.Sub(r.start)), End: int64(time.Since(r.start)),
-					Label: r.label(tasks[i]), Bytes: tasks[i].Bytes})
+				sp := Span{Start: int64(t0.Sub(r.start)), End: int64(time.Since(r.start)), Label: r.label(tasks[i]),
+					Bytes: tasks[i].Bytes, Phases: Phases{Read: ws.Read - before.Read, Write: ws.Write - before.Write}}
+				// Time in a task outside reads and writes is the reducer's own
+				// work (placing runs, averaging): count it as convert, so
+				// Wait is only time without a task.
+				sp.Convert = time.Duration(sp.End-sp.Start) - sp.Read - sp.Write
+				ws.Convert = before.Convert + sp.Convert
+				ws.Spans = append(ws.Spans, sp)
 			}
 		})
 	}
@@ -130,8 +147,7 @@ func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer
 	stats.Elapsed = time.Since(r.start)
 	for i := range stats.Workers {
 		ws := &stats.Workers[i]
-		busy := ws.Read + ws.Convert + ws.Write
-		ws.Wait = max(stats.Elapsed-busy, 0)
+		ws.Wait = max(stats.Elapsed-ws.Busy(), 0)
 		stats.BytesRead += ws.BytesRead
 		stats.BytesWritten += ws.BytesWritten
 	}
@@ -195,7 +211,12 @@ func (red *reducer) run(tk Task) error {
 	}
 	p := r.t.Params[tk.Param]
 	if tk.State == StepTask {
-		return red.step(tk.Param)
+		// A step is a few bytes read and one small file written: count it
+		// as writing, which is what it waits on.
+		t0 := time.Now()
+		err := red.step(tk.Param)
+		red.ws.Write += time.Since(t0)
+		return err
 	}
 	st := p.States[tk.State]
 	n := tk.End - tk.Start

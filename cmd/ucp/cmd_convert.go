@@ -18,6 +18,7 @@ import (
 	"github.com/ucp-project/ucp/formats"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/mapreduce"
+	"github.com/ucp-project/ucp/report"
 )
 
 type convertOptions struct {
@@ -147,7 +148,8 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		Progress: bar.add})
 	bar.finish()
 	if opts.Report != "" && stats != nil {
-		if rerr := mapreduce.WriteReport(opts.Report, plan, node, indexed, stats); rerr != nil && err == nil {
+		if rerr := report.Write(opts.Report, report.Meta{Node: node, Nodes: plan.Nodes,
+			PlanID: plan.ID(), ChunkElems: plan.ChunkElems, NodeBytes: plan.NodeBytes, Index: indexed}, stats); rerr != nil && err == nil {
 			err = rerr
 		}
 	}
@@ -173,6 +175,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if !opts.Quiet {
 		fmt.Fprintf(out, "node %d of %d (from %s) done: %s\n", node, nodes, from,
 			transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
+		stragglers(out, stats)
 	}
 	if !all {
 		if !opts.Quiet {
@@ -213,9 +216,28 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
 	fmt.Fprintf(out, "  %d parameters, %d files, %s\n", len(m.Params), len(m.AllFiles()),
 		transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
+	stragglers(out, stats)
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}
+}
+
+// stragglers prints which worker held the run up and the slowest tasks, so
+// a skewed plan shows without --report.
+func stragglers(out io.Writer, stats *mapreduce.Stats) {
+	s := report.Summarize(stats, 3)
+	if len(s.Slowest) == 0 {
+		return
+	}
+	if s.Workers > 1 {
+		fmt.Fprintf(out, "  stragglers: worker %d finished last at %s, the median worker at %s; busy %s, the median worker %s\n",
+			s.Last, fmtDuration(s.LastEnd), fmtDuration(s.MedianEnd), fmtDuration(s.LastBusy), fmtDuration(s.MedianBusy))
+	}
+	var tasks []string
+	for _, tk := range s.Slowest {
+		tasks = append(tasks, fmt.Sprintf("%s %s (%s, worker %d)", tk.Label, fmtDuration(tk.Duration), humanBytes(tk.Bytes), tk.Worker))
+	}
+	fmt.Fprintf(out, "  slowest tasks: %s\n", strings.Join(tasks, ", "))
 }
 
 func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {

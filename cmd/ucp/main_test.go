@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -224,9 +225,15 @@ func TestVerify(t *testing.T) {
 func TestReport(t *testing.T) {
 	dir := t.TempDir()
 	rep := filepath.Join(dir, "run.json")
-	if r := ucp(t, nil, "convert", "--quiet", "--workers", "2", "--report", rep,
-		truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"), filepath.Join(dir, "atomic")); r.code != 0 {
+	r := ucp(t, nil, "convert", "--workers", "2", "--report", rep,
+		truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"), filepath.Join(dir, "atomic"))
+	if r.code != 0 {
 		t.Fatal(r.stderr)
+	}
+	// The terminal summary names the straggler and the slowest tasks.
+	if !regexp.MustCompile(`(?m)^  stragglers: worker [01] finished last at .*, the median worker at `).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^  slowest tasks: \S+ \S+ \(\d.*, worker [01]\), `).MatchString(r.stdout) {
+		t.Errorf("no straggler summary:\n%s", r.stdout)
 	}
 	b, err := os.ReadFile(rep)
 	if err != nil {
@@ -259,7 +266,8 @@ func TestReport(t *testing.T) {
 		t.Errorf("report %s", b)
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, "run.svg"))
-	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("worker 1")) {
+	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("worker 1")) ||
+		!bytes.Contains(svg, []byte("write: writing the output")) {
 		t.Errorf("timeline: %v", err)
 	}
 }
