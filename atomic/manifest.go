@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"hash"
 	"hash/crc32"
-	"os"
 	"path/filepath"
 
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // Manifest is ucp.json, the last file written into an atomic checkpoint.
@@ -77,7 +77,7 @@ func newCRC() hash.Hash32 { return crc32.NewIEEE() }
 // ReadManifest reads DIR/ucp.json.
 func ReadManifest(dir string) (*Manifest, error) {
 	path := filepath.Join(dir, ManifestName)
-	b, err := os.ReadFile(path)
+	b, err := fsutil.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}

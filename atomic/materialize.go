@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -58,7 +59,7 @@ func fill(w *torchfile.Writer, copies []refCopy) error {
 		f, ok := files[c.ref.Path]
 		if !ok {
 			var err error
-			if f, err = os.Open(c.ref.Path); err != nil {
+			if f, err = fsutil.Open(c.ref.Path); err != nil {
 				return err
 			}
 			files[c.ref.Path] = f

@@ -3,13 +3,13 @@ package atomic
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -47,9 +47,8 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 	r := &Reader{Dir: dir, Manifest: m, opt: opt, files: map[string]FileEntry{}, params: map[string]int{},
 		verified: map[string]error{}}
 	add := func(e FileEntry) error {
-		p := filepath.FromSlash(e.Path)
-		if e.Path == "" || filepath.IsAbs(p) || strings.Contains(e.Path, "..") || strings.Contains(e.Path, "\\") {
-			return fmt.Errorf("%s: manifest lists the file %q outside the checkpoint", filepath.Join(dir, ManifestName), e.Path)
+		if err := CheckPath(dir, e.Path); err != nil {
+			return err
 		}
 		r.files[e.Path] = e
 		return nil
@@ -66,6 +65,16 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 		}
 	}
 	return r, nil
+}
+
+// CheckPath refuses a manifest path that could name a file outside the
+// checkpoint DIR: empty, absolute, with '..' or a backslash.
+func CheckPath(dir, rel string) error {
+	p := filepath.FromSlash(rel)
+	if rel == "" || filepath.IsAbs(p) || strings.Contains(rel, "..") || strings.Contains(rel, "\\") {
+		return fmt.Errorf("%s: manifest lists the file %q outside the checkpoint", filepath.Join(dir, ManifestName), rel)
+	}
+	return nil
 }
 
 // Params returns the parameters in manifest order.
@@ -121,7 +130,7 @@ func (r *Reader) verify(e FileEntry) error {
 
 // VerifyFile checks the size and CRC-32 of a file against its entry.
 func VerifyFile(path string, e FileEntry) error {
-	f, err := os.Open(path)
+	f, err := fsutil.Open(path)
 	if err != nil {
 		return err
 	}

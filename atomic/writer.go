@@ -477,7 +477,7 @@ func (w *Writer) Abort() {
 // copyFile copies src to dst in the kernel (copy_file_range), then takes
 // the CRC-32 of the copy as it now is in the page cache.
 func copyFile(src, dst string) (*FileEntry, error) {
-	in, err := os.Open(src)
+	in, err := fsutil.Open(src)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package mapreduce_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,31 +10,14 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/truth"
 	. "github.com/ucp-project/ucp/mapreduce"
-	"github.com/ucp-project/ucp/torchfile"
 )
 
-// synthetic builds a table of bf16 parameters of the given sizes, each a
-// single unsharded fragment (planning reads only sizes and dtypes).
-func synthetic(sizes []int64) *fragment.Table {
-	t := &fragment.Table{Format: "synthetic"}
-	for i, n := range sizes {
-		src := fragment.TensorRef{Path: "src", T: &torchfile.Tensor{DType: dtype.BFloat16, Shape: []int64{n}, Stride: []int64{1},
-			Storage: &torchfile.Storage{DType: dtype.BFloat16, Numel: n}}}
-		p := &fragment.Param{Name: fmt.Sprintf("p%d", i), Shape: []int64{n / 16, 16}}
-		for _, s := range []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq} {
-			st := p.AddState(s)
-			st.Shards = []fragment.Shard{{Shape: p.Shape}}
-			st.Frags = []fragment.Fragment{{Len: n, Src: src}}
-		}
-		t.Params = append(t.Params, p)
-	}
-	return t
-}
+// synthetic builds a table of bf16 parameters of the given sizes.
+func synthetic(sizes []int64) *fragment.Table { return truth.Synthetic(sizes...) }
 
 func TestPlanDeterministicAndBalanced(t *testing.T) {
 	// One embedding holds half of all bytes, as BLOOM's does; the rest are

@@ -17,6 +17,7 @@ import (
 	ucpatomic "github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
@@ -437,7 +438,7 @@ func (s *sources) get(path string) (*os.File, error) {
 	if f, ok := s.files[path]; ok {
 		return f, nil
 	}
-	f, err := os.Open(path)
+	f, err := fsutil.Open(path)
 	if err != nil {
 		return nil, err
 	}

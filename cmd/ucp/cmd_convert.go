@@ -17,6 +17,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/formats"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/report"
 )
@@ -105,6 +106,9 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err := sourceCheck(src, opts.From); err != nil {
 		return err
 	}
+	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix); err != nil {
+		return err
+	}
 	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
 	if err != nil {
 		return err
@@ -134,6 +138,14 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if opts.DryRun {
 		return printPlan(out, t, plan)
 	}
+	if !opts.Finalize {
+		if err := checkOutputs(dst, t); err != nil {
+			return err
+		}
+		if err := checkSpace(dst, plan, node, nodes == 1); err != nil {
+			return err
+		}
+	}
 	w, err := atomic.Create(dst, t, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes, PlanID: plan.ID(),
 		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync})
 	if err != nil {
@@ -142,8 +154,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if opts.Finalize {
 		return finalize(out, w, t, start, opts.Quiet)
 	}
-	srcBytes, outBytes := t.Bytes()
-	bar := newProgress(errOut, "converting", (srcBytes+outBytes)*int64(plan.NodeBytes[node])/max(sum(plan.NodeBytes), 1), opts.Quiet)
+	bar := newProgress(errOut, "converting", progressTotal(plan, node), opts.Quiet)
 	stats, err := mapreduce.Run(ctx, t, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
 		Progress: bar.add})
 	bar.finish()
@@ -201,12 +212,17 @@ func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Tim
 	return nil
 }
 
-func sum(xs []int64) int64 {
-	var s int64
-	for _, x := range xs {
-		s += x
+// progressTotal is what the bar counts to: the bytes this node's tasks
+// read and write, as the reducers report them (a task's weight is its
+// reads plus its writes).
+func progressTotal(plan *mapreduce.Plan, node int) int64 {
+	var n int64
+	for _, tk := range plan.Tasks {
+		if tk.Node == node {
+			n += tk.Bytes
+		}
 	}
-	return s
+	return n
 }
 
 func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst string, m *atomic.Manifest, stats *mapreduce.Stats, start time.Time, indexed time.Duration) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/internal/truth"
@@ -32,11 +34,23 @@ type result struct {
 
 func ucp(t *testing.T, env []string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	return ucpWithin(t, 10*time.Minute, env, args...)
+}
+
+// ucpWithin runs ucp as a separate process and kills it after limit: a
+// hang is a failure, not a stuck test.
+func ucpWithin(t *testing.T, limit time.Duration, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), "UCP_TEST_AS_MAIN=1"), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("ucp %v still running after %s (hangs)", args, limit)
+	}
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/safetensors"
 	"github.com/ucp-project/ucp/torchfile"
@@ -78,7 +79,7 @@ func (fs *files) get(rel string) (*dataFile, error) {
 	}
 	d := &dataFile{}
 	path := filepath.Join(fs.dir, rel)
-	f, err := os.Open(path)
+	f, err := fsutil.Open(path)
 	if err == nil {
 		var st os.FileInfo
 		if st, err = f.Stat(); err == nil {

@@ -29,6 +29,7 @@ type modelState struct {
 type optimState struct {
 	path    string
 	dp, mp  int
+	root    *pyobj.Dict
 	osd     *pyobj.Dict
 	stage   int
 	bf16opt bool
@@ -135,6 +136,9 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		optims[[2]int{dp, mp}] = o
 	}
 
+	if err := checkRanks(dir, models, optims, D, M); err != nil {
+		return nil, err
+	}
 	T, P, err := degrees(files, models)
 	if err != nil {
 		return nil, err
@@ -244,7 +248,7 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	if err != nil {
 		return fail("%v", err)
 	}
-	o := &optimState{path: f.Name, dp: dp, mp: mp, osd: osd, stage: 1}
+	o := &optimState{path: f.Name, dp: dp, mp: mp, root: root, osd: osd, stage: 1}
 	if zs, ok := osd.Get("zero_stage"); ok {
 		o.stage = ZeroStage(zs)
 		if o.stage == 3 {

@@ -41,6 +41,7 @@ type rank struct {
 	tp, dp int
 	model  *pyobj.Dict
 	shapes []*pyobj.Dict // param_shapes per sub-group
+	oroot  *pyobj.Dict   // the optimizer file's root
 	osd    *pyobj.Dict   // optimizer_state_dict
 	flat   []*torchfile.Tensor
 	states []*pyobj.Dict // torch optimizer state per sub-group
@@ -100,6 +101,9 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			grid[tp][dp] = r
 		}
 	}
+	if err := checkRanks(dir, grid); err != nil {
+		return nil, err
+	}
 	return build(dir, tag, grid)
 }
 
@@ -134,7 +138,7 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", of.Name, err)
 	}
-	r.osd = osd
+	r.osd, r.oroot = osd, root
 	if zs, ok := osd.Get("zero_stage"); !ok || deepspeed.ZeroStage(zs) != 3 {
 		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
 	}
