@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -171,7 +170,7 @@ type State struct {
 // OpenState opens zero/<param>/<state>.pt and checks that its 'param'
 // tensor is float32 of the manifest's shape. Close it when done.
 func (r *Reader) OpenState(param, state string) (*State, error) {
-	if state == fragment.StepState {
+	if state == StepState {
 		return nil, fmt.Errorf("%s: the step is not a tensor state; use Step", param)
 	}
 	e, err := r.stateEntry(param, state)
@@ -234,7 +233,7 @@ const maxLoaded = 1 << 30
 // or a *torchfile.Blob holding a 0-dim tensor's bytes; ok is false when
 // the parameter has no step.
 func (r *Reader) Step(param string) (v pyobj.Value, ok bool, err error) {
-	e, err := r.stateEntry(param, fragment.StepState)
+	e, err := r.stateEntry(param, StepState)
 	if err != nil {
 		if _, has := r.Param(param); has {
 			return nil, false, nil

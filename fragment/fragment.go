@@ -20,6 +20,7 @@ import (
 	"os"
 	"sort"
 
+	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -169,15 +170,9 @@ func (p *Param) StateWith(name string, shards []Shard) *State {
 // Numel returns the number of elements of the full parameter.
 func (p *Param) Numel() int64 { return torchfile.Numel(p.Shape) }
 
-// Degrees are the parallel degrees of the source checkpoint.
-type Degrees struct {
-	TP   int `json:"tp"`
-	PP   int `json:"pp"`
-	DP   int `json:"dp"`
-	EP   int `json:"ep"`
-	VPP  int `json:"vpp"`
-	ZeRO int `json:"zero"` // ZeRO stage, 0 for none
-}
+// Degrees are the parallel degrees of the source checkpoint, as the
+// atomic manifest records them.
+type Degrees = atomic.Degrees
 
 // Table is the fragment table of one source checkpoint.
 type Table struct {

@@ -53,7 +53,7 @@ func TestPlanDeterministicAndBalanced(t *testing.T) {
 		// The giant parameter must be spread over several nodes.
 		onNodes := map[int]bool{}
 		for _, tk := range a.Tasks {
-			if tk.Param == 0 {
+			if a.Outputs[tk.Output].Param == 0 {
 				onNodes[tk.Node] = true
 			}
 		}
@@ -82,7 +82,10 @@ func TestPlanDeterministicAndBalanced(t *testing.T) {
 	p, _ := NewPlan(tbl, PlanOptions{Nodes: 4, Cores: 2})
 	covered := map[[2]int]int64{}
 	for _, tk := range p.Tasks {
-		covered[[2]int{tk.Param, tk.State}] += tk.End - tk.Start
+		if tk.Kind == ReduceTask {
+			o := p.Outputs[tk.Output]
+			covered[[2]int{o.Param, o.State}] += tk.End - tk.Start
+		}
 	}
 	for pi, prm := range tbl.Params {
 		for si := range prm.States {
@@ -114,11 +117,11 @@ func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) st
 	dst := filepath.Join(t.TempDir(), "atomic")
 	var w *atomic.Writer
 	for n := 0; n < plan.Nodes; n++ {
-		w, err = atomic.Create(dst, tbl, atomic.Options{Node: n, Nodes: plan.Nodes, PlanID: plan.ID()})
+		w, err = Create(dst, plan, atomic.Options{Node: n, Nodes: plan.Nodes})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Run(context.Background(), tbl, plan, w, Options{Node: n, Workers: workers, CheckReplicas: true}); err != nil {
+		if _, err := Run(context.Background(), plan, w, Options{Node: n, Workers: workers, CheckReplicas: true}); err != nil {
 			t.Fatal(err)
 		}
 		all, err := w.FinishNode()
@@ -129,7 +132,7 @@ func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) st
 			t.Fatalf("node %d: all records present = %v", n, all)
 		}
 	}
-	if _, err := w.Finalize(); err != nil {
+	if _, err := Finalize(plan, w); err != nil {
 		t.Fatal(err)
 	}
 	return dst
@@ -188,11 +191,11 @@ func TestReadErrorStopsRun(t *testing.T) {
 	}
 	plan, _ := NewPlan(tbl, PlanOptions{Nodes: 1, Cores: 2})
 	dst := filepath.Join(t.TempDir(), "atomic")
-	w, err := atomic.Create(dst, tbl, atomic.Options{})
+	w, err := Create(dst, plan, atomic.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Run(context.Background(), tbl, plan, w, Options{Workers: 2})
+	_, err = Run(context.Background(), plan, w, Options{Workers: 2})
 	if err == nil || !strings.Contains(err.Error(), filepath.Base(victim)) {
 		t.Fatalf("error %v, want one naming %s", err, victim)
 	}

@@ -139,23 +139,23 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return printPlan(out, t, plan)
 	}
 	if !opts.Finalize {
-		if err := checkOutputs(dst, t); err != nil {
+		if err := checkOutputs(dst, plan); err != nil {
 			return err
 		}
 		if err := checkSpace(dst, plan, node, nodes == 1); err != nil {
 			return err
 		}
 	}
-	w, err := atomic.Create(dst, t, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes, PlanID: plan.ID(),
+	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes,
 		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync})
 	if err != nil {
 		return err
 	}
 	if opts.Finalize {
-		return finalize(out, w, t, start, opts.Quiet)
+		return finalize(out, w, plan, start, opts.Quiet)
 	}
 	bar := newProgress(errOut, "converting", progressTotal(plan, node), opts.Quiet)
-	stats, err := mapreduce.Run(ctx, t, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
+	stats, err := mapreduce.Run(ctx, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
 		Progress: bar.add})
 	bar.finish()
 	if opts.Report != "" && stats != nil {
@@ -171,7 +171,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return err
 	}
 	if nodes == 1 {
-		m, err := w.Finish()
+		m, err := mapreduce.Finish(plan, w)
 		if err != nil {
 			w.Abort()
 			return err
@@ -200,11 +200,11 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		}
 		return err
 	}
-	return finalize(out, w, t, start, opts.Quiet)
+	return finalize(out, w, plan, start, opts.Quiet)
 }
 
-func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Time, quiet bool) error {
-	m, err := w.Finalize()
+func finalize(out io.Writer, w *atomic.Writer, plan *mapreduce.Plan, start time.Time, quiet bool) error {
+	m, err := mapreduce.Finalize(plan, w)
 	if err != nil || quiet {
 		return err
 	}
@@ -275,8 +275,8 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 			for _, tk := range share {
 				tr, tw := taskIO(tk)
 				r, w = r+tr, w+tw
-				if tk.State != mapreduce.CopyTask {
-					params[tk.Param] = true
+				if tk.Kind != mapreduce.CopyTask {
+					params[plan.Outputs[tk.Output].Param] = true
 				}
 			}
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(r), humanBytes(w),
@@ -290,7 +290,7 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 // writes: state chunks write float32 and read the rest, copies read and
 // write the file, steps are too small to count.
 func taskIO(tk mapreduce.Task) (read, written int64) {
-	switch tk.State {
+	switch tk.Kind {
 	case mapreduce.CopyTask:
 		return tk.Bytes / 2, tk.Bytes / 2
 	case mapreduce.StepTask:

@@ -5,41 +5,23 @@ import (
 	"path/filepath"
 
 	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/mapreduce"
 )
 
-// outputPaths lists every file the atomic checkpoint of t will hold,
-// relative to DST: the state files, the global files, the copies and the
-// manifest.
-func outputPaths(t *fragment.Table) []string {
+// outputPaths lists every file the atomic checkpoint of the plan will
+// hold, relative to DST: the plan's outputs and the manifest.
+func outputPaths(plan *mapreduce.Plan) []string {
 	var out []string
-	for _, p := range t.Params {
-		for _, s := range p.States {
-			out = append(out, filepath.ToSlash(atomic.StatePath(p.Name, s.Name)))
-		}
-		if p.Step != nil {
-			out = append(out, filepath.ToSlash(atomic.StatePath(p.Name, fragment.StepState)))
-		}
-	}
-	if t.Optimizer != nil {
-		out = append(out, atomic.ZeroDir+"/"+atomic.OptimizerState)
-	}
-	if t.Extra != nil && t.Extra.Len() > 0 {
-		out = append(out, atomic.ExtraState)
-	}
-	for _, f := range t.WriteFiles {
-		out = append(out, filepath.ToSlash(f.Name))
-	}
-	for _, f := range t.CopyFiles {
-		out = append(out, filepath.ToSlash(f.Name))
+	for _, o := range plan.Outputs {
+		out = append(out, filepath.ToSlash(o.Path))
 	}
 	return append(out, atomic.ManifestName)
 }
 
 // checkOutputs validates every output path before DST.partial is
 // created, so a refused run leaves nothing behind.
-func checkOutputs(dst string, t *fragment.Table) error {
-	if err := atomic.CheckPaths(dst, outputPaths(t)); err != nil {
+func checkOutputs(dst string, plan *mapreduce.Plan) error {
+	if err := atomic.CheckPaths(dst, outputPaths(plan)); err != nil {
 		return fmt.Errorf("%s: nothing written: %w", dst, err)
 	}
 	return nil

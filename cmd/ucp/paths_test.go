@@ -8,6 +8,7 @@ import (
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -52,10 +53,17 @@ func TestOutputPathsValidated(t *testing.T) {
 			return t
 		}(), "would be the same file"},
 	}
+	plan := func(tbl *fragment.Table) *mapreduce.Plan {
+		p, err := mapreduce.NewPlan(tbl, mapreduce.PlanOptions{Nodes: 1, Cores: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "atomic")
-			err := checkOutputs(dst, tc.t)
+			err := checkOutputs(dst, plan(tc.t))
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "nothing written") {
 				t.Fatalf("error %v, want one saying %q and nothing written", err, tc.want)
 			}
@@ -65,7 +73,7 @@ func TestOutputPathsValidated(t *testing.T) {
 		})
 	}
 	// A name of 200 bytes fits (with room for the temporary names).
-	if err := checkOutputs(filepath.Join(t.TempDir(), "atomic"), table(strings.Repeat("y", 200))); err != nil {
+	if err := checkOutputs(filepath.Join(t.TempDir(), "atomic"), plan(table(strings.Repeat("y", 200)))); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -49,13 +49,13 @@ func TestProgressTotal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := ucpatomic.Create(filepath.Join(t.TempDir(), "atomic"), rt, ucpatomic.Options{NoSync: true})
+	w, err := mapreduce.Create(filepath.Join(t.TempDir(), "atomic"), plan, ucpatomic.Options{NoSync: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Abort()
 	var moved atomic.Int64
-	if _, err := mapreduce.Run(context.Background(), rt, plan, w, mapreduce.Options{Workers: 2, CheckReplicas: true,
+	if _, err := mapreduce.Run(context.Background(), plan, w, mapreduce.Options{Workers: 2, CheckReplicas: true,
 		Progress: func(r, wr int64) { moved.Add(r + wr) }}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
-package atomic
+package mapreduce
 
 import (
 	"fmt"
 	"os"
 
+	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
@@ -43,10 +44,28 @@ func blobsForRefs(v pyobj.Value, lim pyobj.Limits) (pyobj.Value, []refCopy, erro
 // copyChunk bounds the memory of streaming one source tensor.
 const copyChunk = 16 << 20
 
+// writeValue writes the torch file rel holding v, its tensor references
+// streamed from the source, and returns its entry.
+func writeValue(w *atomic.Writer, rel string, v pyobj.Value) (atomic.FileEntry, error) {
+	v, copies, err := blobsForRefs(v, pyobj.DefaultLimits())
+	if err != nil {
+		return atomic.FileEntry{}, err
+	}
+	f, err := w.CreateFile(rel, v, false)
+	if err != nil {
+		return atomic.FileEntry{}, err
+	}
+	if err := fill(f, copies); err != nil {
+		f.Abort()
+		return atomic.FileEntry{}, fmt.Errorf("%s: %w", rel, err)
+	}
+	return f.Commit()
+}
+
 // fill streams every copy's source elements into its blob of w.
-func fill(w *torchfile.Writer, copies []refCopy) error {
+func fill(w *atomic.File, copies []refCopy) error {
 	index := map[*torchfile.Blob]int{}
-	for i, bl := range w.Layout.Blobs {
+	for i, bl := range w.Blobs() {
 		index[bl] = i
 	}
 	files := map[string]*os.File{}

@@ -1,12 +1,12 @@
-package atomic_test
+package mapreduce_test
 
 import (
 	"fmt"
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -29,7 +29,7 @@ func TestUniversal(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := atomic.Universal(&fragment.Param{Name: "p", Info: tt.info}, "P")
+			d := mapreduce.Universal(&fragment.Param{Name: "p", Info: tt.info}, "P")
 			var got []string
 			for i := 0; i < d.Len(); i++ {
 				k, v := d.Item(i)
