@@ -23,6 +23,7 @@ type Dec struct {
 	st   *decState
 	path []Value
 	v    Value
+	none bool // absent (an Opt miss) or after a failure: reads give zero values
 }
 
 type decState struct {
@@ -78,10 +79,11 @@ func (d Dec) child(k, v Value) Dec {
 	return Dec{st: d.st, path: append(d.path[:len(d.path):len(d.path)], k), v: v}
 }
 
-// failed is the zero Dec after a failure: it keeps the shared state.
-func (d Dec) failed() Dec { return Dec{st: d.st, path: d.path} }
+// failed is the Dec of an absent value or of one after a failure: its
+// reads return zero values and record nothing.
+func (d Dec) failed() Dec { return Dec{st: d.st, path: d.path, none: true} }
 
-func (d Dec) ok() bool { return d.st.err == nil }
+func (d Dec) ok() bool { return d.st.err == nil && !d.none }
 
 // AsDict returns d's value as a dict.
 func (d Dec) AsDict() *Dict {

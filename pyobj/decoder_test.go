@@ -22,7 +22,7 @@ func TestDecReads(t *testing.T) {
 	if osd.OptInt("none", 9) != 9 || osd.OptInt("missing", 8) != 8 || osd.OptStr("missing", "d") != "d" {
 		t.Error("Opt defaults")
 	}
-	if _, ok := osd.OptDict("missing"); ok {
+	if absent, ok := osd.OptDict("missing"); ok || absent.Items() != nil || absent.AsInt() != 0 {
 		t.Error("OptDict of a missing key")
 	}
 	var sum int64
