@@ -1,6 +1,7 @@
 package truth
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/ucp-project/ucp/pyobj"
@@ -34,4 +35,18 @@ func Resave(tb testing.TB, path string, edit func(root pyobj.Value) pyobj.Value)
 	if err := torchfile.Save(path, edit(root)); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// BreakFile copies the checkpoint folder src, re-saves the one file named
+// name in it (at any depth below src's tag folders) after edit, and returns
+// the copy.
+func BreakFile(tb testing.TB, src, name string, edit func(root pyobj.Value) pyobj.Value) string {
+	tb.Helper()
+	dir := CopyTree(tb, src)
+	paths, _ := filepath.Glob(filepath.Join(dir, "*", name))
+	if len(paths) != 1 {
+		tb.Fatalf("%s: %d files named %s", src, len(paths), name)
+	}
+	Resave(tb, paths[0], edit)
+	return dir
 }
