@@ -11,10 +11,11 @@ ifeq ($(CI),true)
 export UCP_REQUIRE_TORCH  := 1
 export UCP_REQUIRE_SHARED := 1
 export UCP_REQUIRE_TORCH2 := 1
+export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build demo test deps fixtures bench fuzz lint clean python cuda-check check-deepspeed
+.PHONY: all build demo test deps fixtures bench fuzz lint clean python cuda-check cross check-deepspeed
 
 all: build
 
@@ -36,9 +37,14 @@ deps:
 	./scripts/deps.sh
 
 # The Python package's tests run inside `go test ./capi` (TestPython), with Debian's torch and torch 2.6.
-test: deps python $(CI_CHECKS)
+test: deps python cross $(CI_CHECKS)
 	$(GO) vet ./...
 	$(GO) test -timeout 15m ./...
+
+# ucp builds for macOS and Windows too (without cgo: no libucp.so, no NCCL).
+cross:
+	GOOS=darwin GOARCH=arm64 $(GO) build ./...
+	GOOS=windows GOARCH=amd64 $(GO) build ./...
 
 # python/ucp/libucp.so: the C ABI (capi/) the Python package loads; then PYTHONPATH=python or pip install ./python.
 python:

@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"hash"
 	"hash/crc32"
-	"os"
 	"path/filepath"
 
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // Manifest is ucp.json, the last file written into an atomic checkpoint.
@@ -24,12 +23,22 @@ type Manifest struct {
 
 // SourceInfo describes the checkpoint that was converted.
 type SourceInfo struct {
-	Format  string           `json:"format"`
-	Path    string           `json:"path"`
-	Tag     string           `json:"tag,omitempty"`
-	Degrees fragment.Degrees `json:"degrees"`
-	DType   string           `json:"dtype,omitempty"` // training dtype, when the source tells it
-	Args    map[string]any   `json:"args,omitempty"`  // saved training arguments (scalars)
+	Format  string         `json:"format"`
+	Path    string         `json:"path"`
+	Tag     string         `json:"tag,omitempty"`
+	Degrees Degrees        `json:"degrees"`
+	DType   string         `json:"dtype,omitempty"` // training dtype, when the source tells it
+	Args    map[string]any `json:"args,omitempty"`  // saved training arguments (scalars)
+}
+
+// Degrees are the parallel degrees of the source checkpoint.
+type Degrees struct {
+	TP   int `json:"tp"`
+	PP   int `json:"pp"`
+	DP   int `json:"dp"`
+	EP   int `json:"ep"`
+	VPP  int `json:"vpp"`
+	ZeRO int `json:"zero"` // ZeRO stage, 0 for none
 }
 
 // ParamEntry describes one parameter and its files.
@@ -77,7 +86,7 @@ func newCRC() hash.Hash32 { return crc32.NewIEEE() }
 // ReadManifest reads DIR/ucp.json.
 func ReadManifest(dir string) (*Manifest, error) {
 	path := filepath.Join(dir, ManifestName)
-	b, err := os.ReadFile(path)
+	b, err := fsutil.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}

@@ -23,21 +23,20 @@ type nodeRecord struct {
 	Node   int            `json:"node"`
 	Nodes  int            `json:"nodes"`
 	Plan   string         `json:"plan"`
-	Files  []fileRecord   `json:"files"`  // files this node wrote whole, with CRCs
+	Files  []FileEntry    `json:"files"`  // files this node wrote whole or copied, with CRCs
 	Shared []sharedRecord `json:"shared"` // pieces of files several nodes fill
-	Copies []FileEntry    `json:"copies"` // source files copied unchanged
-}
-
-type fileRecord struct {
-	Param string    `json:"param"`
-	State string    `json:"state"`
-	File  FileEntry `json:"file"`
 }
 
 type sharedRecord struct {
-	Param  string            `json:"param"`
-	State  string            `json:"state"`
+	Path   string            `json:"path"`
 	Pieces []torchfile.Piece `json:"pieces"`
+}
+
+// Records is what all nodes wrote, by path (slash-separated, relative to
+// DST): the files written whole, and the pieces of the shared files.
+type Records struct {
+	Files  map[string]FileEntry
+	Pieces map[string][]torchfile.Piece
 }
 
 func (w *Writer) recordPath(node int) string {
@@ -75,9 +74,10 @@ func (w *Writer) Lock() error {
 	return f.Close()
 }
 
-// readRecords loads every node's record and checks they belong to one plan.
-func (w *Writer) readRecords() ([]nodeRecord, error) {
-	var out []nodeRecord
+// readRecords loads every node's record, checks they belong to one plan
+// and merges them.
+func (w *Writer) readRecords() (*Records, error) {
+	out := &Records{Files: map[string]FileEntry{}, Pieces: map[string][]torchfile.Piece{}}
 	for n := 0; n < w.opt.Nodes; n++ {
 		path := w.recordPath(n)
 		b, err := os.ReadFile(path)
@@ -95,7 +95,12 @@ func (w *Writer) readRecords() ([]nodeRecord, error) {
 			return nil, fmt.Errorf("%s: record of node %d/%d for plan %s, but this is node %d/%d of plan %s (were the nodes run with the same options?)",
 				path, r.Node, r.Nodes, r.Plan, n, w.opt.Nodes, w.opt.PlanID)
 		}
-		out = append(out, r)
+		for _, f := range r.Files {
+			out.Files[f.Path] = f
+		}
+		for _, s := range r.Shared {
+			out.Pieces[s.Path] = append(out.Pieces[s.Path], s.Pieces...)
+		}
 	}
 	return out, nil
 }

@@ -3,13 +3,12 @@ package atomic
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 
 	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -19,6 +18,8 @@ type ReaderOptions struct {
 	// Verify checks every file's size and CRC-32 against the manifest
 	// before its first use (one sequential read of the file).
 	Verify bool
+	// Limits bound the walk over loaded values (zero: pyobj.DefaultLimits).
+	Limits pyobj.Limits
 }
 
 // Reader reads an atomic checkpoint through its manifest: the parameters
@@ -45,9 +46,8 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 	r := &Reader{Dir: dir, Manifest: m, opt: opt, files: map[string]FileEntry{}, params: map[string]int{},
 		verified: map[string]error{}}
 	add := func(e FileEntry) error {
-		p := filepath.FromSlash(e.Path)
-		if e.Path == "" || filepath.IsAbs(p) || strings.Contains(e.Path, "..") || strings.Contains(e.Path, "\\") {
-			return fmt.Errorf("%s: manifest lists the file %q outside the checkpoint", filepath.Join(dir, ManifestName), e.Path)
+		if err := CheckPath(dir, e.Path); err != nil {
+			return err
 		}
 		r.files[e.Path] = e
 		return nil
@@ -64,6 +64,16 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 		}
 	}
 	return r, nil
+}
+
+// CheckPath refuses a manifest path that could name a file outside the
+// checkpoint DIR: empty, absolute, with '..' or a backslash.
+func CheckPath(dir, rel string) error {
+	p := filepath.FromSlash(rel)
+	if rel == "" || filepath.IsAbs(p) || strings.Contains(rel, "..") || strings.Contains(rel, "\\") {
+		return fmt.Errorf("%s: manifest lists the file %q outside the checkpoint", filepath.Join(dir, ManifestName), rel)
+	}
+	return nil
 }
 
 // Params returns the parameters in manifest order.
@@ -119,7 +129,7 @@ func (r *Reader) verify(e FileEntry) error {
 
 // VerifyFile checks the size and CRC-32 of a file against its entry.
 func VerifyFile(path string, e FileEntry) error {
-	f, err := os.Open(path)
+	f, err := fsutil.Open(path)
 	if err != nil {
 		return err
 	}
@@ -160,7 +170,7 @@ type State struct {
 // OpenState opens zero/<param>/<state>.pt and checks that its 'param'
 // tensor is float32 of the manifest's shape. Close it when done.
 func (r *Reader) OpenState(param, state string) (*State, error) {
-	if state == fragment.StepState {
+	if state == StepState {
 		return nil, fmt.Errorf("%s: the step is not a tensor state; use Step", param)
 	}
 	e, err := r.stateEntry(param, state)
@@ -223,7 +233,7 @@ const maxLoaded = 1 << 30
 // or a *torchfile.Blob holding a 0-dim tensor's bytes; ok is false when
 // the parameter has no step.
 func (r *Reader) Step(param string) (v pyobj.Value, ok bool, err error) {
-	e, err := r.stateEntry(param, fragment.StepState)
+	e, err := r.stateEntry(param, StepState)
 	if err != nil {
 		if _, has := r.Param(param); has {
 			return nil, false, nil
@@ -256,7 +266,7 @@ func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
 	}
 	defer f.Close()
 	budget := int64(maxLoaded)
-	v, err := blobs(f, f.Root, &budget, 0)
+	v, err := blobs(f, f.Root, &budget, r.opt.Limits)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -265,54 +275,21 @@ func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
 
 // blobs replaces the tensors of a decoded value with Blobs holding their
 // bytes (contiguous, as torch.save would write them again).
-func blobs(f *torchfile.File, v pyobj.Value, budget *int64, depth int) (pyobj.Value, error) {
-	if depth > pyobj.DefaultLimits.MaxDepth {
-		return nil, fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits.MaxDepth)
-	}
-	switch x := v.(type) {
-	case *torchfile.Tensor:
+func blobs(f *torchfile.File, v pyobj.Value, budget *int64, lim pyobj.Limits) (pyobj.Value, error) {
+	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
+		x, ok := v.(*torchfile.Tensor)
+		if !ok {
+			return nil, false, nil
+		}
 		if *budget -= x.NBytes(); *budget < 0 {
-			return nil, fmt.Errorf("tensors add up to more than %d bytes", int64(maxLoaded))
+			return nil, false, fmt.Errorf("tensors add up to more than %d bytes", int64(maxLoaded))
 		}
 		b, err := f.ReadTensor(x)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		bl := torchfile.NewBlob(x.DType, x.Shape, b)
 		bl.RequiresGrad = x.RequiresGrad
-		return bl, nil
-	case *pyobj.Dict:
-		c := pyobj.NewDict(x.Kind)
-		c.Attrs = x.Attrs
-		for i := 0; i < x.Len(); i++ {
-			k, val := x.Item(i)
-			nv, err := blobs(f, val, budget, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			c.Set(k, nv)
-		}
-		return c, nil
-	case *pyobj.List:
-		out := &pyobj.List{Items: make([]pyobj.Value, len(x.Items))}
-		for i, e := range x.Items {
-			nv, err := blobs(f, e, budget, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out.Items[i] = nv
-		}
-		return out, nil
-	case pyobj.Tuple:
-		out := make(pyobj.Tuple, len(x))
-		for i, e := range x {
-			nv, err := blobs(f, e, budget, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = nv
-		}
-		return out, nil
-	}
-	return v, nil
+		return bl, true, nil
+	})
 }

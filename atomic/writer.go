@@ -1,7 +1,10 @@
-// Package atomic writes and reads ucp's atomic checkpoint: one consolidated
-// float32 tensor per parameter and optimizer state, in DeepSpeed's
-// universal checkpoint layout, with a manifest. FORMAT.md beside this file
-// describes it byte by byte.
+// Package atomic is the format package of ucp's atomic checkpoint: one
+// consolidated float32 tensor per parameter and optimizer state, in
+// DeepSpeed's universal checkpoint layout, with a manifest. Its Writer
+// writes torch files at paths and byte ranges and keeps the per-node
+// records of a multi-node run; what goes into which file is decided above
+// it (mapreduce's plan). Its Reader reads the checkpoint back through the
+// manifest. FORMAT.md beside this file describes it byte by byte.
 //
 // The whole checkpoint is built in DST.partial and renamed to DST after the
 // manifest, which is written last, so a folder named DST is always complete.
@@ -13,14 +16,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -35,6 +34,8 @@ const (
 	PartialSuffix   = ".partial"
 	ManifestFormat  = "ucp-atomic"
 	ManifestVersion = 1
+	// StepState names a parameter's step file, zero/<param>/step.pt.
+	StepState = "step"
 )
 
 // CheckName rejects parameter names that cannot be folder names: they must
@@ -74,46 +75,34 @@ type Options struct {
 	// FinalizeOnly opens a multi-node DST.partial to finalize it: nothing
 	// of what the nodes wrote, their records included, is touched.
 	FinalizeOnly bool
+	// Dirs are the folders (relative to DST) to create before any file.
+	Dirs []string
 }
 
-// Writer builds an atomic checkpoint from a fragment table, alone or as one
-// node of several.
+// Writer builds an atomic checkpoint, alone or as one node of several. It
+// knows paths, byte ranges and node records; what goes where is the plan's.
 type Writer struct {
-	Dst   string
-	tmp   string
-	table *fragment.Table
-	opt   Options
+	Dst string
+	tmp string
+	opt Options
 
-	mu       sync.Mutex
-	rec      nodeRecord
+	mu  sync.Mutex // guards rec
+	rec nodeRecord
+
+	fin      sync.Mutex // guards finished
 	finished bool
 }
 
-// Create checks the table's names and starts the checkpoint in DST.partial.
-// A single process starts from an empty DST.partial; nodes of a multi-node
-// run share it and keep what the others wrote.
-func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
+// Create starts the checkpoint in DST.partial. A single process starts
+// from an empty DST.partial; nodes of a multi-node run share it and keep
+// what the others wrote.
+func Create(dst string, opt Options) (*Writer, error) {
 	dst = filepath.Clean(dst)
 	if opt.Nodes <= 0 {
 		opt.Nodes = 1
 	}
 	if opt.Node < 0 || opt.Node >= opt.Nodes {
 		return nil, fmt.Errorf("node %d of %d", opt.Node, opt.Nodes)
-	}
-	seen := map[string]bool{}
-	for _, p := range t.Params {
-		if err := CheckName(p.Name); err != nil {
-			return nil, err
-		}
-		if seen[p.Name] {
-			return nil, fmt.Errorf("parameter %s appears twice", p.Name)
-		}
-		seen[p.Name] = true
-		for _, s := range p.States {
-			if err := CheckName(s.Name); err != nil {
-				return nil, fmt.Errorf("parameter %s: state %w", p.Name, err)
-			}
-		}
 	}
 	if _, err := os.Stat(dst); err == nil && !opt.Force {
 		return nil, fmt.Errorf("%s already exists (use --force to replace it)", dst)
@@ -131,12 +120,12 @@ func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
 	if err := os.MkdirAll(filepath.Join(tmp, nodesDir), 0o755); err != nil {
 		return nil, err
 	}
-	for _, p := range t.Params {
-		if err := os.MkdirAll(filepath.Join(tmp, ZeroDir, p.Name), 0o755); err != nil {
+	for _, d := range opt.Dirs {
+		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
 			return nil, err
 		}
 	}
-	w := &Writer{Dst: dst, tmp: tmp, table: t, opt: opt,
+	w := &Writer{Dst: dst, tmp: tmp, opt: opt,
 		rec: nodeRecord{Node: opt.Node, Nodes: opt.Nodes, Plan: opt.PlanID}}
 	// A rerun of this node replaces its old record, which no longer holds.
 	if !opt.FinalizeOnly {
@@ -150,53 +139,22 @@ func Create(dst string, t *fragment.Table, opt Options) (*Writer, error) {
 // Dir returns the folder being written (DST.partial).
 func (w *Writer) Dir() string { return w.tmp }
 
-// Universal returns the dict DeepSpeed's universal loader reads from a
-// state file (deepspeed.md §5.1): the merge keys, then 'param'.
-func Universal(p *fragment.Param, param pyobj.Value) *pyobj.Dict {
-	d := pyobj.NewDict(pyobj.PlainDict)
-	in := p.Info
-	switch {
-	case in.CatDim < 0:
-		// replicated or averaged: no cat_dim
-	case in.NSubParams > 1 && in.SubParamWidths == nil:
-		d.Set("cat_dim", int64(in.CatDim))
-		d.Set("param_n_sub_params", int64(in.NSubParams))
-	case in.SubParamShape != nil:
-		d.Set("sub_param_shape", in.SubParamShape)
-	default:
-		d.Set("cat_dim", int64(in.CatDim))
-	}
-	if in.VocabSize > 0 {
-		d.Set("vocab_tensor", true)
-	}
-	d.Set("param", param)
-	return d
-}
-
-// StateFile is one zero/<param>/<state>.pt being written: a float32 tensor
-// of the parameter's full shape whose elements arrive in pieces.
-type StateFile struct {
+// File is one torch file being written at rel: its value is laid out at
+// creation (tensors as Blobs, pre-sized) and the blobs' bytes arrive in
+// pieces, concurrently for disjoint ranges.
+type File struct {
 	w      *Writer
-	pi, si int
 	rel    string
 	tw     *torchfile.Writer       // the whole file is this node's
 	sw     *torchfile.SharedWriter // several nodes fill the file
 	closed bool
 }
 
-func (w *Writer) stateRoot(pi int) (pyobj.Value, *fragment.Param) {
-	p := w.table.Params[pi]
-	blob := &torchfile.Blob{DType: dtype.Float32, Shape: append([]int64(nil), p.Shape...)}
-	return Universal(p, blob), p
-}
-
-// StateFile creates the file of state si of parameter pi, pre-sized, ready
-// for concurrent WriteAt of disjoint element ranges. With shared, other
-// nodes write parts of the same file and the finalizer completes it.
-func (w *Writer) StateFile(pi, si int, shared bool) (*StateFile, error) {
-	root, p := w.stateRoot(pi)
-	rel := StatePath(p.Name, p.States[si].Name)
-	f := &StateFile{w: w, pi: pi, si: si, rel: rel}
+// CreateFile creates the torch file rel holding root, ready for WriteAt.
+// With shared, other nodes write parts of the same file (each OpenShared
+// on the same root) and the finalizer completes it with FinishShared.
+func (w *Writer) CreateFile(rel string, root pyobj.Value, shared bool) (*File, error) {
+	f := &File{w: w, rel: rel}
 	var err error
 	if shared {
 		f.sw, err = torchfile.OpenShared(filepath.Join(w.tmp, rel), root)
@@ -209,42 +167,50 @@ func (w *Writer) StateFile(pi, si int, shared bool) (*StateFile, error) {
 	return f, nil
 }
 
-// WriteAt writes little-endian float32 elements starting at element off.
-func (f *StateFile) WriteAt(p []byte, off int64) error {
-	if f.sw != nil {
-		return f.sw.WriteAt(0, p, 4*off)
+// Blobs returns the file's blobs in layout order (the index WriteAt takes);
+// nil for a shared file.
+func (f *File) Blobs() []*torchfile.Blob {
+	if f.tw == nil {
+		return nil
 	}
-	return f.tw.WriteAt(0, p, 4*off)
+	return f.tw.Layout.Blobs
 }
 
-// Commit finishes this node's part of the file and records it.
-func (f *StateFile) Commit() error {
-	p := f.w.table.Params[f.pi]
-	state := p.States[f.si].Name
+// WriteAt writes p at byte offset off of blob i's data.
+func (f *File) WriteAt(i int, p []byte, off int64) error {
+	if f.sw != nil {
+		return f.sw.WriteAt(i, p, off)
+	}
+	return f.tw.WriteAt(i, p, off)
+}
+
+// Commit finishes this node's part of the file and records it: a whole
+// file with its size and CRC-32 (returned), a shared one by its pieces.
+func (f *File) Commit() (FileEntry, error) {
 	if f.sw != nil {
 		pieces := f.sw.Pieces()
 		if err := f.sw.Close(); err != nil {
-			return err
+			return FileEntry{}, err
 		}
 		f.closed = true
 		f.w.mu.Lock()
-		f.w.rec.Shared = append(f.w.rec.Shared, sharedRecord{Param: p.Name, State: state, Pieces: pieces[0]})
+		f.w.rec.Shared = append(f.w.rec.Shared, sharedRecord{Path: filepath.ToSlash(f.rel), Pieces: pieces[0]})
 		f.w.mu.Unlock()
-		return nil
+		return FileEntry{}, nil
 	}
 	if err := f.tw.Commit(); err != nil {
-		return err
+		return FileEntry{}, err
 	}
 	f.closed = true
 	e := FileEntry{Path: filepath.ToSlash(f.rel), Bytes: f.tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", f.tw.CRC32())}
 	f.w.mu.Lock()
-	f.w.rec.Files = append(f.w.rec.Files, fileRecord{Param: p.Name, State: state, File: e})
+	f.w.rec.Files = append(f.w.rec.Files, e)
 	f.w.mu.Unlock()
-	return nil
+	return e, nil
 }
 
 // Abort removes this node's unfinished file.
-func (f *StateFile) Abort() {
+func (f *File) Abort() {
 	if f.closed {
 		return
 	}
@@ -255,82 +221,48 @@ func (f *StateFile) Abort() {
 	f.tw.Abort()
 }
 
-// WriteStep writes zero/<param>/step.pt with the raw step value: an int,
-// a float, or a 0-dim tensor given as a Blob.
-func (w *Writer) WriteStep(pi int, v pyobj.Value) error {
-	p := w.table.Params[pi]
-	rel := StatePath(p.Name, fragment.StepState)
-	e, err := w.save(rel, v)
-	if err != nil {
-		return err
+// CopyFile copies the file src to rel unchanged and records it.
+func (w *Writer) CopyFile(rel, src string) (FileEntry, error) {
+	if err := CheckName(filepath.Base(rel)); err != nil || filepath.IsAbs(rel) || strings.Contains(rel, "..") {
+		return FileEntry{}, fmt.Errorf("refusing to copy to %q", rel)
 	}
+	e, err := copyFile(src, filepath.Join(w.tmp, rel))
+	if err != nil {
+		return FileEntry{}, err
+	}
+	e.Path = filepath.ToSlash(rel)
 	w.mu.Lock()
-	w.rec.Files = append(w.rec.Files, fileRecord{Param: p.Name, State: fragment.StepState, File: *e})
+	w.rec.Files = append(w.rec.Files, *e)
 	w.mu.Unlock()
-	return nil
+	return *e, nil
 }
 
-func (w *Writer) save(rel string, v pyobj.Value) (*FileEntry, error) {
-	v, copies, err := blobsForRefs(v)
+// FinishShared completes the shared file rel from the pieces all nodes
+// wrote (root as each node laid it out) and returns its entry.
+func (w *Writer) FinishShared(rel string, root pyobj.Value, pieces []torchfile.Piece) (FileEntry, error) {
+	crc, size, err := torchfile.FinishShared(filepath.Join(w.tmp, rel), root, [][]torchfile.Piece{pieces}, true)
 	if err != nil {
-		return nil, err
+		return FileEntry{}, err
 	}
-	tw, err := torchfile.Create(filepath.Join(w.tmp, rel), v)
-	if err != nil {
-		return nil, err
-	}
-	tw.NoSync = true
-	if err := fill(tw, copies); err != nil {
-		tw.Abort()
-		return nil, fmt.Errorf("%s: %w", rel, err)
-	}
-	if err := tw.Commit(); err != nil {
-		return nil, err
-	}
-	return &FileEntry{Path: filepath.ToSlash(rel), Bytes: tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", tw.CRC32())}, nil
-}
-
-// CopyFile copies Table.CopyFiles[i] into the checkpoint unchanged (a
-// plan task, so big copies run beside the reducers) and returns its size.
-func (w *Writer) CopyFile(i int) (int64, error) {
-	e, err := w.copy(i)
-	if err != nil {
-		return 0, err
-	}
-	w.mu.Lock()
-	w.rec.Copies = append(w.rec.Copies, *e)
-	w.mu.Unlock()
-	return e.Bytes, nil
-}
-
-func (w *Writer) copy(i int) (*FileEntry, error) {
-	c := w.table.CopyFiles[i]
-	if err := CheckName(filepath.Base(c.Name)); err != nil || filepath.IsAbs(c.Name) || strings.Contains(c.Name, "..") {
-		return nil, fmt.Errorf("refusing to copy to %q", c.Name)
-	}
-	e, err := copyFile(c.Src, filepath.Join(w.tmp, c.Name))
-	if err != nil {
-		return nil, err
-	}
-	e.Path = filepath.ToSlash(c.Name)
-	return e, nil
+	return FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}, nil
 }
 
 // Finish completes a single-process conversion: this node's record, then
 // Finalize.
-func (w *Writer) Finish() (*Manifest, error) {
+func (w *Writer) Finish(complete func(*Records) (*Manifest, error)) (*Manifest, error) {
 	if _, err := w.FinishNode(); err != nil {
 		return nil, err
 	}
-	return w.Finalize()
+	return w.Finalize(complete)
 }
 
-// Finalize writes the global files and the manifest from the records of
-// all nodes, completes files that several nodes filled, then renames
-// DST.partial to DST and writes latest_universal beside it.
-func (w *Writer) Finalize() (*Manifest, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+// Finalize merges the records of all nodes, has complete turn them into
+// the manifest (it may finish shared files and write files of its own),
+// and commits: syncs DST.partial, writes the manifest, renames the folder
+// to DST and writes latest_universal beside it.
+func (w *Writer) Finalize(complete func(*Records) (*Manifest, error)) (*Manifest, error) {
+	w.fin.Lock()
+	defer w.fin.Unlock()
 	if w.finished {
 		return nil, fmt.Errorf("%s: already finished", w.Dst)
 	}
@@ -338,128 +270,45 @@ func (w *Writer) Finalize() (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	files := map[[2]string]FileEntry{}
-	pieces := map[[2]string][]torchfile.Piece{}
-	for _, r := range recs {
-		for _, f := range r.Files {
-			files[[2]string{f.Param, f.State}] = f.File
-		}
-		for _, s := range r.Shared {
-			k := [2]string{s.Param, s.State}
-			pieces[k] = append(pieces[k], s.Pieces...)
-		}
-	}
-	m := &Manifest{Format: ManifestFormat, Version: ManifestVersion, Tool: w.opt.Tool,
-		Source: SourceInfo{Format: w.table.Format, Path: w.table.Source, Tag: w.table.Tag, Degrees: w.table.Degrees,
-			DType: w.table.DType, Args: w.table.Args},
-		Notes: w.table.Notes}
-	for pi, p := range w.table.Params {
-		kind, dims := patterns.Classify(p)
-		pe := ParamEntry{Name: p.Name, Shape: append([]int64{}, p.Shape...), DType: "float32", Pattern: kind.String(),
-			SplitDims: dims, Frozen: p.Frozen, Aliases: p.Info.Aliases}
-		if st := p.State(fragment.FP32); p.Frozen && st != nil && len(st.Frags) > 0 && st.Frags[0].Src.T != nil {
-			pe.SourceDType = st.Frags[0].Src.DType().String()
-		}
-		if p.Info.VocabSize > 0 {
-			pe.VocabSize, pe.PaddedVocab = p.Info.VocabSize, p.Info.PaddedVocab
-		}
-		states := []string{}
-		for _, s := range p.States {
-			states = append(states, s.Name)
-		}
-		if p.Step != nil {
-			states = append(states, fragment.StepState)
-		}
-		for _, state := range states {
-			k := [2]string{p.Name, state}
-			e, ok := files[k]
-			if !ok && pieces[k] != nil {
-				root, _ := w.stateRoot(pi)
-				crc, size, err := torchfile.FinishShared(filepath.Join(w.tmp, StatePath(p.Name, state)), root,
-					[][]torchfile.Piece{pieces[k]}, true)
-				if err != nil {
-					return nil, err
-				}
-				e, ok = FileEntry{Path: filepath.ToSlash(StatePath(p.Name, state)), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}, true
-			}
-			if !ok {
-				return nil, fmt.Errorf("%s: state %s of %s was not written by any node", w.tmp, state, p.Name)
-			}
-			pe.Files = append(pe.Files, StateEntry{State: state, FileEntry: e})
-		}
-		m.Params = append(m.Params, pe)
-	}
-	if w.table.Optimizer != nil {
-		e, err := w.save(filepath.Join(ZeroDir, OptimizerState), w.table.Optimizer)
-		if err != nil {
-			return nil, err
-		}
-		m.Files = append(m.Files, *e)
-	}
-	if w.table.Extra != nil && w.table.Extra.Len() > 0 {
-		e, err := w.save(ExtraState, w.table.Extra)
-		if err != nil {
-			return nil, err
-		}
-		m.Files = append(m.Files, *e)
-	}
-	for _, vf := range w.table.WriteFiles {
-		if err := CheckName(filepath.Base(vf.Name)); err != nil || filepath.IsAbs(vf.Name) || strings.Contains(vf.Name, "..") {
-			return nil, fmt.Errorf("refusing to write %q", vf.Name)
-		}
-		e, err := w.save(vf.Name, vf.Value)
-		if err != nil {
-			return nil, err
-		}
-		m.Files = append(m.Files, *e)
-	}
-	copied := map[string]FileEntry{}
-	for _, r := range recs {
-		for _, c := range r.Copies {
-			copied[c.Path] = c
-		}
-	}
-	for i, c := range w.table.CopyFiles {
-		e, ok := copied[filepath.ToSlash(c.Name)]
-		if !ok {
-			ce, err := w.copy(i)
-			if err != nil {
-				return nil, err
-			}
-			e = *ce
-		}
-		m.Files = append(m.Files, e)
-	}
-	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Path < m.Files[j].Path })
-	if err := os.RemoveAll(filepath.Join(w.tmp, nodesDir)); err != nil {
+	m, err := complete(recs)
+	if err != nil {
 		return nil, err
+	}
+	m.Tool = w.opt.Tool
+	if err := w.commit(m); err != nil {
+		return nil, err
+	}
+	w.finished = true
+	return m, w.syncDir(filepath.Dir(w.Dst))
+}
+
+// commit writes the manifest last and renames DST.partial to DST.
+func (w *Writer) commit(m *Manifest) error {
+	if err := os.RemoveAll(filepath.Join(w.tmp, nodesDir)); err != nil {
+		return err
 	}
 	// Everything must be on disk before the manifest says it is complete.
 	if !w.opt.NoSync {
 		if err := syncTree(w.tmp); err != nil {
-			return nil, fmt.Errorf("%s: %w", w.tmp, err)
+			return fmt.Errorf("%s: %w", w.tmp, err)
 		}
 	}
 	if err := writeJSON(filepath.Join(w.tmp, ManifestName), m); err != nil {
-		return nil, err
+		return err
 	}
 	if err := w.syncDir(w.tmp); err != nil {
-		return nil, err
+		return err
 	}
 	if w.opt.Force {
 		if err := os.RemoveAll(w.Dst); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := os.Rename(w.tmp, w.Dst); err != nil {
-		return nil, err
+		return err
 	}
 	parent := filepath.Dir(w.Dst)
-	if err := fsutil.WriteFileAtomic(filepath.Join(parent, LatestUniversal), []byte(filepath.Base(w.Dst)), w.opt.NoSync); err != nil {
-		return nil, err
-	}
-	w.finished = true
-	return m, w.syncDir(parent)
+	return fsutil.WriteFileAtomic(filepath.Join(parent, LatestUniversal), []byte(filepath.Base(w.Dst)), w.opt.NoSync)
 }
 
 func (w *Writer) syncDir(dir string) error {
@@ -477,7 +326,7 @@ func (w *Writer) Abort() {
 // copyFile copies src to dst in the kernel (copy_file_range), then takes
 // the CRC-32 of the copy as it now is in the page cache.
 func copyFile(src, dst string) (*FileEntry, error) {
-	in, err := os.Open(src)
+	in, err := fsutil.Open(src)
 	if err != nil {
 		return nil, err
 	}

@@ -131,7 +131,11 @@ func Compare(ctx context.Context, a, b *fragment.Table, opt Options) (*Result, e
 	}
 	var tasks []mapreduce.Task
 	for _, tk := range plan.Tasks {
-		if tk.State >= 0 && byA[[2]int{tk.Param, tk.State}] != nil {
+		if tk.Kind != mapreduce.ReduceTask {
+			continue
+		}
+		o := plan.Outputs[tk.Output]
+		if byA[[2]int{o.Param, o.State}] != nil {
 			tasks = append(tasks, tk)
 		}
 	}
@@ -153,7 +157,8 @@ func Compare(ctx context.Context, a, b *fragment.Table, opt Options) (*Result, e
 					return err
 				}
 				tk := tasks[i]
-				p := byA[[2]int{tk.Param, tk.State}]
+				o := plan.Outputs[tk.Output]
+				p := byA[[2]int{o.Param, o.State}]
 				n := 4 * (tk.End - tk.Start)
 				bufA, bufB = grow(bufA, n), grow(bufB, n)
 				if err := ga.Read(p.ai, p.as, tk.Start, tk.End, bufA); err != nil {

@@ -31,18 +31,9 @@ func ToFloat32(dst, src []byte, from DType) error {
 	case Float32:
 		copy(dst, src)
 	case BFloat16:
-		// bfloat16 is the upper half of a float32: widening is a shift.
-		for i := 0; i < n; i++ {
-			dst[4*i] = 0
-			dst[4*i+1] = 0
-			dst[4*i+2] = src[2*i]
-			dst[4*i+3] = src[2*i+1]
-		}
+		bfloat16ToFloat32(dst, src, n)
 	case Float16:
-		for i := 0; i < n; i++ {
-			f := float16.Frombits(le.Uint16(src[2*i:])).Float32()
-			le.PutUint32(dst[4*i:], math.Float32bits(f))
-		}
+		float16ToFloat32(dst, src, n)
 	case Float64:
 		for i := 0; i < n; i++ {
 			f := float32(math.Float64frombits(le.Uint64(src[8*i:])))
@@ -156,4 +147,38 @@ func Float32Bytes(v []float32) []byte {
 		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f))
 	}
 	return out
+}
+
+// bfloat16ToFloat32 widens n elements: bfloat16 is the upper half of a
+// float32, so four elements (one 64-bit load) become two 64-bit stores of
+// shifted halves; no per-element calls or byte stores.
+func bfloat16ToFloat32(dst, src []byte, n int) {
+	le := binary.LittleEndian
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		v := le.Uint64(src[2*i : 2*i+8 : 2*i+8])
+		d := dst[4*i : 4*i+16 : 4*i+16]
+		le.PutUint64(d[0:8], (v&0xffff)<<16|(v&0xffff0000)<<32)
+		le.PutUint64(d[8:16], (v>>16)&0xffff0000|v&0xffff000000000000)
+	}
+	for ; i < n; i++ {
+		le.PutUint32(dst[4*i:], uint32(le.Uint16(src[2*i:]))<<16)
+	}
+}
+
+// float16ToFloat32 widens n IEEE half elements exactly. Normal numbers
+// (almost all of a checkpoint) are rebiased with shifts and one add; zeros,
+// subnormals, infinities and NaNs (payload kept) take the exact library path.
+func float16ToFloat32(dst, src []byte, n int) {
+	le := binary.LittleEndian
+	for i := 0; i < n; i++ {
+		h := uint32(le.Uint16(src[2*i : 2*i+2 : 2*i+2]))
+		var u uint32
+		if e := h & 0x7c00; e != 0 && e != 0x7c00 {
+			u = (h&0x8000)<<16 | ((h&0x7fff)<<13 + 0x38000000)
+		} else {
+			u = math.Float32bits(float16.Frombits(uint16(h)).Float32())
+		}
+		le.PutUint32(dst[4*i:4*i+4:4*i+4], u)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"os"
 	"sort"
 
+	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -169,15 +170,9 @@ func (p *Param) StateWith(name string, shards []Shard) *State {
 // Numel returns the number of elements of the full parameter.
 func (p *Param) Numel() int64 { return torchfile.Numel(p.Shape) }
 
-// Degrees are the parallel degrees of the source checkpoint.
-type Degrees struct {
-	TP   int `json:"tp"`
-	PP   int `json:"pp"`
-	DP   int `json:"dp"`
-	EP   int `json:"ep"`
-	VPP  int `json:"vpp"`
-	ZeRO int `json:"zero"` // ZeRO stage, 0 for none
-}
+// Degrees are the parallel degrees of the source checkpoint, as the
+// atomic manifest records them.
+type Degrees = atomic.Degrees
 
 // Table is the fragment table of one source checkpoint.
 type Table struct {
@@ -239,57 +234,23 @@ type ValueFile struct {
 }
 
 // RefTree returns v with every *torchfile.Tensor replaced by a
-// *TensorRef into path, containers copied where they hold one, so that a
-// decoded source file can be written again with its tensors streamed.
-func RefTree(path string, v pyobj.Value) pyobj.Value {
+// *TensorRef into path (one reference per tensor), containers copied where
+// they hold one, so that a decoded source file can be written again with
+// its tensors streamed.
+func RefTree(path string, v pyobj.Value, lim pyobj.Limits) (pyobj.Value, error) {
 	refs := map[*torchfile.Tensor]*TensorRef{}
-	var walk func(v pyobj.Value, depth int) pyobj.Value
-	walk = func(v pyobj.Value, depth int) pyobj.Value {
-		if depth > pyobj.DefaultLimits.MaxDepth {
-			return v
+	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
+		t, ok := v.(*torchfile.Tensor)
+		if !ok {
+			return nil, false, nil
 		}
-		switch x := v.(type) {
-		case *torchfile.Tensor:
-			if r, ok := refs[x]; ok {
-				return r
-			}
-			r := &TensorRef{Path: path, T: x}
-			refs[x] = r
-			return r
-		case *pyobj.Dict:
-			d := pyobj.NewDict(x.Kind)
-			for i := 0; i < x.Len(); i++ {
-				k, val := x.Item(i)
-				d.Set(k, walk(val, depth+1))
-			}
-			if x.Attrs != nil {
-				d.Attrs = walk(x.Attrs, depth+1).(*pyobj.Dict)
-			}
-			return d
-		case *pyobj.List:
-			l := &pyobj.List{Items: make([]pyobj.Value, len(x.Items))}
-			for i, it := range x.Items {
-				l.Items[i] = walk(it, depth+1)
-			}
-			return l
-		case pyobj.Tuple:
-			t := make(pyobj.Tuple, len(x))
-			for i, it := range x {
-				t[i] = walk(it, depth+1)
-			}
-			return t
-		case *pyobj.Object:
-			o := *x
-			o.Args = make([]pyobj.Value, len(x.Args))
-			for i, a := range x.Args {
-				o.Args[i] = walk(a, depth+1)
-			}
-			o.State = walk(x.State, depth+1)
-			return &o
+		r, ok := refs[t]
+		if !ok {
+			r = &TensorRef{Path: path, T: t}
+			refs[t] = r
 		}
-		return v
-	}
-	return walk(v, 0)
+		return r, true, nil
+	})
 }
 
 // NewCopyFile describes src, copied as name into the output.

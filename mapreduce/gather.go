@@ -2,6 +2,7 @@ package mapreduce
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ucp-project/ucp/fragment"
@@ -12,7 +13,9 @@ import (
 // replicas averaged) but writes nothing: ucp diff compares two tables
 // through it. Its source files are shared by its workers.
 type Source struct {
-	r *runner
+	r   *runner
+	mu  sync.Mutex
+	wss []*WorkerStats // of its gatherers
 }
 
 // NewSource opens nothing yet; files are opened on first use.
@@ -23,8 +26,17 @@ func NewSource(t *fragment.Table) *Source {
 // Close closes the source files.
 func (s *Source) Close() { s.r.src.close() }
 
-// BytesRead returns the source bytes read so far by all workers.
-func (s *Source) BytesRead() int64 { return s.r.read.Load() }
+// BytesRead returns the source bytes read by all workers; call it when
+// they are done.
+func (s *Source) BytesRead() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, ws := range s.wss {
+		n += ws.BytesRead
+	}
+	return n
+}
 
 // Gatherer is one worker's reader of a Source; it is not safe for
 // concurrent use (each worker takes its own).
@@ -34,7 +46,11 @@ type Gatherer struct {
 
 // Gatherer returns a new worker reader.
 func (s *Source) Gatherer() *Gatherer {
-	return &Gatherer{red: &reducer{r: s.r, ws: &WorkerStats{}}}
+	ws := &WorkerStats{}
+	s.mu.Lock()
+	s.wss = append(s.wss, ws)
+	s.mu.Unlock()
+	return &Gatherer{red: &reducer{r: s.r, ws: ws}}
 }
 
 // Read fills out with elements [start, end) of state si of parameter pi in

@@ -3,7 +3,6 @@ package mapreduce_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,31 +10,14 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/truth"
 	. "github.com/ucp-project/ucp/mapreduce"
-	"github.com/ucp-project/ucp/torchfile"
 )
 
-// synthetic builds a table of bf16 parameters of the given sizes, each a
-// single unsharded fragment (planning reads only sizes and dtypes).
-func synthetic(sizes []int64) *fragment.Table {
-	t := &fragment.Table{Format: "synthetic"}
-	for i, n := range sizes {
-		src := fragment.TensorRef{Path: "src", T: &torchfile.Tensor{DType: dtype.BFloat16, Shape: []int64{n}, Stride: []int64{1},
-			Storage: &torchfile.Storage{DType: dtype.BFloat16, Numel: n}}}
-		p := &fragment.Param{Name: fmt.Sprintf("p%d", i), Shape: []int64{n / 16, 16}}
-		for _, s := range []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq} {
-			st := p.AddState(s)
-			st.Shards = []fragment.Shard{{Shape: p.Shape}}
-			st.Frags = []fragment.Fragment{{Len: n, Src: src}}
-		}
-		t.Params = append(t.Params, p)
-	}
-	return t
-}
+// synthetic builds a table of bf16 parameters of the given sizes.
+func synthetic(sizes []int64) *fragment.Table { return truth.Synthetic(sizes...) }
 
 func TestPlanDeterministicAndBalanced(t *testing.T) {
 	// One embedding holds half of all bytes, as BLOOM's does; the rest are
@@ -71,7 +53,7 @@ func TestPlanDeterministicAndBalanced(t *testing.T) {
 		// The giant parameter must be spread over several nodes.
 		onNodes := map[int]bool{}
 		for _, tk := range a.Tasks {
-			if tk.Param == 0 {
+			if a.Outputs[tk.Output].Param == 0 {
 				onNodes[tk.Node] = true
 			}
 		}
@@ -100,7 +82,10 @@ func TestPlanDeterministicAndBalanced(t *testing.T) {
 	p, _ := NewPlan(tbl, PlanOptions{Nodes: 4, Cores: 2})
 	covered := map[[2]int]int64{}
 	for _, tk := range p.Tasks {
-		covered[[2]int{tk.Param, tk.State}] += tk.End - tk.Start
+		if tk.Kind == ReduceTask {
+			o := p.Outputs[tk.Output]
+			covered[[2]int{o.Param, o.State}] += tk.End - tk.Start
+		}
 	}
 	for pi, prm := range tbl.Params {
 		for si := range prm.States {
@@ -132,11 +117,11 @@ func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) st
 	dst := filepath.Join(t.TempDir(), "atomic")
 	var w *atomic.Writer
 	for n := 0; n < plan.Nodes; n++ {
-		w, err = atomic.Create(dst, tbl, atomic.Options{Node: n, Nodes: plan.Nodes, PlanID: plan.ID()})
+		w, err = Create(dst, plan, atomic.Options{Node: n, Nodes: plan.Nodes})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Run(context.Background(), tbl, plan, w, Options{Node: n, Workers: workers, CheckReplicas: true}); err != nil {
+		if _, err := Run(context.Background(), plan, w, Options{Node: n, Workers: workers, CheckReplicas: true}); err != nil {
 			t.Fatal(err)
 		}
 		all, err := w.FinishNode()
@@ -147,7 +132,7 @@ func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) st
 			t.Fatalf("node %d: all records present = %v", n, all)
 		}
 	}
-	if _, err := w.Finalize(); err != nil {
+	if _, err := Finalize(plan, w); err != nil {
 		t.Fatal(err)
 	}
 	return dst
@@ -206,11 +191,11 @@ func TestReadErrorStopsRun(t *testing.T) {
 	}
 	plan, _ := NewPlan(tbl, PlanOptions{Nodes: 1, Cores: 2})
 	dst := filepath.Join(t.TempDir(), "atomic")
-	w, err := atomic.Create(dst, tbl, atomic.Options{})
+	w, err := Create(dst, plan, atomic.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Run(context.Background(), tbl, plan, w, Options{Workers: 2})
+	_, err = Run(context.Background(), plan, w, Options{Workers: 2})
 	if err == nil || !strings.Contains(err.Error(), filepath.Base(victim)) {
 		t.Fatalf("error %v, want one naming %s", err, victim)
 	}
@@ -218,16 +203,6 @@ func TestReadErrorStopsRun(t *testing.T) {
 	for _, p := range []string{dst, dst + atomic.PartialSuffix} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s exists after a failed run", p)
-		}
-	}
-}
-
-func TestTimeline(t *testing.T) {
-	st := &Stats{Tasks: 2, Elapsed: 2e9, Workers: []WorkerStats{{Spans: []Span{{Start: 0, End: 1e9, Label: "a<b>/fp32"}}}, {}}}
-	svg := Timeline(st, "node 0")
-	for _, want := range []string{"<svg", "worker 1", "a&lt;b&gt;/fp32", "</svg>"} {
-		if !strings.Contains(svg, want) {
-			t.Errorf("timeline lacks %q", want)
 		}
 	}
 }

@@ -1,47 +1,109 @@
 // Package mapreduce converts a fragment table into an atomic checkpoint:
-// Plan splits the work into tasks (a byte range of one output file) and
-// balances them over nodes and cores by bytes; Run executes a node's share
-// with reducers that pread exactly the source ranges they need, convert to
-// float32 and write at offsets of pre-sized output files.
+// NewPlan lists the output files (state, step, value and copied files,
+// with their manifest entries) and splits the work on them into typed
+// tasks (a byte range of one state file, a step, a copy) balanced over
+// nodes and cores by bytes; Run executes a node's share with reducers that
+// pread exactly the source ranges they need, convert to float32 and write
+// at offsets of pre-sized output files; Finalize turns the nodes' records
+// into the manifest. The atomic writer underneath knows only paths, byte
+// ranges and node records.
 package mapreduce
 
 import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"sort"
 
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/patterns"
+	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
 )
 
-// Task is one unit of reduce work: elements [Start, End) of state State of
-// parameter Param, or (State == StepTask) the parameter's step file.
-type Task struct {
-	Param int   `json:"param"`
-	State int   `json:"state"`
-	Start int64 `json:"start"`
-	End   int64 `json:"end"`
-	Bytes int64 `json:"bytes"` // source bytes read plus output bytes written: the balancing weight
-	Node  int   `json:"node"`
-	Chunk int   `json:"chunk"` // index of this range within its file
-	Of    int   `json:"of"`    // number of ranges of its file
+// OutputKind says what an output file holds and how it is written.
+type OutputKind int
+
+const (
+	// StateFile is zero/<param>/<state>.pt: a float32 tensor of the
+	// parameter's full shape, filled by the reduce tasks of its ranges.
+	StateFile OutputKind = iota
+	// StepFile is zero/<param>/step.pt: the raw step value.
+	StepFile
+	// ValueFile is a torch file written from a value of the table
+	// (optimizer state, extra state, model states) by the finalizer, its
+	// tensor references streamed from the source.
+	ValueFile
+	// CopyFile is a source file copied unchanged.
+	CopyFile
+)
+
+// Output is one file of the atomic checkpoint.
+type Output struct {
+	Kind OutputKind
+	Path string // relative to the checkpoint folder
+	// Param is the index in the table of the parameter whose manifest
+	// entry lists the file, and State the index of its state (StateFile):
+	// -1 when there is none.
+	Param, State int
+	// Name is the state's name in the manifest (StateFile, StepFile).
+	Name string
+	// Shape and DType are a state file's tensor.
+	Shape []int64
+	DType dtype.DType
+	// Value is a value file's content, its tensors *fragment.TensorRefs.
+	Value pyobj.Value
+	// Src and Size are a copied file's source and size.
+	Src  string
+	Size int64
+	// Shared marks a state file whose tasks lie on more than one node:
+	// each fills its part and the finalizer completes it.
+	Shared bool
 }
 
-// StepTask marks a Task that writes a step file; CopyTask one that copies
-// the source file Table.CopyFiles[Param] (its weight is the file's size).
+// TaskKind says what a task does.
+type TaskKind int
+
 const (
-	StepTask = -1
-	CopyTask = -2
+	// ReduceTask gathers elements [Start, End) of a state file.
+	ReduceTask TaskKind = iota
+	// StepTask writes a step file.
+	StepTask
+	// CopyTask copies a file.
+	CopyTask
 )
 
-// Plan is the deterministic assignment of tasks to nodes: a pure function
-// of the table and the options, so every node computes the same plan.
+// Task is one unit of work on output Output of the plan.
+type Task struct {
+	Kind   TaskKind `json:"kind"`
+	Output int      `json:"output"`
+	Start  int64    `json:"start"`
+	End    int64    `json:"end"`
+	Bytes  int64    `json:"bytes"` // source bytes read plus output bytes written: the balancing weight
+	Node   int      `json:"node"`
+	Chunk  int      `json:"chunk"` // index of this range within its file
+	Of     int      `json:"of"`    // number of ranges of its file
+}
+
+// Plan is the deterministic list of output files and the assignment of
+// the tasks that write them to nodes: a pure function of the table and
+// the options, so every node computes the same plan.
 type Plan struct {
 	Nodes      int
 	Cores      int
 	ChunkElems int64
-	Tasks      []Task  // sorted by node, then largest first
-	NodeBytes  []int64 // total weight per node
+	Outputs    []Output // per parameter its states then its step, then value files, then copies
+	Tasks      []Task   // sorted by node, then largest first
+	NodeBytes  []int64  // total weight per node
+	// Manifest is ucp.json as far as the table decides it: the source and
+	// per parameter its entry without files, which the finalizer adds
+	// from the records of the nodes.
+	Manifest atomic.Manifest
+
+	t *fragment.Table
 }
 
 // PlanOptions set the shape of the plan.
@@ -83,29 +145,53 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 			chunk = min(chunk, max(opt.Memory/int64(opt.Cores)/BytesPerChunkElem, 1<<12))
 		}
 	}
-	pl := &Plan{Nodes: opt.Nodes, Cores: opt.Cores, ChunkElems: chunk, NodeBytes: make([]int64, opt.Nodes)}
+	pl := &Plan{Nodes: opt.Nodes, Cores: opt.Cores, ChunkElems: chunk, NodeBytes: make([]int64, opt.Nodes), t: t,
+		Manifest: atomic.Manifest{Format: atomic.ManifestFormat, Version: atomic.ManifestVersion,
+			Source: atomic.SourceInfo{Format: t.Format, Path: t.Source, Tag: t.Tag, Degrees: t.Degrees,
+				DType: t.DType, Args: t.Args},
+			Notes: t.Notes}}
 	var tasks []Task
+	add := func(o Output) int {
+		pl.Outputs = append(pl.Outputs, o)
+		return len(pl.Outputs) - 1
+	}
 	for pi, p := range t.Params {
+		pl.Manifest.Params = append(pl.Manifest.Params, paramEntry(p))
 		numel := p.Numel()
 		row := int64(1)
 		if len(p.Shape) > 1 {
 			row = numel / max(p.Shape[0], 1)
 		}
 		for si, st := range p.States {
+			oi := add(Output{Kind: StateFile, Path: atomic.StatePath(p.Name, st.Name), Param: pi, State: si, Name: st.Name,
+				Shape: p.Shape, DType: dtype.Float32})
 			srcPerElem := srcBytesPerElem(st, numel)
 			ranges := splitRows(numel, row, chunk)
 			for ci, r := range ranges {
 				n := r[1] - r[0]
-				tasks = append(tasks, Task{Param: pi, State: si, Start: r[0], End: r[1],
+				tasks = append(tasks, Task{Kind: ReduceTask, Output: oi, Start: r[0], End: r[1],
 					Bytes: 4*n + int64(float64(n)*srcPerElem), Chunk: ci, Of: len(ranges)})
 			}
 		}
 		if p.Step != nil {
-			tasks = append(tasks, Task{Param: pi, State: StepTask, Bytes: 1, Of: 1})
+			oi := add(Output{Kind: StepFile, Path: atomic.StatePath(p.Name, fragment.StepState), Param: pi, State: -1,
+				Name: fragment.StepState})
+			tasks = append(tasks, Task{Kind: StepTask, Output: oi, Bytes: 1, Of: 1})
 		}
 	}
-	for ci, c := range t.CopyFiles {
-		tasks = append(tasks, Task{Param: ci, State: CopyTask, Bytes: 2 * c.Size, Of: 1})
+	if t.Optimizer != nil {
+		add(Output{Kind: ValueFile, Path: filepath.Join(atomic.ZeroDir, atomic.OptimizerState), Param: -1, State: -1,
+			Value: t.Optimizer})
+	}
+	if t.Extra != nil && t.Extra.Len() > 0 {
+		add(Output{Kind: ValueFile, Path: atomic.ExtraState, Param: -1, State: -1, Value: t.Extra})
+	}
+	for _, vf := range t.WriteFiles {
+		add(Output{Kind: ValueFile, Path: vf.Name, Param: -1, State: -1, Value: vf.Value})
+	}
+	for _, c := range t.CopyFiles {
+		oi := add(Output{Kind: CopyFile, Path: c.Name, Param: -1, State: -1, Src: c.Src, Size: c.Size})
+		tasks = append(tasks, Task{Kind: CopyTask, Output: oi, Bytes: 2 * c.Size, Of: 1})
 	}
 	// LPT: biggest first. Equal tasks are ordered by chunk index first, so
 	// concurrent workers start on different files (writes to one file
@@ -129,7 +215,22 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 	}
 	sort.SliceStable(tasks, func(i, j int) bool { return tasks[i].Node < tasks[j].Node })
 	pl.Tasks = tasks
+	pl.markShared()
 	return pl, nil
+}
+
+// paramEntry is a parameter's manifest entry without its files.
+func paramEntry(p *fragment.Param) atomic.ParamEntry {
+	kind, dims := patterns.Classify(p)
+	pe := atomic.ParamEntry{Name: p.Name, Shape: append([]int64{}, p.Shape...), DType: "float32", Pattern: kind.String(),
+		SplitDims: dims, Frozen: p.Frozen, Aliases: p.Info.Aliases}
+	if st := p.State(fragment.FP32); p.Frozen && st != nil && len(st.Frags) > 0 && st.Frags[0].Src.T != nil {
+		pe.SourceDType = st.Frags[0].Src.DType().String()
+	}
+	if p.Info.VocabSize > 0 {
+		pe.VocabSize, pe.PaddedVocab = p.Info.VocabSize, p.Info.PaddedVocab
+	}
+	return pe
 }
 
 // srcBytesPerElem is the source bytes read per output element of a state,
@@ -202,20 +303,64 @@ func (p *Plan) ID() string {
 	return fmt.Sprintf("%x", h[:8])
 }
 
-// SharedFiles returns the (param, state) files whose tasks lie on more
-// than one node: each node fills its part and the finalizer completes them.
-func (p *Plan) SharedFiles() map[[2]int]bool {
-	nodes := map[[2]int]int{}
-	shared := map[[2]int]bool{}
+// stateRoot is the value of a state file: DeepSpeed's universal dict with
+// a float32 tensor of the parameter's full shape.
+func stateRoot(p *fragment.Param, o *Output) pyobj.Value {
+	return Universal(p, &torchfile.Blob{DType: o.DType, Shape: append([]int64(nil), o.Shape...)})
+}
+
+// Universal returns the dict DeepSpeed's universal loader reads from a
+// state file (atomic/FORMAT.md): the merge keys, then 'param'.
+func Universal(p *fragment.Param, param pyobj.Value) *pyobj.Dict {
+	d := pyobj.NewDict(pyobj.PlainDict)
+	in := p.Info
+	switch {
+	case in.CatDim < 0:
+		// replicated or averaged: no cat_dim
+	case in.NSubParams > 1 && in.SubParamWidths == nil:
+		d.Set("cat_dim", int64(in.CatDim))
+		d.Set("param_n_sub_params", int64(in.NSubParams))
+	case in.SubParamShape != nil:
+		d.Set("sub_param_shape", in.SubParamShape)
+	default:
+		d.Set("cat_dim", int64(in.CatDim))
+	}
+	if in.VocabSize > 0 {
+		d.Set("vocab_tensor", true)
+	}
+	d.Set("param", param)
+	return d
+}
+
+// markShared marks the state files whose tasks lie on more than one node.
+func (p *Plan) markShared() {
+	nodes := map[int]int{}
 	for _, t := range p.Tasks {
-		if t.State < 0 {
+		if t.Kind != ReduceTask {
 			continue
 		}
-		k := [2]int{t.Param, t.State}
-		if n, ok := nodes[k]; ok && n != t.Node {
-			shared[k] = true
+		if n, ok := nodes[t.Output]; ok && n != t.Node {
+			p.Outputs[t.Output].Shared = true
 		}
-		nodes[k] = t.Node
+		nodes[t.Output] = t.Node
 	}
-	return shared
+}
+
+// Table returns the fragment table the plan was made from.
+func (p *Plan) Table() *fragment.Table { return p.t }
+
+// Label names a task for the timeline and errors.
+func (p *Plan) Label(tk Task) string {
+	o := &p.Outputs[tk.Output]
+	switch tk.Kind {
+	case CopyTask:
+		return "copy " + o.Path
+	case StepTask:
+		return p.t.Params[o.Param].Name + "/step"
+	}
+	s := p.t.Params[o.Param].Name + "/" + o.Name
+	if tk.Of > 1 {
+		s += fmt.Sprintf(" [%d/%d]", tk.Chunk+1, tk.Of)
+	}
+	return s
 }

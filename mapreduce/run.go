@@ -17,6 +17,7 @@ import (
 	ucpatomic "github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
@@ -42,64 +43,71 @@ type Stats struct {
 
 // WorkerStats are one reducer's phase timings and its tasks on a timeline.
 type WorkerStats struct {
-	Tasks        int           `json:"tasks"`
-	BytesRead    int64         `json:"bytes_read"`
-	BytesWritten int64         `json:"bytes_written"`
-	Read         time.Duration `json:"read_ns"`
-	Convert      time.Duration `json:"convert_ns"`
-	Write        time.Duration `json:"write_ns"`
-	Wait         time.Duration `json:"wait_ns"`
-	Spans        []Span        `json:"spans"`
+	Tasks        int   `json:"tasks"`
+	BytesRead    int64 `json:"bytes_read"`
+	BytesWritten int64 `json:"bytes_written"`
+	Phases
+	Wait  time.Duration `json:"wait_ns"`
+	Spans []Span        `json:"spans"`
 }
 
-// Span is one task on the timeline, in nanoseconds since the run started.
+// Phases is time spent reading the source, converting (casting, placing,
+// averaging) and writing the output.
+type Phases struct {
+	Read    time.Duration `json:"read_ns"`
+	Convert time.Duration `json:"convert_ns"`
+	Write   time.Duration `json:"write_ns"`
+}
+
+// Busy is the time in all three phases.
+func (p Phases) Busy() time.Duration { return p.Read + p.Convert + p.Write }
+
+// Span is one task on the timeline, in nanoseconds since the run started,
+// with the time it spent in each phase (they add up to End-Start).
 type Span struct {
 	Start int64  `json:"start_ns"`
 	End   int64  `json:"end_ns"`
 	Label string `json:"label"`
 	Bytes int64  `json:"bytes"`
+	Phases
 }
 
 // outFile is one output state file shared by the tasks that write it.
 type outFile struct {
 	mu      sync.Mutex
-	sf      *ucpatomic.StateFile
+	f       *ucpatomic.File
 	err     error
 	pending int32
 }
 
 type runner struct {
-	t       *fragment.Table
-	w       *ucpatomic.Writer
-	opt     Options
-	src     *sources
-	files   map[[2]int]*outFile
-	read    atomic.Int64
-	written atomic.Int64
-	start   time.Time
-	shared  map[[2]int]bool
+	t     *fragment.Table
+	plan  *Plan
+	w     *ucpatomic.Writer
+	opt   Options
+	src   *sources
+	files map[int]*outFile // by output
+	start time.Time
 }
 
 // Run executes the plan's tasks of node opt.Node, writing into w. On error
 // every file of this run is removed; the caller aborts w.
-func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer, opt Options) (*Stats, error) {
+func Run(ctx context.Context, plan *Plan, w *ucpatomic.Writer, opt Options) (*Stats, error) {
 	workers := opt.Workers
 	if workers <= 0 {
 		workers = runtime.NumCPU()
 	}
 	tasks := plan.NodeTasks(opt.Node)
-	r := &runner{t: t, w: w, opt: opt, src: newSources(), files: map[[2]int]*outFile{}, start: time.Now(),
-		shared: plan.SharedFiles()}
+	r := &runner{t: plan.t, plan: plan, w: w, opt: opt, src: newSources(), files: map[int]*outFile{}, start: time.Now()}
 	defer r.src.close()
 	for _, tk := range tasks {
-		if tk.State < 0 {
+		if tk.Kind != ReduceTask {
 			continue
 		}
-		k := [2]int{tk.Param, tk.State}
-		if r.files[k] == nil {
-			r.files[k] = &outFile{}
+		if r.files[tk.Output] == nil {
+			r.files[tk.Output] = &outFile{}
 		}
-		r.files[k].pending++
+		r.files[tk.Output].pending++
 	}
 	stats := &Stats{Tasks: len(tasks), Workers: make([]WorkerStats, workers)}
 	var next atomic.Int64
@@ -116,13 +124,19 @@ func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				t0 := time.Now()
+				t0, before := time.Now(), ws.Phases
 				if err := red.run(tasks[i]); err != nil {
 					return err
 				}
 				ws.Tasks++
-				ws.Spans = append(ws.Spans, Span{Start: int64(t0.Sub(r.start)), End: int64(time.Since(r.start)),
-					Label: r.label(tasks[i]), Bytes: tasks[i].Bytes})
+				sp := Span{Start: int64(t0.Sub(r.start)), End: int64(time.Since(r.start)), Label: plan.Label(tasks[i]),
+					Bytes: tasks[i].Bytes, Phases: Phases{Read: ws.Read - before.Read, Write: ws.Write - before.Write}}
+				// Time in a task outside reads and writes is the reducer's own
+				// work (placing runs, averaging): count it as convert, so
+				// Wait is only time without a task.
+				sp.Convert = time.Duration(sp.End-sp.Start) - sp.Read - sp.Write
+				ws.Convert = before.Convert + sp.Convert
+				ws.Spans = append(ws.Spans, sp)
 			}
 		})
 	}
@@ -130,35 +144,19 @@ func Run(ctx context.Context, t *fragment.Table, plan *Plan, w *ucpatomic.Writer
 	stats.Elapsed = time.Since(r.start)
 	for i := range stats.Workers {
 		ws := &stats.Workers[i]
-		busy := ws.Read + ws.Convert + ws.Write
-		ws.Wait = max(stats.Elapsed-busy, 0)
+		ws.Wait = max(stats.Elapsed-ws.Busy(), 0)
 		stats.BytesRead += ws.BytesRead
 		stats.BytesWritten += ws.BytesWritten
 	}
 	if err != nil {
 		for _, f := range r.files {
-			if f.sf != nil {
-				f.sf.Abort()
+			if f.f != nil {
+				f.f.Abort()
 			}
 		}
 		return stats, err
 	}
 	return stats, nil
-}
-
-func (r *runner) label(tk Task) string {
-	if tk.State == CopyTask {
-		return "copy " + r.t.CopyFiles[tk.Param].Name
-	}
-	p := r.t.Params[tk.Param]
-	if tk.State == StepTask {
-		return p.Name + "/step"
-	}
-	s := p.Name + "/" + p.States[tk.State].Name
-	if tk.Of > 1 {
-		s += fmt.Sprintf(" [%d/%d]", tk.Chunk+1, tk.Of)
-	}
-	return s
 }
 
 // reducer is one worker's state: reusable buffers and its statistics.
@@ -182,9 +180,12 @@ func grow(b []byte, n int64) []byte {
 
 func (red *reducer) run(tk Task) error {
 	r := red.r
-	if tk.State == CopyTask {
+	o := &r.plan.Outputs[tk.Output]
+	switch tk.Kind {
+	case CopyTask:
 		t0 := time.Now()
-		n, err := r.w.CopyFile(tk.Param)
+		e, err := r.w.CopyFile(o.Path, o.Src)
+		n := e.Bytes
 		red.ws.Write += time.Since(t0)
 		red.ws.BytesRead += n
 		red.ws.BytesWritten += n
@@ -192,12 +193,16 @@ func (red *reducer) run(tk Task) error {
 			r.opt.Progress(n, n)
 		}
 		return err
+	case StepTask:
+		// A step is a few bytes read and one small file written: count it
+		// as writing, which is what it waits on.
+		t0 := time.Now()
+		err := red.step(o)
+		red.ws.Write += time.Since(t0)
+		return err
 	}
-	p := r.t.Params[tk.Param]
-	if tk.State == StepTask {
-		return red.step(tk.Param)
-	}
-	st := p.States[tk.State]
+	p := r.t.Params[o.Param]
+	st := p.States[o.State]
 	n := tk.End - tk.Start
 	red.out = grow(red.out, 4*n)
 	var err error
@@ -214,27 +219,26 @@ func (red *reducer) run(tk Task) error {
 		return fmt.Errorf("parameter %s, state %s: %w", p.Name, st.Name, err)
 	}
 	t0 := time.Now()
-	of := r.files[[2]int{tk.Param, tk.State}]
+	of := r.files[tk.Output]
 	of.mu.Lock()
-	if of.sf == nil && of.err == nil {
-		of.sf, of.err = r.w.StateFile(tk.Param, tk.State, r.shared[[2]int{tk.Param, tk.State}])
+	if of.f == nil && of.err == nil {
+		of.f, of.err = r.w.CreateFile(o.Path, stateRoot(p, o), o.Shared)
 	}
-	sf, ferr := of.sf, of.err
+	f, ferr := of.f, of.err
 	of.mu.Unlock()
 	if ferr != nil {
 		return ferr
 	}
-	if err := sf.WriteAt(red.out, tk.Start); err != nil {
+	if err := f.WriteAt(0, red.out, 4*tk.Start); err != nil {
 		return err
 	}
 	if atomic.AddInt32(&of.pending, -1) == 0 {
-		if err := sf.Commit(); err != nil {
+		if _, err := f.Commit(); err != nil {
 			return err
 		}
 	}
 	red.ws.Write += time.Since(t0)
 	red.ws.BytesWritten += 4 * n
-	r.written.Add(4 * n)
 	if r.opt.Progress != nil {
 		r.opt.Progress(0, 4*n)
 	}
@@ -315,7 +319,6 @@ func (red *reducer) account(read, convert time.Duration, bytesRead int64) {
 	red.ws.Read += read
 	red.ws.Convert += convert
 	red.ws.BytesRead += bytesRead
-	red.r.read.Add(bytesRead)
 	if red.r.opt.Progress != nil {
 		red.r.opt.Progress(bytesRead, 0)
 	}
@@ -384,12 +387,14 @@ func (red *reducer) checkReplicas(p *fragment.Param, st *fragment.State, start, 
 	return nil
 }
 
-func (red *reducer) step(pi int) error {
+// step writes a step file: its value, or its tensor's bytes read now.
+func (red *reducer) step(o *Output) error {
 	r := red.r
-	p := r.t.Params[pi]
+	p := r.t.Params[o.Param]
 	s := p.Step
 	if s.Tensor == nil {
-		return r.w.WriteStep(pi, s.Value)
+		_, err := writeValue(r.w, o.Path, s.Value)
+		return err
 	}
 	file, err := r.src.get(s.Tensor.Path)
 	if err != nil {
@@ -399,7 +404,8 @@ func (red *reducer) step(pi int) error {
 	if err := torchfile.ReadRange(file, s.Tensor.T, 0, s.Tensor.Numel(), raw); err != nil {
 		return fmt.Errorf("%s: step of %s: %w", s.Tensor.Path, p.Name, err)
 	}
-	return r.w.WriteStep(pi, torchfile.NewBlob(s.Tensor.DType(), s.Tensor.T.Shape, raw))
+	_, err = writeValue(r.w, o.Path, torchfile.NewBlob(s.Tensor.DType(), s.Tensor.T.Shape, raw))
+	return err
 }
 
 // sources keeps source files open for concurrent preads.
@@ -416,7 +422,7 @@ func (s *sources) get(path string) (*os.File, error) {
 	if f, ok := s.files[path]; ok {
 		return f, nil
 	}
-	f, err := os.Open(path)
+	f, err := fsutil.Open(path)
 	if err != nil {
 		return nil, err
 	}

@@ -47,7 +47,7 @@ func fuzzSeeds(f *testing.F) {
 			// Legacy: the object pickle follows three small ones.
 			rest := b
 			for i := 0; i < 4; i++ {
-				n, err := Scan(rest, DefaultLimits)
+				n, err := Scan(rest, DefaultLimits())
 				if err != nil {
 					break
 				}
@@ -85,7 +85,7 @@ func FuzzUnpickle(f *testing.F) {
 			return
 		}
 		visits := 0
-		if err := Walk(v, func(path []Value, x Value) error {
+		if err := Walk(v, DefaultLimits(), func(path []Value, x Value) error {
 			if visits++; visits > 100_000 {
 				return ErrSkip
 			}

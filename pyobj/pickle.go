@@ -90,8 +90,8 @@ func (e *Encoder) Global(module, name string) {
 
 // Encode appends v.
 func (e *Encoder) Encode(v Value) error {
-	if e.depth > DefaultLimits.MaxDepth {
-		return fmt.Errorf("pickle: objects nest deeper than %d levels", DefaultLimits.MaxDepth)
+	if e.depth > DefaultLimits().MaxDepth {
+		return fmt.Errorf("pickle: objects nest deeper than %d levels", DefaultLimits().MaxDepth)
 	}
 	e.depth++
 	defer func() { e.depth-- }()
@@ -324,7 +324,7 @@ type scalarID struct {
 // distinct containers; too deep trees are left for Encode to reject.
 func countRefs(v Value, seen, shared map[any]bool, depth int) {
 	id, ok := identity(v)
-	if !ok || depth > DefaultLimits.MaxDepth+1 {
+	if !ok || depth > DefaultLimits().MaxDepth+1 {
 		return
 	}
 	if seen[id] {

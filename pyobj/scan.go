@@ -84,8 +84,11 @@ type Limits struct {
 }
 
 // DefaultLimits are generous for real checkpoints (a 100k-tensor optimizer
-// pickle has a few million opcodes) and small enough to stop abuse.
-var DefaultLimits = Limits{MaxOps: 100_000_000, MaxDepth: 256, MaxLine: 1 << 16}
+// pickle has a few million opcodes) and small enough to stop abuse. A
+// function, not a variable: no caller can change them for everyone.
+func DefaultLimits() Limits {
+	return Limits{MaxOps: 100_000_000, MaxDepth: 256, MaxLine: 1 << 16}
+}
 
 // Scan walks the opcodes of the pickle at the start of data without
 // building anything, and returns the length of the pickle (up to and

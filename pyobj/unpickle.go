@@ -96,13 +96,13 @@ func Unpickle(data []byte, opt Options) (v Value, err error) {
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxOps <= 0 {
-		l.MaxOps = DefaultLimits.MaxOps
+		l.MaxOps = DefaultLimits().MaxOps
 	}
 	if l.MaxDepth <= 0 {
-		l.MaxDepth = DefaultLimits.MaxDepth
+		l.MaxDepth = DefaultLimits().MaxDepth
 	}
 	if l.MaxLine <= 0 {
-		l.MaxLine = DefaultLimits.MaxLine
+		l.MaxLine = DefaultLimits().MaxLine
 	}
 	return l
 }
@@ -227,7 +227,7 @@ func (h *hookValue) PySetState(state interface{}) error {
 	if !ok {
 		return nil
 	}
-	s, err := newConverter(DefaultLimits.MaxDepth).conv(state, 0)
+	s, err := newConverter(DefaultLimits().MaxDepth).conv(state, 0)
 	if err != nil {
 		return err
 	}
@@ -313,7 +313,7 @@ type converter struct {
 
 func newConverter(maxDepth int) *converter {
 	if maxDepth <= 0 {
-		maxDepth = DefaultLimits.MaxDepth
+		maxDepth = DefaultLimits().MaxDepth
 	}
 	return &converter{maxDepth: maxDepth, done: map[any]Value{}, busy: map[any]bool{}}
 }

@@ -446,7 +446,7 @@ func TestSharedBombs(t *testing.T) {
 		return
 	}
 	// Walk follows every path, so it stops at MaxVisits.
-	err = Walk(v, func([]Value, Value) error { return nil })
+	err = Walk(v, DefaultLimits(), func([]Value, Value) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "values to walk") {
 		t.Errorf("Walk: %v", err)
 	}
@@ -511,12 +511,12 @@ func TestMarshalAttrs(t *testing.T) {
 
 // TestScanNeed: a truncated pickle tells how many bytes it claims.
 func TestScanNeed(t *testing.T) {
-	_, err := Scan(p("X"+u32(100)+"abc"), DefaultLimits)
+	_, err := Scan(p("X"+u32(100)+"abc"), DefaultLimits())
 	var te *TruncatedError
 	if !asTruncated(err, &te) || te.Need != 2+1+4+100 {
 		t.Fatalf("got %v", err)
 	}
-	if _, err := Scan(bytes.Repeat([]byte("N"), 10), DefaultLimits); !asTruncated(err, &te) {
+	if _, err := Scan(bytes.Repeat([]byte("N"), 10), DefaultLimits()); !asTruncated(err, &te) {
 		t.Fatalf("no-STOP pickle: %v", err)
 	}
 }

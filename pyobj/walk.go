@@ -19,8 +19,10 @@ var ErrSkip = errors.New("skip")
 
 // Walk calls fn for v and everything inside it, depth first in stored
 // order. path holds dict keys as they are and list/tuple indices as int64;
-// an object's attributes appear under their names.
-func Walk(v Value, fn func(path []Value, v Value) error) error {
+// an object's attributes appear under their names. Nesting deeper than
+// lim.MaxDepth is an error.
+func Walk(v Value, lim Limits, fn func(path []Value, v Value) error) error {
+	maxDepth := lim.withDefaults().MaxDepth
 	visits := 0
 	var walk func(path []Value, v Value, depth int) error
 	walk = func(path []Value, v Value, depth int) error {
@@ -28,8 +30,8 @@ func Walk(v Value, fn func(path []Value, v Value) error) error {
 		if visits > MaxVisits {
 			return fmt.Errorf("more than %d values to walk", MaxVisits)
 		}
-		if depth > DefaultLimits.MaxDepth {
-			return fmt.Errorf("values nest deeper than %d levels", DefaultLimits.MaxDepth)
+		if depth > maxDepth {
+			return fmt.Errorf("values nest deeper than %d levels", maxDepth)
 		}
 		if err := fn(path, v); err != nil {
 			if err == ErrSkip {

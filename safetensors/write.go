@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // Entry is a tensor to be written. Data optionally holds its bytes
@@ -315,7 +316,7 @@ func Create(path string, entries []Entry, metadata map[string]string) (*Writer, 
 
 // CreateLayout starts writing l to path.
 func CreateLayout(path string, l *Layout) (*Writer, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	f, err := fsutil.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -380,10 +381,7 @@ func (w *Writer) Commit() error {
 		}
 	}
 	w.closed = true
-	err := w.f.Chmod(0o644) // CreateTemp makes 0600
-	if err == nil {
-		err = w.f.Sync()
-	}
+	err := w.f.Sync()
 	if cerr := w.f.Close(); err == nil {
 		err = cerr
 	}

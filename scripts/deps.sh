@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond Go: make, Debian's python3-torch 1.13
-# (real torch checks fixtures and reads what ucp writes), and, as root, the
+# (real torch checks fixtures and reads what ucp writes), librsvg2-bin
+# (rsvg-convert renders the report's timeline), and, as root, the
 # Debian 13 chroot with real torch 2.x and safetensors (scripts/torch2-chroot.sh,
 # built once and reused). Idempotent; quiet when everything is present.
 set -euo pipefail
@@ -8,6 +9,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v make >/dev/null 2>&1 || need+=(make)
 /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
+# rsvg-convert renders convert --report's SVG timeline in report's tests.
+command -v rsvg-convert >/dev/null 2>&1 || need+=(librsvg2-bin)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then

@@ -540,7 +540,7 @@ func walkAndRead(f *File) error {
 	// MaxVisits, but rendering that many values would make the fuzzer
 	// spend seconds per input in this harness, so stop much earlier.
 	visits := 0
-	return pyobj.Walk(f.Root, func(path []pyobj.Value, v pyobj.Value) error {
+	return pyobj.Walk(f.Root, pyobj.DefaultLimits(), func(path []pyobj.Value, v pyobj.Value) error {
 		if visits++; visits > 1<<17 {
 			return fmt.Errorf("more than %d values to walk in this harness", 1<<17)
 		}

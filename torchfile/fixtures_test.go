@@ -442,7 +442,7 @@ func TestFixtureSharing(t *testing.T) {
 // render lists a file's values with tensor data but without storage keys.
 func render(t *testing.T, f *File) string {
 	var b strings.Builder
-	err := pyobj.Walk(f.Root, func(path []pyobj.Value, v pyobj.Value) error {
+	err := pyobj.Walk(f.Root, pyobj.DefaultLimits(), func(path []pyobj.Value, v pyobj.Value) error {
 		s := pyobj.Repr(v)
 		if x, ok := v.(*Tensor); ok {
 			data, err := f.ReadTensor(x)

@@ -263,7 +263,7 @@ func (p *pickleReader) next(decode func([]byte) error) error {
 			return err
 		}
 		window := p.buf[p.pos-p.at:]
-		n, err := pyobj.Scan(window, pyobj.DefaultLimits)
+		n, err := pyobj.Scan(window, pyobj.DefaultLimits())
 		if err != nil {
 			left := min(p.size-p.pos, maxPickle)
 			var te *pyobj.TruncatedError

@@ -36,7 +36,7 @@ func OpenShared(path string, root any) (*SharedWriter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	f, err := os.OpenFile(PartialPath(path), os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(PartialPath(path), os.O_RDWR|os.O_CREATE, 0o666)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -424,7 +425,7 @@ func Create(path string, root pyobj.Value) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+base+".tmp-*")
+	f, err := fsutil.CreateTemp(filepath.Dir(path), "."+base+".tmp-*")
 	if err != nil {
 		return nil, err
 	}

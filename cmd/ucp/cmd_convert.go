@@ -17,7 +17,9 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/formats"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/mapreduce"
+	"github.com/ucp-project/ucp/report"
 )
 
 type convertOptions struct {
@@ -104,6 +106,9 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err := sourceCheck(src, opts.From); err != nil {
 		return err
 	}
+	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix); err != nil {
+		return err
+	}
 	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
 	if err != nil {
 		return err
@@ -133,21 +138,29 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if opts.DryRun {
 		return printPlan(out, t, plan)
 	}
-	w, err := atomic.Create(dst, t, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes, PlanID: plan.ID(),
+	if !opts.Finalize {
+		if err := checkOutputs(dst, plan); err != nil {
+			return err
+		}
+		if err := checkSpace(dst, plan, node, nodes == 1); err != nil {
+			return err
+		}
+	}
+	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes,
 		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync})
 	if err != nil {
 		return err
 	}
 	if opts.Finalize {
-		return finalize(out, w, t, start, opts.Quiet)
+		return finalize(out, w, plan, start, opts.Quiet)
 	}
-	srcBytes, outBytes := t.Bytes()
-	bar := newProgress(errOut, "converting", (srcBytes+outBytes)*int64(plan.NodeBytes[node])/max(sum(plan.NodeBytes), 1), opts.Quiet)
-	stats, err := mapreduce.Run(ctx, t, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
+	bar := newProgress(errOut, "converting", progressTotal(plan, node), opts.Quiet)
+	stats, err := mapreduce.Run(ctx, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
 		Progress: bar.add})
 	bar.finish()
 	if opts.Report != "" && stats != nil {
-		if rerr := mapreduce.WriteReport(opts.Report, plan, node, indexed, stats); rerr != nil && err == nil {
+		if rerr := report.Write(opts.Report, report.Meta{Node: node, Nodes: plan.Nodes,
+			PlanID: plan.ID(), ChunkElems: plan.ChunkElems, NodeBytes: plan.NodeBytes, Index: indexed}, stats); rerr != nil && err == nil {
 			err = rerr
 		}
 	}
@@ -158,7 +171,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return err
 	}
 	if nodes == 1 {
-		m, err := w.Finish()
+		m, err := mapreduce.Finish(plan, w)
 		if err != nil {
 			w.Abort()
 			return err
@@ -173,6 +186,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if !opts.Quiet {
 		fmt.Fprintf(out, "node %d of %d (from %s) done: %s\n", node, nodes, from,
 			transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
+		stragglers(out, stats)
 	}
 	if !all {
 		if !opts.Quiet {
@@ -186,11 +200,11 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		}
 		return err
 	}
-	return finalize(out, w, t, start, opts.Quiet)
+	return finalize(out, w, plan, start, opts.Quiet)
 }
 
-func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Time, quiet bool) error {
-	m, err := w.Finalize()
+func finalize(out io.Writer, w *atomic.Writer, plan *mapreduce.Plan, start time.Time, quiet bool) error {
+	m, err := mapreduce.Finalize(plan, w)
 	if err != nil || quiet {
 		return err
 	}
@@ -198,12 +212,17 @@ func finalize(out io.Writer, w *atomic.Writer, t *fragment.Table, start time.Tim
 	return nil
 }
 
-func sum(xs []int64) int64 {
-	var s int64
-	for _, x := range xs {
-		s += x
+// progressTotal is what the bar counts to: the bytes this node's tasks
+// read and write, as the reducers report them (a task's weight is its
+// reads plus its writes).
+func progressTotal(plan *mapreduce.Plan, node int) int64 {
+	var n int64
+	for _, tk := range plan.Tasks {
+		if tk.Node == node {
+			n += tk.Bytes
+		}
 	}
-	return s
+	return n
 }
 
 func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst string, m *atomic.Manifest, stats *mapreduce.Stats, start time.Time, indexed time.Duration) {
@@ -213,9 +232,28 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
 	fmt.Fprintf(out, "  %d parameters, %d files, %s\n", len(m.Params), len(m.AllFiles()),
 		transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
+	stragglers(out, stats)
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}
+}
+
+// stragglers prints which worker held the run up and the slowest tasks, so
+// a skewed plan shows without --report.
+func stragglers(out io.Writer, stats *mapreduce.Stats) {
+	s := report.Summarize(stats, 3)
+	if len(s.Slowest) == 0 {
+		return
+	}
+	if s.Workers > 1 {
+		fmt.Fprintf(out, "  stragglers: worker %d finished last at %s, the median worker at %s; busy %s, the median worker %s\n",
+			s.Last, fmtDuration(s.LastEnd), fmtDuration(s.MedianEnd), fmtDuration(s.LastBusy), fmtDuration(s.MedianBusy))
+	}
+	var tasks []string
+	for _, tk := range s.Slowest {
+		tasks = append(tasks, fmt.Sprintf("%s %s (%s, worker %d)", tk.Label, fmtDuration(tk.Duration), humanBytes(tk.Bytes), tk.Worker))
+	}
+	fmt.Fprintf(out, "  slowest tasks: %s\n", strings.Join(tasks, ", "))
 }
 
 func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
@@ -237,8 +275,8 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 			for _, tk := range share {
 				tr, tw := taskIO(tk)
 				r, w = r+tr, w+tw
-				if tk.State != mapreduce.CopyTask {
-					params[tk.Param] = true
+				if tk.Kind != mapreduce.CopyTask {
+					params[plan.Outputs[tk.Output].Param] = true
 				}
 			}
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(r), humanBytes(w),
@@ -252,7 +290,7 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 // writes: state chunks write float32 and read the rest, copies read and
 // write the file, steps are too small to count.
 func taskIO(tk mapreduce.Task) (read, written int64) {
-	switch tk.State {
+	switch tk.Kind {
 	case mapreduce.CopyTask:
 		return tk.Bytes / 2, tk.Bytes / 2
 	case mapreduce.StepTask:

@@ -167,7 +167,7 @@ func TestDiffShapeAndTolerance(t *testing.T) {
 // checkpoints with DeepSpeed's own ds_to_universal output: equal, except
 // that ds_to_universal writes no step files for ZeRO-3.
 func TestDiffDeepSpeedUniversal(t *testing.T) {
-	root := truth.Shared(t, "fixtures", "deepspeed-real")
+	root := truth.Fixture("deepspeed-real")
 	for _, c := range []string{"z1_dp2_fp32", "z1_dp2_fp16", "z2_dp2_bf16", "bf16opt_z1_dp2", "z3_dp2_fp32"} {
 		t.Run(c, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "atomic")

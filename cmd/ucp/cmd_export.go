@@ -12,6 +12,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/dcp"
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 type exportOptions struct {
@@ -96,6 +97,9 @@ func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportO
 		return fmt.Errorf("--dtype: %w", err)
 	}
 	if err := atomicCheck(src); err != nil {
+		return err
+	}
+	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix); err != nil {
 		return err
 	}
 	start := time.Now()

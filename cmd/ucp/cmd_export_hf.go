@@ -14,6 +14,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/hf"
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // hfOptions are the flags of export --to hf / --to torch.
@@ -60,6 +61,9 @@ func runExportHF(ctx context.Context, out io.Writer, src, dst string, opts expor
 	debug.SetMemoryLimit(o.Memory + 100<<20)
 	start := time.Now()
 	if err := atomicCheck(src); err != nil {
+		return err
+	}
+	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix); err != nil {
 		return err
 	}
 	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})

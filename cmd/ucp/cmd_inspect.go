@@ -145,7 +145,7 @@ func inspectFile(out io.Writer, path string, opts inspectOptions) error {
 	if opts.JSON {
 		return writeJSON(out, rep)
 	}
-	fmt.Fprintf(out, "%s: %s", rep.File, rep.Format)
+	fmt.Fprintf(out, "%s: %s", escapeControl(rep.File), rep.Format)
 	if rep.Prefix != "" {
 		fmt.Fprintf(out, " (archive folder %s/)", rep.Prefix)
 	}
@@ -167,13 +167,13 @@ func inspectFile(out io.Writer, path string, opts inspectOptions) error {
 		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\n", keyString(t.Key), t.DType, t.Shape, t.NBytes, where)
 	}
 	for _, v := range rep.Values {
-		fmt.Fprintf(tw, "%s\t%s\t\t\t%s\n", keyString(v.Key), v.Type, v.Value)
+		fmt.Fprintf(tw, "%s\t%s\t\t\t%s\n", keyString(v.Key), v.Type, escapeControl(fmt.Sprint(v.Value)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if len(rep.Unexpected) > 0 {
-		fmt.Fprintf(out, "\nglobals outside the allowlist (kept as inert objects, never executed): %s\n", strings.Join(rep.Unexpected, ", "))
+		fmt.Fprintf(out, "\nglobals outside the allowlist (kept as inert objects, never executed): %s\n", escapeControl(strings.Join(rep.Unexpected, ", ")))
 	}
 	return nil
 }
@@ -189,7 +189,7 @@ func keyString(k []any) string {
 		}
 		fmt.Fprint(&b, e)
 	}
-	return b.String()
+	return escapeControl(b.String())
 }
 
 // fileTensors lists a torch.save or safetensors file's tensors.
@@ -202,7 +202,7 @@ func fileTensors(path string, values bool) (*fileReport, error) {
 		return nil, err
 	}
 	rep := &fileReport{File: path, Format: string(f.Format), Prefix: f.Prefix, Tensors: []tensorReport{}, Unexpected: f.Unexpected}
-	err = pyobj.Walk(f.Root, func(p []pyobj.Value, v pyobj.Value) error {
+	err = pyobj.Walk(f.Root, pyobj.DefaultLimits(), func(p []pyobj.Value, v pyobj.Value) error {
 		switch x := v.(type) {
 		case *torchfile.Tensor:
 			tr := tensorReport{Key: jsonKey(p), DType: x.DType.String(), Shape: nonNil(x.Shape), StorageOffset: x.StorageOffset,

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
+	"path"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/spf13/cobra"
@@ -24,7 +27,9 @@ func newVerifyCommand() *cobra.Command {
 		Use:   "verify ATOMIC",
 		Short: "Check every file of an atomic checkpoint against its manifest",
 		Long: `Read every file that ATOMIC/ucp.json lists and compare its size and CRC-32
-with the manifest. Every mismatch is reported; the exit code is non-zero if
+with the manifest. Manifest paths that would lead outside ATOMIC are not
+opened, and files or zero/<param> folders the manifest does not list are
+reported (UNLISTED). Every problem is reported; the exit code is non-zero if
 there is any.`,
 		Example: `  ucp verify checkpoints/global_step1000_universal`,
 		Args:    exactArgs(1),
@@ -44,6 +49,10 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 	if err != nil {
 		return err
 	}
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
 	files := m.AllFiles()
 	var mu sync.Mutex
 	var bad []string
@@ -55,7 +64,13 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			err := atomic.VerifyFile(filepath.Join(dir, filepath.FromSlash(f.Path)), f)
+			err := atomic.CheckPath(dir, f.Path)
+			if err == nil {
+				err = insideRoot(root, filepath.Join(dir, filepath.FromSlash(f.Path)))
+			}
+			if err == nil {
+				err = atomic.VerifyFile(filepath.Join(dir, filepath.FromSlash(f.Path)), f)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -69,13 +84,76 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 	if err := g.Wait(); err != nil {
 		return err
 	}
+	unlisted, err := unlistedEntries(dir, m)
+	if err != nil {
+		return err
+	}
 	sort.Strings(bad)
 	for _, b := range bad {
 		fmt.Fprintln(out, "BAD", b)
 	}
-	if len(bad) > 0 {
+	for _, u := range unlisted {
+		fmt.Fprintln(out, "UNLISTED", u)
+	}
+	switch {
+	case len(bad) > 0 && len(unlisted) > 0:
+		return fmt.Errorf("%s: %d of %d files do not match the manifest, and %d entries are not in it", dir, len(bad), len(files), len(unlisted))
+	case len(bad) > 0:
 		return fmt.Errorf("%s: %d of %d files do not match the manifest", dir, len(bad), len(files))
+	case len(unlisted) > 0:
+		return fmt.Errorf("%s: %d files or folders are not in the manifest (left from another run, or added by hand?)", dir, len(unlisted))
 	}
 	fmt.Fprintf(out, "%s: %d files, %s, all match the manifest\n", dir, len(files), humanBytes(total))
 	return nil
+}
+
+// insideRoot refuses a file whose real path (symbolic links resolved)
+// leaves the checkpoint folder root.
+func insideRoot(root, path string) error {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return err
+	}
+	if rel, err := filepath.Rel(root, real); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return fmt.Errorf("%s: leads outside the checkpoint, to %s", path, real)
+	}
+	return nil
+}
+
+// unlistedEntries lists, relative to dir, the files the manifest does not
+// name and the zero/<param> folders of parameters it does not have: the
+// checkpoint would not be what the manifest says.
+func unlistedEntries(dir string, m *atomic.Manifest) ([]string, error) {
+	listed := map[string]bool{atomic.ManifestName: true}
+	for _, f := range m.AllFiles() {
+		listed[f.Path] = true
+	}
+	params := map[string]bool{}
+	for _, p := range m.Params {
+		params[p.Name] = true
+	}
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if parent, name := path.Split(rel); parent == atomic.ZeroDir+"/" && !params[name] {
+				out = append(out, escapeControl(rel)+"/ (no such parameter in the manifest)")
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !listed[rel] {
+			out = append(out, escapeControl(rel))
+		}
+		return nil
+	})
+	sort.Strings(out)
+	return out, err
 }

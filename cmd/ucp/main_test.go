@@ -2,13 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/internal/truth"
@@ -31,11 +34,23 @@ type result struct {
 
 func ucp(t *testing.T, env []string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	return ucpWithin(t, 10*time.Minute, env, args...)
+}
+
+// ucpWithin runs ucp as a separate process and kills it after limit: a
+// hang is a failure, not a stuck test.
+func ucpWithin(t *testing.T, limit time.Duration, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), "UCP_TEST_AS_MAIN=1"), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("ucp %v still running after %s (hangs)", args, limit)
+	}
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
@@ -224,9 +239,15 @@ func TestVerify(t *testing.T) {
 func TestReport(t *testing.T) {
 	dir := t.TempDir()
 	rep := filepath.Join(dir, "run.json")
-	if r := ucp(t, nil, "convert", "--quiet", "--workers", "2", "--report", rep,
-		truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"), filepath.Join(dir, "atomic")); r.code != 0 {
+	r := ucp(t, nil, "convert", "--workers", "2", "--report", rep,
+		truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"), filepath.Join(dir, "atomic"))
+	if r.code != 0 {
 		t.Fatal(r.stderr)
+	}
+	// The terminal summary names the straggler and the slowest tasks.
+	if !regexp.MustCompile(`(?m)^  stragglers: worker [01] finished last at .*, the median worker at `).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^  slowest tasks: \S+ \S+ \(\d.*, worker [01]\), `).MatchString(r.stdout) {
+		t.Errorf("no straggler summary:\n%s", r.stdout)
 	}
 	b, err := os.ReadFile(rep)
 	if err != nil {
@@ -259,7 +280,8 @@ func TestReport(t *testing.T) {
 		t.Errorf("report %s", b)
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, "run.svg"))
-	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("worker 1")) {
+	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("worker 1")) ||
+		!bytes.Contains(svg, []byte("write: writing the output")) {
 		t.Errorf("timeline: %v", err)
 	}
 }

@@ -294,14 +294,14 @@ func convertErr(t *testing.T, tbl *fragment.Table) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	w, err := atomic.Create(dst, tbl, atomic.Options{})
+	w, err := mapreduce.Create(dst, plan, atomic.Options{})
 	if err != nil {
 		return "", err
 	}
-	if _, err := mapreduce.Run(context.Background(), tbl, plan, w, mapreduce.Options{Workers: 2, CheckReplicas: true}); err != nil {
+	if _, err := mapreduce.Run(context.Background(), plan, w, mapreduce.Options{Workers: 2, CheckReplicas: true}); err != nil {
 		w.Abort()
 		return "", err
 	}
-	_, err = w.Finish()
+	_, err = mapreduce.Finish(plan, w)
 	return dst, err
 }

@@ -426,7 +426,7 @@ func flatten(d *pyobj.Dict) ([]leaf, error) {
 		case *pyobj.Dict:
 			return false
 		case *pyobj.List:
-			if depth > pyobj.DefaultLimits.MaxDepth {
+			if depth > pyobj.DefaultLimits().MaxDepth {
 				return true
 			}
 			for _, e := range x.Items {
@@ -444,8 +444,8 @@ func flatten(d *pyobj.Dict) ([]leaf, error) {
 	}
 	var walk func(path []pyobj.Value, v pyobj.Value, depth int) error
 	walk = func(path []pyobj.Value, v pyobj.Value, depth int) error {
-		if depth > pyobj.DefaultLimits.MaxDepth {
-			return fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits.MaxDepth)
+		if depth > pyobj.DefaultLimits().MaxDepth {
+			return fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits().MaxDepth)
 		}
 		switch x := v.(type) {
 		case *pyobj.Dict:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/safetensors"
 	"github.com/ucp-project/ucp/torchfile"
@@ -78,7 +79,7 @@ func (fs *files) get(rel string) (*dataFile, error) {
 	}
 	d := &dataFile{}
 	path := filepath.Join(fs.dir, rel)
-	f, err := os.Open(path)
+	f, err := fsutil.Open(path)
 	if err == nil {
 		var st os.FileInfo
 		if st, err = f.Stat(); err == nil {
@@ -272,7 +273,7 @@ func (fs *files) bytesValue(key string, it item) (pyobj.Value, string, error) {
 		if err != nil {
 			return pyobj.Bytes(data), fmt.Sprintf("%s: kept as raw bytes (%v)", key, err), nil
 		}
-		v, err := refTensors(tf.Root, it, 0)
+		v, err := refTensors(tf.Root, it, pyobj.DefaultLimits())
 		if err != nil {
 			return nil, "", fmt.Errorf("%s: item of %q: %w", it.shown, key, err)
 		}
@@ -287,46 +288,13 @@ func (fs *files) bytesValue(key string, it item) (pyobj.Value, string, error) {
 
 // refTensors replaces the tensors of a decoded item with TensorRefs whose
 // storage offsets are absolute in the data file.
-func refTensors(v pyobj.Value, it item, depth int) (pyobj.Value, error) {
-	if depth > pyobj.DefaultLimits.MaxDepth {
-		return nil, fmt.Errorf("values nest deeper than %d levels", pyobj.DefaultLimits.MaxDepth)
-	}
-	switch x := v.(type) {
-	case *torchfile.Tensor:
+func refTensors(v pyobj.Value, it item, lim pyobj.Limits) (pyobj.Value, error) {
+	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
+		x, ok := v.(*torchfile.Tensor)
+		if !ok {
+			return nil, false, nil
+		}
 		r := fragment.Ref(it.path, x, it.off)
-		return &r, nil
-	case *pyobj.Dict:
-		c := pyobj.NewDict(x.Kind)
-		c.Attrs = x.Attrs
-		for i := 0; i < x.Len(); i++ {
-			k, val := x.Item(i)
-			nv, err := refTensors(val, it, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			c.Set(k, nv)
-		}
-		return c, nil
-	case *pyobj.List:
-		out := &pyobj.List{Items: make([]pyobj.Value, len(x.Items))}
-		for i, e := range x.Items {
-			nv, err := refTensors(e, it, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out.Items[i] = nv
-		}
-		return out, nil
-	case pyobj.Tuple:
-		out := make(pyobj.Tuple, len(x))
-		for i, e := range x {
-			nv, err := refTensors(e, it, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = nv
-		}
-		return out, nil
-	}
-	return v, nil
+		return &r, true, nil
+	})
 }

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // MegatronMetadataFile is the metadata.json Megatron-LM's dist_checkpointing
@@ -21,7 +23,7 @@ const MegatronMetadataFile = "metadata.json"
 // the file does not parse or names no backend.
 func MegatronBackend(dir string) (string, error) {
 	path := filepath.Join(dir, MegatronMetadataFile)
-	b, err := os.ReadFile(path)
+	b, err := fsutil.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -164,7 +165,7 @@ func ReadMetadata(path string) (*Metadata, error) {
 	if st.Size() > maxMetadata {
 		return nil, fmt.Errorf("%s: %d bytes, more than the %d a .metadata may have", path, st.Size(), int64(maxMetadata))
 	}
-	data, err := os.ReadFile(path)
+	data, err := fsutil.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // File name patterns (deepspeed.md §2.2). DeepSpeed sorts some of these
@@ -55,7 +57,7 @@ func ResolveTag(path, tag string) (dir, name string, err error) {
 	if hasRankFiles(path) {
 		return path, filepath.Base(path), nil
 	}
-	b, err := os.ReadFile(filepath.Join(path, "latest"))
+	b, err := fsutil.ReadFile(filepath.Join(path, "latest"))
 	if err != nil {
 		return "", "", fmt.Errorf("%s: no DeepSpeed rank files and no 'latest' tag file", path)
 	}

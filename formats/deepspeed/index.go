@@ -21,15 +21,40 @@ type Options struct {
 // modelState is one mp_rank_XX_model_states.pt.
 type modelState struct {
 	path   string
+	dec    pyobj.Dec // the root, for strict reads
 	root   *pyobj.Dict
-	shapes []*pyobj.Dict // param_shapes: per group, name -> torch.Size, in flat-buffer order
+	shapes []GroupShapes // param_shapes, per group
+}
+
+// GroupShapes is param_shapes[g] of a model state: parameter names in
+// flat-buffer order and their shapes.
+type GroupShapes struct {
+	Names []string
+	Shape map[string][]int64
+}
+
+// ParamShapes reads param_shapes (a list of dicts of name -> torch.Size);
+// failures are recorded in v.
+func ParamShapes(v pyobj.Dec) []GroupShapes {
+	var out []GroupShapes
+	for _, g := range v.AsList() {
+		gs := GroupShapes{Shape: map[string][]int64{}}
+		for _, it := range g.Items() {
+			gs.Names = append(gs.Names, it.Key)
+			gs.Shape[it.Key] = it.AsInts()
+		}
+		out = append(out, gs)
+	}
+	return out
 }
 
 // optimState is one ZeRO-1/2 or BF16_Optimizer optimizer file.
 type optimState struct {
 	path    string
 	dp, mp  int
+	root    *pyobj.Dict
 	osd     *pyobj.Dict
+	base    *pyobj.Dict // base_optimizer_state
 	stage   int
 	bf16opt bool
 	groups  []*group
@@ -38,7 +63,7 @@ type optimState struct {
 // group is one flattened parameter group of one rank.
 type group struct {
 	fp32     *torchfile.Tensor
-	state    *pyobj.Dict // torch optimizer state of the group's flat parameter
+	state    pyobj.Dec   // torch optimizer state of the group's flat parameter (a dict)
 	mappings *pyobj.Dict // param_slice_mappings[g], or nil
 	padding  int64
 	count    int64 // partition count (DP degree of the group)
@@ -93,10 +118,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		}
 	}
 	D := len(files.Optim) / M
-	if v, ok := models[0].root.Get("dp_world_size"); ok {
-		if n, ok := pyobj.Int(v); ok && n > 0 {
-			D = int(n)
-		}
+	if n := models[0].dec.OptInt("dp_world_size", 0); n > 0 {
+		D = int(n)
+	}
+	if err := models[0].dec.Err(); err != nil {
+		return nil, err
 	}
 	for dp := 0; dp < D; dp++ {
 		for mp := 0; mp < M; mp++ {
@@ -135,15 +161,16 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		optims[[2]int{dp, mp}] = o
 	}
 
+	if err := checkRanks(dir, models, optims, D, M); err != nil {
+		return nil, err
+	}
 	T, P, err := degrees(files, models)
 	if err != nil {
 		return nil, err
 	}
-	uci, _ := models[0].root.Get("universal_checkpoint_info")
-	uciDict, _ := uci.(*pyobj.Dict)
-	r, err := ParseRules(uciDict)
+	r, err := ReadRules(models[0].dec)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", models[0].path, err)
+		return nil, err
 	}
 	if len(r.unsupported) > 0 {
 		return nil, fmt.Errorf("%s: the checkpoint marks parameters as unsupported for universal conversion: %v", models[0].path, r.unsupported)
@@ -159,7 +186,10 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		b.table.DType = fragment.TrainingDType(b.table.Args)
 	}
 	if b.table.DType == "" {
-		b.table.DType = moduleDType(models[0].root)
+		b.table.DType = moduleDType(models[0].dec)
+		if err := models[0].dec.Err(); err != nil {
+			return nil, err
+		}
 	}
 	o00 := optims[[2]int{0, 0}]
 	b.table.Degrees = fragment.Degrees{TP: T, PP: P, DP: D, EP: 1, ZeRO: o00.stage}
@@ -172,7 +202,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			// DeepSpeed's universal loader expects the model states to
 			// carry universal info, as ds_to_universal --inject_missing_state
 			// gives them: write them again with it, tensors streamed.
-			root := fragment.RefTree(files.Model[mp], models[mp].root).(*pyobj.Dict)
+			rv, err := fragment.RefTree(files.Model[mp], models[mp].root, pyobj.DefaultLimits())
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", files.Model[mp], err)
+			}
+			root := rv.(*pyobj.Dict).Clone() // a copy only where tensors are: never set keys in the source's tree
 			root.Set("universal_checkpoint_info", pyobj.DictOf("universal_checkpoint_version", 0.2))
 			b.table.WriteFiles = append(b.table.WriteFiles, fragment.ValueFile{Name: name, Value: root})
 			continue
@@ -196,34 +230,18 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 }
 
 func parseModelState(f *torchfile.File) (*modelState, error) {
-	root, ok := f.Root.(*pyobj.Dict)
-	if !ok {
-		return nil, fmt.Errorf("%s: model state is %s, not a dict", f.Name, pyobj.TypeName(f.Root))
+	dec := pyobj.NewDec(f.Name, f.Root)
+	ms := &modelState{path: f.Name, dec: dec, root: dec.AsDict()}
+	if err := dec.Err(); err != nil {
+		return nil, err
 	}
-	ms := &modelState{path: f.Name, root: root}
-	v, ok := root.Get("param_shapes")
-	if !ok || v == nil {
+	groups, ok := dec.Opt("param_shapes")
+	if !ok {
 		return nil, fmt.Errorf("%s: no param_shapes (not a ZeRO checkpoint, or BF16 without ZeRO); ucp needs them to place fragments", f.Name)
 	}
-	groups, ok := pyobj.Seq(v)
-	if !ok {
-		return nil, fmt.Errorf("%s: param_shapes is %s, not a list", f.Name, pyobj.TypeName(v))
-	}
-	for g, gv := range groups {
-		d, ok := gv.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: param_shapes[%d] is %s, not a dict", f.Name, g, pyobj.TypeName(gv))
-		}
-		for i := 0; i < d.Len(); i++ {
-			k, s := d.Item(i)
-			if _, ok := k.(string); !ok {
-				return nil, fmt.Errorf("%s: param_shapes[%d] has a non-string name", f.Name, g)
-			}
-			if _, ok := pyobj.Ints(s); !ok {
-				return nil, fmt.Errorf("%s: param_shapes[%d][%v] is %s, not a shape", f.Name, g, k, pyobj.TypeName(s))
-			}
-		}
-		ms.shapes = append(ms.shapes, d)
+	ms.shapes = ParamShapes(groups)
+	if err := dec.Err(); err != nil {
+		return nil, err
 	}
 	return ms, nil
 }
@@ -232,88 +250,81 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	fail := func(format string, a ...any) (*optimState, error) {
 		return nil, fmt.Errorf("%s: %s", f.Name, fmt.Sprintf(format, a...))
 	}
-	root, ok := f.Root.(*pyobj.Dict)
-	if !ok {
-		return fail("optimizer file is %s, not a dict", pyobj.TypeName(f.Root))
+	root := pyobj.NewDec(f.Name, f.Root)
+	osd := root.Dict("optimizer_state_dict")
+	if err := root.Err(); err != nil {
+		return nil, err
 	}
-	osd, err := pyobj.Key[*pyobj.Dict](root, "optimizer_state_dict")
-	if err != nil {
-		return fail("%v", err)
-	}
-	o := &optimState{path: f.Name, dp: dp, mp: mp, osd: osd, stage: 1}
-	if zs, ok := osd.Get("zero_stage"); ok {
-		o.stage = ZeroStage(zs)
+	o := &optimState{path: f.Name, dp: dp, mp: mp, root: root.AsDict(), osd: osd.AsDict(), stage: 1}
+	if osd.Has("zero_stage") {
+		zs := osd.Key("zero_stage")
+		o.stage = ZeroStage(zs.Value())
 		if o.stage == 3 {
 			return fail("a ZeRO-3 optimizer file; ZeRO-3 checkpoints are read by the zero3 reader")
 		}
 		if o.stage <= 0 {
-			return fail("unknown zero_stage %s", pyobj.Repr(zs))
+			return fail("unknown zero_stage %s", pyobj.Repr(zs.Value()))
 		}
 	} else {
 		o.bf16opt = true // BF16_Optimizer saves no zero_stage
 	}
-	base, ok := osd.Get("base_optimizer_state")
+	base, ok := osd.Opt("base_optimizer_state")
 	if !ok {
 		return fail("no base_optimizer_state")
 	}
-	baseDict, ok := base.(*pyobj.Dict)
-	if !ok {
-		if _, isList := base.(*pyobj.List); isList {
-			return fail("an elastic checkpoint (base_optimizer_state is a list); save with elastic_checkpoint disabled")
-		}
-		return fail("base_optimizer_state is %s", pyobj.TypeName(base))
+	if _, isList := base.Value().(*pyobj.List); isList {
+		return fail("an elastic checkpoint (base_optimizer_state is a list); save with elastic_checkpoint disabled")
 	}
-	states, err := pyobj.Key[*pyobj.Dict](baseDict, "state")
-	if err != nil {
-		return fail("base_optimizer_state: %v", err)
-	}
-	fp32v, ok := osd.Get("single_partition_of_fp32_groups")
-	if !ok {
+	o.base = base.AsDict()
+	states := base.Dict("state")
+	fp32v, ok := osd.Opt("single_partition_of_fp32_groups")
+	if !ok && root.Err() == nil {
 		return fail("no single_partition_of_fp32_groups")
 	}
-	fp32s, ok := pyobj.Seq(fp32v)
-	if !ok {
-		return fail("single_partition_of_fp32_groups is %s", pyobj.TypeName(fp32v))
+	fp32s := fp32v.AsList()
+	G := len(fp32s)
+	var paddings []int64
+	if v, ok := osd.Opt("group_paddings"); ok {
+		paddings = perGroupInts(v, G)
 	}
-	paddings, _ := listInts(osd, "group_paddings", len(fp32s))
-	counts, ok := listInts(osd, "partition_count", len(fp32s))
-	if !ok {
-		return fail("partition_count is missing or not one int per group")
+	cv, ok := osd.Opt("partition_count")
+	if !ok && root.Err() == nil {
+		return fail("partition_count is missing")
 	}
-	var mappings []pyobj.Value
-	if v, ok := osd.Get("param_slice_mappings"); ok && v != nil {
-		mappings, _ = pyobj.Seq(v)
+	counts := perGroupInts(cv, G)
+	var mappings []pyobj.Dec
+	if v, ok := osd.Opt("param_slice_mappings"); ok {
+		mappings = v.AsList()
 	}
 	for g, tv := range fp32s {
-		t, ok := tv.(*torchfile.Tensor)
-		if !ok {
-			return fail("single_partition_of_fp32_groups[%d] is %s, not a tensor", g, pyobj.TypeName(tv))
-		}
-		sv, ok := states.Get(int64(g))
-		if !ok {
+		t := pyobj.As[*torchfile.Tensor](tv, "tensor")
+		sv, ok := states.Opt(int64(g))
+		if !ok && root.Err() == nil {
 			return fail("optimizer state of group %d is empty (saved before the first optimizer step?)", g)
 		}
-		sd, ok := sv.(*pyobj.Dict)
-		if !ok {
-			return fail("optimizer state of group %d is %s", g, pyobj.TypeName(sv))
+		if sv.AsDict() == nil {
+			break
 		}
-		gr := &group{fp32: t, state: sd, count: counts[g]}
+		gr := &group{fp32: t, state: sv, count: counts[g]}
 		if paddings != nil {
 			gr.padding = paddings[g]
 		}
 		if g < len(mappings) {
-			gr.mappings, _ = mappings[g].(*pyobj.Dict)
+			gr.mappings = mappings[g].AsDict()
 		}
 		gr.size = t.Numel()
 		if !o.bf16opt {
 			gr.size += gr.padding // ZeRO-1/2 strip the padding from the saved fp32 partition
 		}
-		if ea, ok := sd.Get("exp_avg"); ok {
-			if et, ok := ea.(*torchfile.Tensor); ok && et.Numel() != gr.size {
+		if ea, ok := sv.Opt("exp_avg"); ok {
+			if et := pyobj.As[*torchfile.Tensor](ea, "tensor"); et != nil && et.Numel() != gr.size {
 				return fail("group %d: exp_avg has %d elements but the partition has %d", g, et.Numel(), gr.size)
 			}
 		}
 		o.groups = append(o.groups, gr)
+	}
+	if err := root.Err(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -341,37 +352,38 @@ func ZeroStage(v pyobj.Value) int {
 	return int(n)
 }
 
-// listInts reads a list of n ints (or a single int repeated).
-func listInts(d *pyobj.Dict, key string, n int) ([]int64, bool) {
-	v, ok := d.Get(key)
-	if !ok {
-		return nil, false
-	}
-	if x, ok := pyobj.Int(v); ok {
+// perGroupInts reads one int per group: a list of at least n ints, or a
+// single int for every group.
+func perGroupInts(v pyobj.Dec, n int) []int64 {
+	if x, ok := pyobj.Int(v.Value()); ok {
 		out := make([]int64, n)
 		for i := range out {
 			out[i] = x
 		}
-		return out, true
+		return out
 	}
-	ints, ok := pyobj.Ints(v)
-	if !ok || len(ints) < n {
-		return nil, false
+	ints := v.AsInts()
+	if ints != nil && len(ints) < n {
+		v.Failf("%d ints for %d param groups", len(ints), n)
+		return make([]int64, n)
 	}
-	return ints, true
+	if ints == nil {
+		return make([]int64, n)
+	}
+	return ints
 }
 
 // degrees infers tensor and pipeline parallelism (deepspeed.md §2.3).
 func degrees(files *Files, models []*modelState) (T, P int, err error) {
 	M := len(models)
 	ms0 := models[0]
-	if v, ok := ms0.root.Get("checkpoint_parallel_dimensions"); ok {
-		if d, ok := v.(*pyobj.Dict); ok {
-			pp, err1 := pyobj.IntKey(d, "pp_degree")
-			tp, err2 := pyobj.IntKey(d, "tp_degree")
-			if err1 == nil && err2 == nil && pp > 0 && tp > 0 {
-				T, P = int(tp), int(pp)
-			}
+	if d, ok := ms0.dec.OptDict("checkpoint_parallel_dimensions"); ok {
+		pp, tp := d.Int("pp_degree"), d.Int("tp_degree")
+		if err := ms0.dec.Err(); err != nil {
+			return 0, 0, err
+		}
+		if pp > 0 && tp > 0 {
+			T, P = int(tp), int(pp)
 		}
 	}
 	if T == 0 {
@@ -395,10 +407,12 @@ func degrees(files *Files, models []*modelState) (T, P int, err error) {
 	if T*P != M {
 		return 0, 0, fmt.Errorf("%s: %d model-state files do not match tensor parallel %d x pipeline %d", files.Dir, M, T, P)
 	}
-	if v, ok := ms0.root.Get("mp_world_size"); ok {
-		if n, ok := pyobj.Int(v); ok && int(n) != M {
-			return 0, 0, fmt.Errorf("%s: mp_world_size is %d but there are %d mp_rank model-state files", ms0.path, n, M)
-		}
+	n := ms0.dec.OptInt("mp_world_size", int64(M))
+	if err := ms0.dec.Err(); err != nil {
+		return 0, 0, err
+	}
+	if int(n) != M {
+		return 0, 0, fmt.Errorf("%s: mp_world_size is %d but there are %d mp_rank model-state files", ms0.path, n, M)
 	}
 	return T, P, nil
 }
@@ -408,7 +422,6 @@ func degrees(files *Files, models []*modelState) (T, P int, err error) {
 // counts set, param_groups last.
 func universalOptimizerState(o *optimState, D int) (*pyobj.Dict, error) {
 	d := o.osd.Clone()
-	base, _ := d.Get("base_optimizer_state")
 	for _, k := range []string{"base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups"} {
 		d.Delete(k)
 	}
@@ -423,13 +436,11 @@ func universalOptimizerState(o *optimState, D int) (*pyobj.Dict, error) {
 	if _, ok := d.Get("partition_count"); ok {
 		d.Set("partition_count", &pyobj.List{Items: counts})
 	}
-	if bd, ok := base.(*pyobj.Dict); ok {
-		pg, ok := bd.Get("param_groups")
-		if !ok {
-			return nil, fmt.Errorf("%s: base_optimizer_state has no param_groups", o.path)
-		}
-		d.Set("param_groups", pg)
+	pg, ok := o.base.Get("param_groups")
+	if !ok {
+		return nil, fmt.Errorf("%s: base_optimizer_state has no param_groups", o.path)
 	}
+	d.Set("param_groups", pg)
 	return d, nil
 }
 
@@ -455,8 +466,7 @@ func (b *builder) build() error {
 	for p := 0; p < b.P; p++ {
 		ms := b.models[p*b.T]
 		for g, shapes := range ms.shapes {
-			for _, k := range shapes.Keys() {
-				name := k.(string)
+			for _, name := range shapes.Names {
 				if _, seen := where[name]; !seen {
 					names = append(names, name)
 				}
@@ -502,12 +512,7 @@ func (b *builder) shape(name string, l located, t int) []int64 {
 	if l.g >= len(ms.shapes) {
 		return nil
 	}
-	v, ok := ms.shapes[l.g].Get(name)
-	if !ok {
-		return nil
-	}
-	s, _ := pyobj.Ints(v)
-	return s
+	return ms.shapes[l.g].Shape[name]
 }
 
 func (b *builder) param(name string, l located) (*fragment.Param, error) {
@@ -552,10 +557,10 @@ func (b *builder) addFragments(p *fragment.Param, shards []fragment.Shard, l loc
 	// Offset of the parameter in the group's flat buffer.
 	var off, numel int64
 	found := false
-	for _, k := range ms.shapes[l.g].Keys() {
-		v, _ := ms.shapes[l.g].Get(k)
-		s, _ := pyobj.Ints(v)
-		if k.(string) == p.Name {
+	gs := ms.shapes[l.g]
+	for _, k := range gs.Names {
+		s := gs.Shape[k]
+		if k == p.Name {
 			numel, found = torchfile.Numel(s), true
 			break
 		}
@@ -565,8 +570,7 @@ func (b *builder) addFragments(p *fragment.Param, shards []fragment.Shard, l loc
 		return fmt.Errorf("%s: parameter %s is not in group %d", ms.path, p.Name, l.g)
 	}
 	var total int64
-	for _, v := range ms.shapes[l.g].Values() {
-		s, _ := pyobj.Ints(v)
+	for _, s := range gs.Shape {
 		total += torchfile.Numel(s)
 	}
 	for dp := 0; dp < b.D; dp++ {
@@ -605,24 +609,26 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 		return nil
 	}
 	v, ok := gr.mappings.Get(name)
-	if fs >= fe {
-		if ok {
-			if obj, isObj := v.(*pyobj.Object); isObj {
-				if n, _ := obj.Attr("numel"); n != int64(0) {
-					return fmt.Errorf("%s: param_slice_mappings places %s on this rank, but the partition rules do not", o.path, name)
-				}
-			}
+	if !ok {
+		if fs >= fe {
+			return nil
 		}
-		return nil
+		return fmt.Errorf("%s: param_slice_mappings has no fragment for %s, but the partition rules place [%d,%d) of it here", o.path, name, fs-lo, fe-lo)
 	}
 	obj, isObj := v.(*pyobj.Object)
-	if !ok || !isObj {
-		return fmt.Errorf("%s: param_slice_mappings has no fragment for %s, but the partition rules place [%d,%d) of it here", o.path, name, fs-lo, fe-lo)
+	if !isObj {
+		return fmt.Errorf("%s: param_slice_mappings[%q] is %s, not a fragment_address", o.path, name, pyobj.TypeName(v))
 	}
 	nv, _ := obj.Attr("numel")
 	sv, _ := obj.Attr("start")
 	n, ok1 := pyobj.Int(nv)
 	s, ok2 := pyobj.Int(sv)
+	if fs >= fe {
+		if !ok1 || n != 0 {
+			return fmt.Errorf("%s: param_slice_mappings places %s on this rank, but the partition rules do not", o.path, name)
+		}
+		return nil
+	}
 	if !ok1 || !ok2 || n != fe-fs || s != fs-lo {
 		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %s, start %s) but param_shapes and the partition rules give (numel %d, start %d); "+
 			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, pyobj.Repr(nv), pyobj.Repr(sv), fe-fs, fs-lo)
@@ -633,6 +639,9 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
 	gr := o.groups[g]
 	names, srcs := FlatStates(gr.fp32, gr.state, gr.size)
+	if err := gr.state.Err(); err != nil {
+		return err
+	}
 	for _, k := range names {
 		// A state missing on some ranks leaves a hole that Validate reports.
 		st := p.StateWith(k, shards)
@@ -643,7 +652,7 @@ func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optim
 		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(o.path, src, 0), hp, n, t, lp))
 	}
 	if p.Step == nil {
-		if sv, ok := gr.state.Get(fragment.StepState); ok {
+		if sv, ok := gr.state.AsDict().Get(fragment.StepState); ok {
 			switch x := sv.(type) {
 			case *torchfile.Tensor:
 				ref := fragment.Ref(o.path, x, 0)
@@ -659,14 +668,14 @@ func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optim
 // FlatStates returns the states of one flat optimizer partition in
 // standard order: fp32 (the master partition) and every tensor of the
 // torch optimizer state with the partition's size (exp_avg, exp_avg_sq,
-// or another optimizer's), the step excepted.
-func FlatStates(fp32 *torchfile.Tensor, state *pyobj.Dict, size int64) ([]string, map[string]*torchfile.Tensor) {
+// or another optimizer's), the step excepted. A key that is not a string
+// is a failure of state (check state.Err()).
+func FlatStates(fp32 *torchfile.Tensor, state pyobj.Dec, size int64) ([]string, map[string]*torchfile.Tensor) {
 	srcs := map[string]*torchfile.Tensor{fragment.FP32: fp32}
-	for i := 0; i < state.Len(); i++ {
-		k, v := state.Item(i)
-		ks, _ := k.(string)
-		if tt, ok := v.(*torchfile.Tensor); ok && ks != fragment.StepState && tt.Numel() == size {
-			srcs[ks] = tt
+	for _, it := range state.Items() {
+		// Other values (a step, an optimizer's scalars) are not flat states.
+		if tt, ok := it.Value().(*torchfile.Tensor); ok && it.Key != fragment.StepState && tt.Numel() == size {
+			srcs[it.Key] = tt
 		}
 	}
 	var names []string
@@ -680,73 +689,83 @@ func FlatStates(fp32 *torchfile.Tensor, state *pyobj.Dict, size int64) ([]string
 // aliases of tied weights.
 func (b *builder) extras() error {
 	ms0 := b.models[0]
-	if v, ok := ms0.root.Get("shared_params"); ok {
-		if d, ok := v.(*pyobj.Dict); ok {
-			for i := 0; i < d.Len(); i++ {
-				alias, canon := d.Item(i)
-				as, _ := alias.(string)
-				cs, _ := canon.(string)
-				if p := b.table.Param(cs); p != nil && as != "" {
-					p.Info.Aliases = append(p.Info.Aliases, as)
-				}
+	if d, ok := ms0.dec.OptDict("shared_params"); ok {
+		for _, it := range d.Items() {
+			if p := b.table.Param(it.AsStr()); p != nil && it.Key != "" {
+				p.Info.Aliases = append(p.Info.Aliases, it.Key)
 			}
 		}
+	}
+	if err := ms0.dec.Err(); err != nil {
+		return err
 	}
 	if b.P > 1 {
 		return nil // module weights and buffers live in layer files; UCP does not carry them
 	}
-	// Frozen parameters: full low-precision tensors per TP rank (ZeRO-2).
-	frozenShapes := map[int]*pyobj.Dict{}
-	frozenFrags := map[int]*pyobj.Dict{}
+	// Frozen parameters: full low-precision tensors per TP rank (ZeRO-2;
+	// ZeRO-1 saves None).
+	frozenShapes := map[int]pyobj.Dec{}
+	frozenFrags := map[int]pyobj.Dec{}
 	for t := 0; t < b.T; t++ {
-		root := b.models[t].root
-		if v, ok := root.Get("frozen_param_shapes"); ok {
-			frozenShapes[t], _ = v.(*pyobj.Dict)
+		dec := b.models[t].dec
+		if d, ok := dec.OptDict("frozen_param_shapes"); ok {
+			frozenShapes[t] = d
 		}
-		if v, ok := root.Get("frozen_param_fragments"); ok {
-			frozenFrags[t], _ = v.(*pyobj.Dict)
+		if d, ok := dec.OptDict("frozen_param_fragments"); ok {
+			frozenFrags[t] = d
+		}
+		if err := dec.Err(); err != nil {
+			return err
 		}
 	}
-	if fs := frozenShapes[0]; fs != nil && frozenFrags[0] != nil {
-		for _, k := range fs.Keys() {
-			name, _ := k.(string)
+	fs0, hasShapes := frozenShapes[0]
+	if _, hasFrags := frozenFrags[0]; hasShapes && hasFrags {
+		for _, it := range fs0.Items() {
+			name := it.Key
 			tensors := make([]*torchfile.Tensor, b.T)
 			for t := 0; t < b.T; t++ {
-				v, _ := frozenFrags[t].Get(name)
-				tt, ok := v.(*torchfile.Tensor)
+				ff, ok := frozenFrags[t]
+				var v pyobj.Dec
+				if ok {
+					v, ok = ff.Opt(name)
+				}
 				if !ok {
 					return fmt.Errorf("%s: frozen parameter %s has no fragment tensor", b.models[t].path, name)
 				}
-				tensors[t] = tt
+				tensors[t] = pyobj.As[*torchfile.Tensor](v, "tensor")
+				if err := v.Err(); err != nil {
+					return err
+				}
 			}
 			if err := b.addWhole(name, tensors, b.models, false); err != nil {
 				return err
 			}
 		}
+		if err := ms0.dec.Err(); err != nil {
+			return err
+		}
 	}
 	// Buffers: persistent buffers of the module state dict.
-	if v, ok := ms0.root.Get("buffer_names"); ok {
-		names, _ := pyobj.Strings(v)
-		for _, name := range names {
+	if v, ok := ms0.dec.Opt("buffer_names"); ok {
+		for _, name := range v.AsStrings() {
 			tensors := make([]*torchfile.Tensor, b.T)
 			for t := 0; t < b.T; t++ {
-				mod, err := pyobj.Key[*pyobj.Dict](b.models[t].root, "module")
-				if err != nil {
-					return fmt.Errorf("%s: %w", b.models[t].path, err)
-				}
-				bv, _ := mod.Get(name)
-				tt, ok := bv.(*torchfile.Tensor)
-				if !ok {
+				dec := b.models[t].dec
+				bv, ok := dec.Dict("module").Opt(name)
+				if !ok && dec.Err() == nil {
 					return fmt.Errorf("%s: buffer %s is not in the module state", b.models[t].path, name)
 				}
-				tensors[t] = tt
+				tensors[t] = pyobj.As[*torchfile.Tensor](bv, "tensor")
+				if err := dec.Err(); err != nil {
+					return err
+				}
 			}
 			if err := b.addWhole(name, tensors, b.models, true); err != nil {
 				return err
 			}
 		}
 	}
-	return nil
+	return ms0.dec.Err()
 }
 
 // addWhole adds a parameter whose TP shards are whole stored tensors (frozen
@@ -786,12 +805,12 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 
 // moduleDType is the dtype of the first floating-point tensor of the saved
 // module (the weights in the training dtype), or "".
-func moduleDType(root *pyobj.Dict) string {
-	v, _ := root.Get("module")
-	d, ok := v.(*pyobj.Dict)
+func moduleDType(root pyobj.Dec) string {
+	m, ok := root.OptDict("module") // None with pipeline parallelism: the weights are in layer files
 	if !ok {
 		return ""
 	}
+	d := m.AsDict()
 	for i := 0; i < d.Len(); i++ {
 		_, val := d.Item(i)
 		if t, ok := val.(*torchfile.Tensor); ok && t.DType.IsFloat() {

@@ -10,7 +10,7 @@ import (
 	"github.com/ucp-project/ucp/internal/truth"
 )
 
-// The checkpoints in ../shared/fixtures/deepspeed-real were written by the
+// The checkpoints in testdata/fixtures/deepspeed-real were written by the
 // real DeepSpeed engine; ucp's output must equal their truth bit for bit
 // and carry the same dict keys as DeepSpeed's own universal output.
 var realCases = []string{"z1_dp2_fp32", "z2_dp2_bf16", "z1_dp2_fp16", "bf16opt_z1_dp2"}
@@ -19,7 +19,7 @@ func TestRealDeepSpeedCheckpoints(t *testing.T) {
 	torch := truth.NewTorchBatch(t)
 	for _, c := range realCases {
 		t.Run(c, func(t *testing.T) {
-			dir := truth.Shared(t, "fixtures", "deepspeed-real", c)
+			dir := truth.Fixture("deepspeed-real", c)
 			tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -40,7 +40,7 @@ func TestRealDeepSpeedCheckpoints(t *testing.T) {
 }
 
 func TestBadRankFiles(t *testing.T) {
-	src := truth.Shared(t, "fixtures", "deepspeed-real", "z1_dp2_fp32", "checkpoint")
+	src := truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint")
 	step := "global_step3"
 	tests := []struct {
 		name    string

@@ -42,37 +42,22 @@ type subParamRule struct {
 	patterns []*pattern
 	shape    pyobj.Value // the 'shape' entry as saved: list/tuple of ints and tuples
 	partDim  int
-	raw      *pyobj.Dict
 }
 
-// ParseRules compiles the UCI dict (nil when the checkpoint has none).
+// ReadRules compiles the universal_checkpoint_info of a model state
+// (model is its root), if it has one (a missing key or None: plain
+// DeepSpeed). A value that is present but malformed is an error naming the
+// file and the key, never taken for "absent".
 // Python's re.match anchors at the start only, hence ^(?:...).
-func ParseRules(uci *pyobj.Dict) (*Rules, error) {
-	r := &Rules{matched: map[*pattern]bool{}, patternByText: map[string]*pattern{}, present: uci != nil}
-	if uci == nil {
-		return r, nil
+func ReadRules(model pyobj.Dec) (*Rules, error) {
+	uci, present := model.OptDict("universal_checkpoint_info")
+	r := &Rules{matched: map[*pattern]bool{}, patternByText: map[string]*pattern{}, present: present}
+	if !present {
+		return r, model.Err()
 	}
-	if v, ok := uci.Get("universal_checkpoint_version"); ok {
-		r.version, _ = pyobj.Float(v)
-	}
-	if v, ok := uci.Get("original_vocab_size"); ok {
-		r.vocabSize, _ = pyobj.Int(v)
-	}
-	if v, ok := uci.Get("padded_vocab_size"); ok {
-		r.paddedVocab, _ = pyobj.Int(v)
-	}
-	list := func(key string) ([]*pattern, error) {
-		v, ok := uci.Get(key)
-		if !ok || v == nil {
-			return nil, nil
-		}
-		ss, ok := pyobj.Strings(v)
-		if !ok {
-			return nil, fmt.Errorf("universal_checkpoint_info[%q] is not a list of strings", key)
-		}
-		return r.compile(key, ss)
-	}
-	var err error
+	r.version = uci.OptFloat("universal_checkpoint_version", 0)
+	r.vocabSize = uci.OptInt("original_vocab_size", 0)
+	r.paddedVocab = uci.OptInt("padded_vocab_size", 0)
 	for _, l := range []struct {
 		key string
 		dst *[]*pattern
@@ -84,77 +69,51 @@ func ParseRules(uci *pyobj.Dict) (*Rules, error) {
 		{"parameter_with_row_parallelism_patterns", &r.rowParallel},
 		{"parameter_with_2_sub_params_cat_dim_0", &r.twoSubParams},
 	} {
-		if *l.dst, err = list(l.key); err != nil {
-			return nil, err
+		if v, ok := uci.Opt(l.key); ok {
+			*l.dst = r.compile(v, v.AsStrings())
 		}
 	}
-	if v, ok := uci.Get("parameter_with_sub_params"); ok && v != nil {
-		items, ok := pyobj.Seq(v)
-		if !ok {
-			return nil, fmt.Errorf("universal_checkpoint_info['parameter_with_sub_params'] is not a list")
-		}
-		for i, it := range items {
-			d, ok := it.(*pyobj.Dict)
-			if !ok {
-				return nil, fmt.Errorf("parameter_with_sub_params[%d] is not a dict", i)
-			}
-			pv, _ := d.Get("patterns")
-			ps, ok := pyobj.Strings(pv)
-			if !ok {
-				return nil, fmt.Errorf("parameter_with_sub_params[%d]['patterns'] is not a list of strings", i)
-			}
-			cps, err := r.compile("parameter_with_sub_params", ps)
-			if err != nil {
-				return nil, err
-			}
-			shape, _ := d.Get("shape")
-			pd, err := pyobj.IntKey(d, "partition_dim")
-			if err != nil {
-				return nil, fmt.Errorf("parameter_with_sub_params[%d]: %w", i, err)
-			}
-			r.subParams = append(r.subParams, subParamRule{patterns: cps, shape: shape, partDim: int(pd), raw: d})
+	if v, ok := uci.Opt("parameter_with_sub_params"); ok {
+		for _, d := range v.AsList() {
+			pv := d.Key("patterns")
+			cps := r.compile(pv, pv.AsStrings())
+			shape := d.Key("shape")
+			shape.AsList()
+			pd := d.Int("partition_dim")
+			r.subParams = append(r.subParams, subParamRule{patterns: cps, shape: shape.Value(), partDim: int(pd)})
 		}
 	}
-	if v, ok := uci.Get("sub_param_shard_widths"); ok && v != nil {
-		d, ok := v.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("universal_checkpoint_info['sub_param_shard_widths'] is not a dict")
-		}
+	if v, ok := uci.OptDict("sub_param_shard_widths"); ok {
 		r.shardWidths = map[string][][]int64{}
-		for i := 0; i < d.Len(); i++ {
-			k, val := d.Item(i)
-			ks, _ := k.(string)
-			rows, ok := pyobj.Seq(val)
-			if !ok {
-				return nil, fmt.Errorf("sub_param_shard_widths[%q] is not a list", ks)
-			}
-			for _, row := range rows {
-				ints, ok := pyobj.Ints(row)
-				if !ok {
-					return nil, fmt.Errorf("sub_param_shard_widths[%q] holds a non-integer width", ks)
-				}
-				r.shardWidths[ks] = append(r.shardWidths[ks], ints)
+		for _, it := range v.Items() {
+			for _, row := range it.AsList() {
+				r.shardWidths[it.Key] = append(r.shardWidths[it.Key], row.AsInts())
 			}
 		}
 	}
-	if v, ok := uci.Get("autotp_unsupported_parameter_patterns"); ok {
-		if d, ok := v.(*pyobj.Dict); ok && d.Len() > 0 {
-			r.unsupported = map[string]string{}
-			for i := 0; i < d.Len(); i++ {
-				k, val := d.Item(i)
-				r.unsupported[fmt.Sprint(k)] = fmt.Sprint(val)
-			}
+	if d, ok := uci.OptDict("autotp_unsupported_parameter_patterns"); ok && d.AsDict().Len() > 0 {
+		r.unsupported = map[string]string{}
+		m := d.AsDict()
+		for i := 0; i < m.Len(); i++ {
+			k, val := m.Item(i)
+			r.unsupported[fmt.Sprint(k)] = fmt.Sprint(val)
 		}
+	}
+	if err := model.Err(); err != nil {
+		return nil, err
 	}
 	return r, nil
 }
 
-func (r *Rules) compile(key string, ss []string) ([]*pattern, error) {
+// compile compiles the patterns read at at; a pattern Go's regexp cannot
+// compile is a failure of at.
+func (r *Rules) compile(at pyobj.Dec, ss []string) []*pattern {
 	var out []*pattern
 	for _, s := range ss {
 		re, err := regexp.Compile("^(?:" + s + ")")
 		if err != nil {
-			return nil, fmt.Errorf("universal_checkpoint_info[%q]: pattern %q is not supported: %w", key, s, err)
+			at.Failf("pattern %q is not supported: %v", s, err)
+			return nil
 		}
 		p := &pattern{text: s, re: re}
 		out = append(out, p)
@@ -163,7 +122,7 @@ func (r *Rules) compile(key string, ss []string) ([]*pattern, error) {
 			r.patternByText[s] = p
 		}
 	}
-	return out, nil
+	return out
 }
 
 // match returns the one pattern of list that matches name; two matches are

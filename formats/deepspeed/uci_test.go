@@ -5,13 +5,14 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/patterns"
+	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
 // TestClassifyWithoutInfo: with no universal_checkpoint_info, shards that
 // differ in one dim are concatenated along it; equal shards are refused.
 func TestClassifyWithoutInfo(t *testing.T) {
-	r, err := ParseRules(nil)
+	r, err := ReadRules(pyobj.NewDec("mp_rank_00_model_states.pt", pyobj.NewDict(pyobj.PlainDict)))
 	if err != nil {
 		t.Fatal(err)
 	}

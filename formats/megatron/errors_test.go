@@ -22,36 +22,7 @@ func fixtureCopy(t *testing.T, c string) (root, iter string) {
 // tensors become blobs holding their bytes.
 func rewrite(t *testing.T, path string, edit func(root pyobj.Value) pyobj.Value) {
 	t.Helper()
-	f, err := torchfile.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conv func(v pyobj.Value) pyobj.Value
-	conv = func(v pyobj.Value) pyobj.Value {
-		switch x := v.(type) {
-		case *torchfile.Tensor:
-			b, err := f.ReadTensor(x)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return torchfile.NewBlob(x.DType, x.Shape, b)
-		case *pyobj.Dict:
-			for i := 0; i < x.Len(); i++ {
-				k, val := x.Item(i)
-				x.Set(k, conv(val))
-			}
-		case *pyobj.List:
-			for i := range x.Items {
-				x.Items[i] = conv(x.Items[i])
-			}
-		}
-		return v
-	}
-	root := edit(conv(f.Root))
-	f.Close()
-	if err := torchfile.Save(path, root); err != nil {
-		t.Fatal(err)
-	}
+	truth.Resave(t, path, edit)
 }
 
 func wantError(t *testing.T, dir string, o Options, parts ...string) {

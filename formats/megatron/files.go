@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/ucp-project/ucp/formats/dcp"
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // File and folder names (checkpointing.py get_checkpoint_name,
@@ -65,7 +66,7 @@ func resolveIter(path, tag string) (dir, name string, err error) {
 		return path, filepath.Base(path), nil
 	}
 	tracker := filepath.Join(path, trackerFile)
-	b, err := os.ReadFile(tracker)
+	b, err := fsutil.ReadFile(tracker)
 	if err != nil {
 		return "", "", fmt.Errorf("%s: no %s, no mp_rank_* folders and no %s", path, trackerFile, dcp.MegatronMetadataFile)
 	}

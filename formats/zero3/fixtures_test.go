@@ -44,7 +44,7 @@ func TestPaperPadding(t *testing.T) {
 // TestSameStateAsZeRO1: the ZeRO-3 checkpoints tinylm_dp2/dp3 hold the state of the real
 // DeepSpeed ZeRO-1 checkpoint z1_dp2_fp32; both convert to byte-identical atomic files.
 func TestSameStateAsZeRO1(t *testing.T) {
-	z1dir := truth.Shared(t, "fixtures", "deepspeed-real", "z1_dp2_fp32", "checkpoint")
+	z1dir := truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint")
 	z1, err := deepspeed.Index(context.Background(), z1dir, deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)

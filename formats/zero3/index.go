@@ -39,13 +39,14 @@ func Detect(path string) bool {
 // rank is one (tp, dp) cell of the grid.
 type rank struct {
 	tp, dp int
-	model  *pyobj.Dict
-	shapes []*pyobj.Dict // param_shapes per sub-group
-	osd    *pyobj.Dict   // optimizer_state_dict
+	model  pyobj.Dec               // the model state's root, a dict
+	shapes []deepspeed.GroupShapes // param_shapes per sub-group
+	oroot  *pyobj.Dict             // the optimizer file's root
+	osd    *pyobj.Dict             // optimizer_state_dict
 	flat   []*torchfile.Tensor
-	states []*pyobj.Dict // torch optimizer state per sub-group
-	count  []int64       // partition count per sub-group
-	rankIn []int64       // partition rank per sub-group
+	states []pyobj.Dec // torch optimizer state per sub-group, dicts
+	count  []int64     // partition count per sub-group
+	rankIn []int64     // partition rank per sub-group
 	mpath  string
 	opath  string
 }
@@ -100,96 +101,72 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			grid[tp][dp] = r
 		}
 	}
+	if err := checkRanks(dir, grid); err != nil {
+		return nil, err
+	}
 	return build(dir, tag, grid)
 }
 
 func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	r := &rank{tp: tp, dp: dp, mpath: mf.Name, opath: of.Name}
-	var ok bool
-	if r.model, ok = mf.Root.(*pyobj.Dict); !ok {
-		return nil, fmt.Errorf("%s: model state is %s, not a dict", mf.Name, pyobj.TypeName(mf.Root))
-	}
-	sv, ok := r.model.Get("param_shapes")
-	groups, ok2 := pyobj.Seq(sv)
-	if !ok || !ok2 {
+	r.model = pyobj.NewDec(mf.Name, mf.Root)
+	sv, ok := r.model.Opt("param_shapes")
+	if !ok && r.model.Err() == nil {
 		return nil, fmt.Errorf("%s: no param_shapes list", mf.Name)
 	}
-	for g, gv := range groups {
-		d, ok := gv.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: param_shapes[%d] is %s, not a dict", mf.Name, g, pyobj.TypeName(gv))
-		}
-		for _, v := range d.Values() {
-			if _, ok := pyobj.Ints(v); !ok {
-				return nil, fmt.Errorf("%s: param_shapes[%d] holds %s, not a shape", mf.Name, g, pyobj.TypeName(v))
-			}
-		}
-		r.shapes = append(r.shapes, d)
+	r.shapes = deepspeed.ParamShapes(sv)
+	if err := r.model.Err(); err != nil {
+		return nil, err
 	}
-	root, ok := of.Root.(*pyobj.Dict)
-	if !ok {
-		return nil, fmt.Errorf("%s: optimizer file is %s, not a dict", of.Name, pyobj.TypeName(of.Root))
+	root := pyobj.NewDec(of.Name, of.Root)
+	osd := root.Dict("optimizer_state_dict")
+	if err := root.Err(); err != nil {
+		return nil, err
 	}
-	osd, err := pyobj.Key[*pyobj.Dict](root, "optimizer_state_dict")
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", of.Name, err)
-	}
-	r.osd = osd
-	if zs, ok := osd.Get("zero_stage"); !ok || deepspeed.ZeroStage(zs) != 3 {
+	r.osd, r.oroot = osd.AsDict(), root.AsDict()
+	zs, _ := r.osd.Get("zero_stage")
+	if deepspeed.ZeroStage(zs) != 3 {
 		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
 	}
-	flatv, ok := osd.Get("fp32_flat_groups")
-	flats, ok2 := pyobj.Seq(flatv)
-	if !ok || !ok2 {
+	flats, ok := osd.Opt("fp32_flat_groups")
+	if !ok {
 		return nil, fmt.Errorf("%s: no fp32_flat_groups list", of.Name)
 	}
-	for s, fv := range flats {
-		t, ok := fv.(*torchfile.Tensor)
-		if !ok {
-			return nil, fmt.Errorf("%s: fp32_flat_groups[%d] is %s, not a tensor", of.Name, s, pyobj.TypeName(fv))
-		}
-		r.flat = append(r.flat, t)
+	for _, fv := range flats.AsList() {
+		r.flat = append(r.flat, pyobj.As[*torchfile.Tensor](fv, "tensor"))
+	}
+	if err := root.Err(); err != nil {
+		return nil, err
 	}
 	if len(r.flat) != len(r.shapes) {
 		return nil, fmt.Errorf("%s: %d fp32 sub-groups but %s lists %d", of.Name, len(r.flat), filepath.Base(mf.Name), len(r.shapes))
 	}
-	inner, err := pyobj.Key[*pyobj.Dict](osd, "optimizer_state_dict")
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", of.Name, err)
-	}
-	states, err := pyobj.Key[*pyobj.Dict](inner, "state")
-	if err != nil {
-		return nil, fmt.Errorf("%s: optimizer_state_dict: %w", of.Name, err)
-	}
-	count, err := pyobj.IntKey(osd, "partition_count")
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", of.Name, err)
+	states := osd.Dict("optimizer_state_dict").Dict("state")
+	count := osd.Int("partition_count")
+	if err := root.Err(); err != nil {
+		return nil, err
 	}
 	if int(count) != D {
 		return nil, fmt.Errorf("%s: partition_count %d, but the grid has %d data-parallel ranks", of.Name, count, D)
 	}
 	// AutoEP records each sub-group's own partition group.
-	var pgroups []pyobj.Value
-	if v, ok := osd.Get("ds_zero_partition_groups"); ok && v != nil {
-		pgroups, _ = pyobj.Seq(v)
+	var pgroups []pyobj.Dec
+	if v, ok := osd.Opt("ds_zero_partition_groups"); ok {
+		pgroups = v.AsList()
 	}
 	for s := range r.flat {
-		st, ok := states.Get(int64(s))
-		sd, ok2 := st.(*pyobj.Dict)
-		if !ok || !ok2 {
+		sd, ok := states.OptDict(int64(s))
+		if !ok && root.Err() == nil {
 			return nil, fmt.Errorf("%s: optimizer state of sub-group %d is missing (saved before the first optimizer step?)", of.Name, s)
 		}
 		r.states = append(r.states, sd)
 		c, rk := count, int64(dp)
-		if s < len(pgroups) {
-			if pg, ok := pgroups[s].(*pyobj.Dict); ok {
-				if v, err := pyobj.IntKey(pg, "partition_count"); err == nil {
-					c = v
-				}
-				if v, err := pyobj.IntKey(pg, "partition_rank"); err == nil {
-					rk = v
-				}
-			}
+		if s < len(pgroups) && pgroups[s].AsDict() != nil {
+			c = pgroups[s].OptInt("partition_count", c)
+			rk = pgroups[s].OptInt("partition_rank", rk)
+		}
+		if err := root.Err(); err != nil {
+			return nil, err
 		}
 		if c <= 0 || rk < 0 || rk >= c {
 			return nil, fmt.Errorf("%s: sub-group %d has partition rank %d of %d", of.Name, s, rk, c)
@@ -209,11 +186,9 @@ type piece struct {
 func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	T, D := len(grid), len(grid[0])
 	r00 := grid[0][0]
-	uci, _ := r00.model.Get("universal_checkpoint_info")
-	uciDict, _ := uci.(*pyobj.Dict)
-	rules, err := deepspeed.ParseRules(uciDict)
+	rules, err := deepspeed.ReadRules(r00.model)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r00.mpath, err)
+		return nil, err
 	}
 	t := &fragment.Table{Format: "deepspeed-zero3", Source: dir, Tag: tag,
 		Degrees: fragment.Degrees{TP: T, PP: 1, DP: D, EP: 1, ZeRO: 3}}
@@ -226,13 +201,8 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 		r := grid[tp][0]
 		for s, g := range r.shapes {
 			var off int64
-			for i := 0; i < g.Len(); i++ {
-				k, v := g.Item(i)
-				name, ok := k.(string)
-				if !ok {
-					return nil, fmt.Errorf("%s: param_shapes[%d] has a non-string name", r.mpath, s)
-				}
-				shape, _ := pyobj.Ints(v)
+			for _, name := range g.Names {
+				shape := g.Shape[name]
 				if _, dup := where[tp][name]; dup {
 					return nil, fmt.Errorf("%s: parameter %s appears in two sub-groups", r.mpath, name)
 				}
@@ -287,7 +257,9 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	if um := rules.Unmatched(); len(um) > 0 {
 		t.Notes = append(t.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
 	}
-	t.Optimizer = optimizerState(r00)
+	if t.Optimizer, err = optimizerState(r00); err != nil {
+		return nil, err
+	}
 	for tp := 0; tp < T; tp++ {
 		for dp := 0; dp < D; dp++ {
 			m := grid[tp][dp].mpath
@@ -313,6 +285,9 @@ func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc 
 		}
 		st := r.states[pc.sub]
 		names, srcs := deepspeed.FlatStates(r.flat[pc.sub], st, r.flat[pc.sub].Numel())
+		if err := st.Err(); err != nil {
+			return err
+		}
 		for _, k := range names {
 			s := p.StateWith(k, shards)
 			if valid > 0 {
@@ -321,7 +296,7 @@ func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc 
 			}
 		}
 		if p.Step == nil {
-			if sv, ok := st.Get(fragment.StepState); ok {
+			if sv, ok := st.AsDict().Get(fragment.StepState); ok {
 				p.Step = stepOf(r.opath, sv)
 			}
 		}
@@ -360,21 +335,28 @@ func addAliases(t *fragment.Table, model *pyobj.Dict) {
 func addFrozen(t *fragment.Table, grid [][]*rank, rules *deepspeed.Rules) error {
 	T := len(grid)
 	r00 := grid[0][0]
-	fsv, _ := r00.model.Get("frozen_param_shapes")
-	fs, _ := fsv.(*pyobj.Dict)
-	for i := 0; i < fs.Len(); i++ {
-		k, _ := fs.Item(i)
-		name, _ := k.(string)
+	// frozen returns rank r's frozen_param_<what>[name], ok false when the
+	// dict (None without frozen parameters) or the name is missing.
+	frozen := func(r *rank, what, name string) (pyobj.Dec, bool) {
+		d, ok := r.model.OptDict("frozen_param_" + what)
+		if !ok {
+			return d, false
+		}
+		return d.Opt(name)
+	}
+	fs, _ := r00.model.OptDict("frozen_param_shapes")
+	for _, it := range fs.Items() {
+		name := it.Key
 		ts := make([][]int64, T)
 		for tp := 0; tp < T; tp++ {
-			d, _ := grid[tp][0].model.Get("frozen_param_shapes")
-			dd, _ := d.(*pyobj.Dict)
-			sv, _ := dd.Get(name)
-			s, ok := pyobj.Ints(sv)
-			if !ok {
+			sv, ok := frozen(grid[tp][0], "shapes", name)
+			if !ok && sv.Err() == nil {
 				return fmt.Errorf("%s: frozen parameter %s has no shape", grid[tp][0].mpath, name)
 			}
-			ts[tp] = s
+			ts[tp] = sv.AsInts()
+			if err := sv.Err(); err != nil {
+				return err
+			}
 		}
 		pl, err := rules.Classify(name, ts)
 		if err != nil {
@@ -393,12 +375,13 @@ func addFrozen(t *fragment.Table, grid [][]*rank, rules *deepspeed.Rules) error 
 			D := int64(len(grid[tp]))
 			pn := ceilDiv(n, D)
 			for _, r := range grid[tp] {
-				fv, _ := r.model.Get("frozen_param_fragments")
-				fd, _ := fv.(*pyobj.Dict)
-				tv, _ := fd.Get(name)
-				frag, ok := tv.(*torchfile.Tensor)
-				if !ok {
+				fv, ok := frozen(r, "fragments", name)
+				if !ok && fv.Err() == nil {
 					return fmt.Errorf("%s: frozen parameter %s has no fragment", r.mpath, name)
+				}
+				frag := pyobj.As[*torchfile.Tensor](fv, "tensor")
+				if err := fv.Err(); err != nil {
+					return err
 				}
 				valid := max(0, min(pn, n-int64(r.dp)*pn))
 				if frag.Numel() < valid {
@@ -412,59 +395,64 @@ func addFrozen(t *fragment.Table, grid [][]*rank, rules *deepspeed.Rules) error 
 		}
 		t.Params = append(t.Params, p)
 	}
-	bv, _ := r00.model.Get("buffer_names")
-	bufs, _ := pyobj.Strings(bv)
-	mod, _ := r00.model.Get("module")
-	md, _ := mod.(*pyobj.Dict)
-	for _, name := range bufs {
-		v, _ := md.Get(name)
-		bt, ok := v.(*torchfile.Tensor)
-		if !ok {
-			return fmt.Errorf("%s: buffer %s is not in the module state", r00.mpath, name)
-		}
-		p := &fragment.Param{Name: name, Shape: append([]int64(nil), bt.Shape...), Frozen: true, Info: fragment.Info{CatDim: -1}}
-		st := p.AddState(fragment.FP32)
-		st.Shards = []fragment.Shard{{Shape: append([]int64(nil), bt.Shape...)}}
-		st.Frags = []fragment.Fragment{{Len: bt.Numel(), Src: fragment.Ref(r00.mpath, bt, 0)}}
-		t.Params = append(t.Params, p)
+	if err := r00.model.Err(); err != nil {
+		return err
 	}
-	return nil
+	if bv, ok := r00.model.Opt("buffer_names"); ok {
+		mod := r00.model.Dict("module")
+		for _, name := range bv.AsStrings() {
+			v, ok := mod.Opt(name)
+			if !ok && r00.model.Err() == nil {
+				return fmt.Errorf("%s: buffer %s is not in the module state", r00.mpath, name)
+			}
+			bt := pyobj.As[*torchfile.Tensor](v, "tensor")
+			if err := r00.model.Err(); err != nil {
+				return err
+			}
+			p := &fragment.Param{Name: name, Shape: append([]int64(nil), bt.Shape...), Frozen: true, Info: fragment.Info{CatDim: -1}}
+			st := p.AddState(fragment.FP32)
+			st.Shards = []fragment.Shard{{Shape: append([]int64(nil), bt.Shape...)}}
+			st.Frags = []fragment.Fragment{{Len: bt.Numel(), Src: fragment.Ref(r00.mpath, bt, 0)}}
+			t.Params = append(t.Params, p)
+		}
+	}
+	return r00.model.Err()
 }
 
 // optimizerState is zero/optimizer_state.pt: rank 0's optimizer state
 // without the flat fp32 groups and moment tensors (the loader reads only
 // the step and the param groups), param_groups last.
-func optimizerState(r *rank) *pyobj.Dict {
+func optimizerState(r *rank) (*pyobj.Dict, error) {
+	root := pyobj.NewDec(r.opath, r.osd)
 	d := r.osd.Clone()
 	d.Delete("fp32_flat_groups")
-	if inner, ok := d.Get("optimizer_state_dict"); ok {
-		if id, ok := inner.(*pyobj.Dict); ok {
-			c := id.Clone()
-			if sv, ok := c.Get("state"); ok {
-				if sd, ok := sv.(*pyobj.Dict); ok {
-					lean := pyobj.NewDict(sd.Kind)
-					for i := 0; i < sd.Len(); i++ {
-						k, v := sd.Item(i)
-						if vd, ok := v.(*pyobj.Dict); ok {
-							if step, ok := vd.Get(fragment.StepState); ok {
-								if t, ok := step.(*torchfile.Tensor); ok {
-									ref := fragment.Ref(r.opath, t, 0)
-									step = &ref
-								}
-								lean.Set(k, pyobj.DictOf(fragment.StepState, step))
-							}
-						}
-					}
-					c.Set("state", lean)
-				}
-			}
-			d.Set("optimizer_state_dict", c)
-			if pg, ok := c.Get("param_groups"); ok {
-				d.Set("param_groups", pg)
-			}
+	inner := root.Dict("optimizer_state_dict")
+	c := inner.AsDict().Clone()
+	states := inner.Dict("state")
+	lean := pyobj.NewDict(states.AsDict().Kind)
+	m := states.AsDict()
+	for i := 0; i < m.Len(); i++ {
+		k, _ := m.Item(i)
+		sd := states.Dict(k)
+		if !sd.Has(fragment.StepState) {
+			continue
 		}
+		v := sd.Key(fragment.StepState).Value()
+		if t, ok := v.(*torchfile.Tensor); ok {
+			ref := fragment.Ref(r.opath, t, 0)
+			v = &ref
+		}
+		lean.Set(k, pyobj.DictOf(fragment.StepState, v))
 	}
-	return d
+	if err := root.Err(); err != nil {
+		return nil, err
+	}
+	c.Set("state", lean)
+	d.Set("optimizer_state_dict", c)
+	if pg, ok := c.Get("param_groups"); ok {
+		d.Set("param_groups", pg)
+	}
+	return d, nil
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

@@ -9,7 +9,7 @@ import (
 )
 
 func TestRealZero3Checkpoint(t *testing.T) {
-	dir := truth.Shared(t, "fixtures", "deepspeed-real", "z3_dp2_fp32")
+	dir := truth.Fixture("deepspeed-real", "z3_dp2_fp32")
 	if !Detect(filepath.Join(dir, "checkpoint")) {
 		t.Fatal("not detected as ZeRO-3")
 	}

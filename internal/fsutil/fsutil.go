@@ -12,7 +12,7 @@ import (
 // WriteFileAtomic writes data to a temporary file beside path, syncs it
 // (unless noSync) and renames it to path, so path is never half-written.
 func WriteFileAtomic(path string, data []byte, noSync bool) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	f, err := CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
@@ -22,9 +22,6 @@ func WriteFileAtomic(path string, data []byte, noSync bool) error {
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), 0o644)
 	}
 	if err == nil {
 		err = os.Rename(f.Name(), path)
@@ -51,7 +48,7 @@ func SyncDir(dir string) error {
 // to close, on failure it closes the file itself.
 func OpenReaderAt[T any](path string, read func(r io.ReaderAt, size int64, name string) (T, error)) (T, *os.File, error) {
 	var zero T
-	f, err := os.Open(path)
+	f, err := Open(path)
 	if err != nil {
 		return zero, nil, err
 	}

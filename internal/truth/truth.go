@@ -157,15 +157,15 @@ func Convert(tb testing.TB, t *fragment.Table, workers int) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w, err := atomic.Create(dst, t, atomic.Options{})
+	w, err := mapreduce.Create(dst, plan, atomic.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if _, err := mapreduce.Run(context.Background(), t, plan, w, mapreduce.Options{Workers: workers, CheckReplicas: true}); err != nil {
+	if _, err := mapreduce.Run(context.Background(), plan, w, mapreduce.Options{Workers: workers, CheckReplicas: true}); err != nil {
 		w.Abort()
 		tb.Fatal(err)
 	}
-	if _, err := w.Finish(); err != nil {
+	if _, err := mapreduce.Finish(plan, w); err != nil {
 		tb.Fatal(err)
 	}
 	return dst

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// realCkpt copies the real DeepSpeed ZeRO-1 checkpoint into a temporary
+// folder.
+func realCkpt(t *testing.T) string {
+	t.Helper()
+	return truth.CopyTree(t, truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"))
+}
+
+// TestConvertRefusesOverlap (fault 1): a destination that is the source,
+// contains it or lies inside it (symbolic links resolved) is refused, with
+// or without --force, and the source stays as it was.
+func TestConvertRefusesOverlap(t *testing.T) {
+	tests := []struct {
+		name string
+		args func(ck string) []string
+		want string
+	}{
+		{"DST is SRC", func(ck string) []string { return []string{"--force", ck, ck} }, "is the source"},
+		{"DST is SRC, no --force", func(ck string) []string { return []string{ck, ck} }, "is the source"},
+		{"DST is the parent of the tag folder", func(ck string) []string {
+			return []string{"--force", filepath.Join(ck, "global_step3"), filepath.Join(ck, "global_step3", "..")}
+		}, "contains the source"},
+		{"DST is the folder around SRC", func(ck string) []string { return []string{"--force", ck, filepath.Dir(ck)} }, "contains the source"},
+		{"DST inside SRC", func(ck string) []string { return []string{ck, filepath.Join(ck, "universal")} }, "inside the source"},
+		{"DST is a link to SRC", func(ck string) []string {
+			link := filepath.Join(t.TempDir(), "link")
+			if err := os.Symlink(ck, link); err != nil {
+				t.Fatal(err)
+			}
+			return []string{"--force", ck, link}
+		}, "is the source"},
+		{"SRC through a link, DST its parent", func(ck string) []string {
+			link := filepath.Join(t.TempDir(), "link")
+			if err := os.Symlink(filepath.Join(ck, "global_step3"), link); err != nil {
+				t.Fatal(err)
+			}
+			return []string{"--force", link, ck}
+		}, "contains the source"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ck := realCkpt(t)
+			before := truth.ReadTree(t, filepath.Dir(ck))
+			args := tc.args(ck)
+			r := ucp(t, nil, append([]string{"convert", "--quiet"}, args...)...)
+			if r.code == 0 || !strings.Contains(r.stderr, "refusing to write") || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want a refusal saying %q", r.code, r.stderr, tc.want)
+			}
+			after := truth.ReadTree(t, filepath.Dir(ck))
+			if len(after) != len(before) {
+				t.Errorf("the folder held %d files, now %d", len(before), len(after))
+			}
+			for k, b := range before {
+				if !bytes.Equal(after[k], b) {
+					t.Errorf("%s changed", k)
+				}
+			}
+		})
+	}
+}
+
+// TestOutputFileModes (fault 4): every output file gets 0666 less the
+// umask, as torch.save and cp give, not CreateTemp's 0600.
+func TestOutputFileModes(t *testing.T) {
+	old := syscall.Umask(0o002) // the children inherit it
+	defer syscall.Umask(old)
+	dir := t.TempDir()
+	dst := filepath.Join(dir, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	torchOut := filepath.Join(dir, "torch")
+	if r := ucp(t, nil, "export", "--quiet", "--to", "torch", dst, torchOut); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	n := 0
+	for _, root := range []string{dst, torchOut, filepath.Join(dir, atomic.LatestUniversal)} {
+		filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.IsDir() {
+				return nil
+			}
+			st, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n++
+			if st.Mode().Perm() != 0o664 {
+				t.Errorf("%s: mode %v, want -rw-rw-r-- (0666 &^ umask 002)", p, st.Mode().Perm())
+			}
+			return nil
+		})
+	}
+	if n < 70 {
+		t.Fatalf("checked %d files", n)
+	}
+}
+
+// TestVerifyOutsideAndUnlisted (fault 7): verify does not open manifest
+// paths outside the checkpoint (nor files that lead outside through a
+// link), and reports files and zero/<param> folders the manifest does not
+// list; each case exits non-zero.
+func TestVerifyOutsideAndUnlisted(t *testing.T) {
+	fresh := func(t *testing.T) (root, dst string) {
+		root = t.TempDir()
+		dst = filepath.Join(root, "atomic")
+		if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
+			t.Fatal(r.stderr)
+		}
+		return root, dst
+	}
+	secret := []byte("not part of any checkpoint\n")
+	entry := atomic.FileEntry{Bytes: int64(len(secret)), CRC32: fmt.Sprintf("%08x", crc32.ChecksumIEEE(secret))}
+	tests := []struct {
+		name   string
+		break_ func(t *testing.T, root, dst string)
+		want   []string
+	}{
+		{"manifest path outside", func(t *testing.T, root, dst string) {
+			writeFile(t, filepath.Join(root, "secret"), secret)
+			editManifest(t, dst, func(m *atomic.Manifest) {
+				e := entry
+				e.Path = "../secret"
+				m.Files = append(m.Files, e)
+			})
+		}, []string{"BAD", `"../secret" outside the checkpoint`}},
+		{"listed file is a link outside", func(t *testing.T, root, dst string) {
+			writeFile(t, filepath.Join(root, "secret"), secret)
+			link := filepath.Join(dst, "zero", "extra.pt")
+			if err := os.Symlink(filepath.Join(root, "secret"), link); err != nil {
+				t.Fatal(err)
+			}
+			editManifest(t, dst, func(m *atomic.Manifest) {
+				e := entry
+				e.Path = "zero/extra.pt"
+				m.Files = append(m.Files, e)
+			})
+		}, []string{"BAD", "leads outside the checkpoint"}},
+		{"unlisted file and folder", func(t *testing.T, root, dst string) {
+			writeFile(t, filepath.Join(dst, "zero", "head.weight", "exp_avg_old.pt"), secret)
+			writeFile(t, filepath.Join(dst, "zero", "ghost.weight", "fp32.pt"), secret)
+		}, []string{"UNLISTED zero/ghost.weight/ (no such parameter in the manifest)", "UNLISTED zero/head.weight/exp_avg_old.pt"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root, dst := fresh(t)
+			tc.break_(t, root, dst)
+			r := ucp(t, nil, "verify", dst)
+			if r.code == 0 || strings.Contains(r.stdout, "all match") {
+				t.Errorf("exit %d: %s", r.code, r.stdout)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stdout, w) {
+					t.Errorf("output does not say %q:\n%s%s", w, r.stdout, r.stderr)
+				}
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func editManifest(t *testing.T, dst string, edit func(m *atomic.Manifest)) {
+	t.Helper()
+	m, err := atomic.ReadManifest(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dst, atomic.ManifestName), b)
+}
+
+// TestFIFOErrorsAtOnce (fault 8): a named pipe where a checkpoint file
+// should be makes inspect and convert fail at once, naming it, instead of
+// blocking forever in open.
+func TestFIFOErrorsAtOnce(t *testing.T) {
+	for _, victim := range []string{"global_step3/zero_pp_rank_1_mp_rank_00_optim_states.pt", "global_step3/mp_rank_00_model_states.pt", "latest"} {
+		t.Run(victim, func(t *testing.T) {
+			ck := realCkpt(t)
+			p := filepath.Join(ck, victim)
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			dst := filepath.Join(t.TempDir(), "atomic")
+			for _, args := range [][]string{{"inspect", ck}, {"convert", ck, dst}, {"inspect", p}} {
+				r := ucpWithin(t, 20*time.Second, nil, args...)
+				if r.code == 0 {
+					t.Errorf("%v: exit 0", args[0])
+				}
+				if victim == "latest" && args[1] == ck {
+					continue // not detected as a checkpoint: said at once, which is all that matters here
+				}
+				if !strings.Contains(r.stderr, "not a regular file (a named pipe)") || !strings.Contains(r.stderr, filepath.Base(victim)) {
+					t.Errorf("%v: exit %d, stderr %q", args[0], r.code, r.stderr)
+				}
+			}
+			if _, err := os.Stat(dst + atomic.PartialSuffix); !os.IsNotExist(err) {
+				t.Error("a refused conversion left DST.partial")
+			}
+		})
+	}
+}
+
+// TestInspectEscapesControlChars (fault 12): names in a torch file are
+// shown with control characters escaped, never raw.
+func TestInspectEscapesControlChars(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "evil.pt")
+	root := pyobj.DictOf("a\x1b[2J\x1b[31mb", &torchfile.Blob{DType: dtype.Float32, Shape: []int64{1}, Data: make([]byte, 4)},
+		"note\r", "value\x1b]0;title\x07")
+	w, err := torchfile.Create(path, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := ucp(t, nil, "inspect", path)
+	if r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	if strings.ContainsAny(r.stdout, "\x1b\r\x07") {
+		t.Errorf("raw control characters in:\n%q", r.stdout)
+	}
+	if !strings.Contains(r.stdout, `a\x1b[2J\x1b[31mb`) {
+		t.Errorf("names not shown escaped:\n%s", r.stdout)
+	}
+}

@@ -1,0 +1,133 @@
+package deepspeed
+
+import (
+	"fmt"
+
+	"github.com/ucp-project/ucp/formats/agree"
+	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// checkRanks refuses rank files of different runs: every model-state and
+// optimizer file must agree on the DeepSpeed config and version, and the
+// optimizer files on the optimizer wrapper, ZeRO stage, loss scaler,
+// optimizer class and hyper-parameters, partition counts, the dtype of
+// the flat groups and the step of each param group.
+func checkRanks(dir string, models []*modelState, optims map[[2]int]*optimState, D, M int) error {
+	r := &agree.Ranks{Dir: dir}
+	for mp, m := range models {
+		rank := fmt.Sprintf("model-parallel rank %d", mp)
+		for _, k := range []string{"ds_config", "ds_version", "dp_world_size", "mp_world_size", "global_steps"} {
+			v, _ := m.root.Get(k)
+			if err := r.Field(m.path, rank, k, v); err != nil {
+				return err
+			}
+		}
+	}
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			if err := OptimizerFields(r, optims[[2]int{dp, mp}].path, fmt.Sprintf("rank dp %d mp %d", dp, mp),
+				optims[[2]int{dp, mp}].root); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// OptimizerFields records what the optimizer file of one rank (ZeRO-1/2,
+// BF16_Optimizer or ZeRO-3) shares with the other ranks of its run.
+func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error {
+	field := func(name string, v pyobj.Value) error { return r.Field(path, rank, name, v) }
+	get := func(d *pyobj.Dict, k string) pyobj.Value {
+		if d == nil {
+			return nil
+		}
+		v, _ := d.Get(k)
+		return v
+	}
+	osd, _ := get(root, "optimizer_state_dict").(*pyobj.Dict)
+	wrapper := "BF16_Optimizer (no zero_stage)"
+	if zs := get(osd, "zero_stage"); zs != nil {
+		wrapper = fmt.Sprintf("ZeRO stage %d", ZeroStage(zs))
+	}
+	if err := field("optimizer wrapper", wrapper); err != nil {
+		return err
+	}
+	var scaler pyobj.Value
+	if ls := get(osd, "loss_scaler"); ls != nil {
+		scaler = pyobj.TypeName(ls)
+	}
+	for _, f := range []struct {
+		name string
+		v    pyobj.Value
+	}{
+		{"ds_config", get(root, "ds_config")},
+		{"ds_version", get(root, "ds_version")},
+		{"loss scaler class", scaler},
+		{"dynamic_loss_scale", get(osd, "dynamic_loss_scale")},
+		{"clip_grad", get(osd, "clip_grad")},
+		{"partition_count", get(osd, "partition_count")},
+	} {
+		if err := field(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	// The torch optimizer: ZeRO-1/2 and BF16_Optimizer keep it as
+	// base_optimizer_state, ZeRO-3 as optimizer_state_dict.
+	inner, _ := get(osd, "base_optimizer_state").(*pyobj.Dict)
+	if inner == nil {
+		inner, _ = get(osd, "optimizer_state_dict").(*pyobj.Dict)
+	}
+	if err := field("optimizer hyper-parameters (param_groups)", get(inner, "param_groups")); err != nil {
+		return err
+	}
+	for _, flat := range []string{"single_partition_of_fp32_groups", "fp32_flat_groups"} {
+		if gs, ok := pyobj.Seq(get(osd, flat)); ok {
+			dts := pyobj.Tuple{}
+			for _, g := range gs {
+				dts = append(dts, dtypeOf(g))
+			}
+			if err := field("dtype of the flat groups ("+flat+")", dts); err != nil {
+				return err
+			}
+		}
+	}
+	states, _ := get(inner, "state").(*pyobj.Dict)
+	if states == nil {
+		return nil
+	}
+	for i := 0; i < states.Len(); i++ {
+		g, sv := states.Item(i)
+		sd, ok := sv.(*pyobj.Dict)
+		if !ok {
+			continue // the readers report a malformed state
+		}
+		keys := pyobj.Tuple{}
+		for _, k := range sd.Keys() {
+			keys = append(keys, k)
+		}
+		if err := field(fmt.Sprintf("optimizer state keys of param group %s", pyobj.Repr(g)), keys); err != nil {
+			return err
+		}
+		step, ok := sd.Get("step")
+		if !ok {
+			continue
+		}
+		sv, err := agree.Step(path, step)
+		if err != nil {
+			return err
+		}
+		if err := field(fmt.Sprintf("step of param group %s", pyobj.Repr(g)), sv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func dtypeOf(v pyobj.Value) pyobj.Value {
+	if t, ok := v.(*torchfile.Tensor); ok {
+		return pyobj.DType{DType: t.DType}
+	}
+	return pyobj.TypeName(v)
+}

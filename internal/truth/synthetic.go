@@ -1,0 +1,73 @@
+package truth
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"testing"
+
+	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/torchfile"
+)
+
+// SetStep overwrites, in place, the float32 step tensor of param group 0
+// in a DeepSpeed optimizer file; keys lead from the file's root to the
+// torch optimizer's 'state' dict. The rest of the file is unchanged, so
+// only the step tells it from the original.
+func SetStep(tb testing.TB, path string, step float32, keys ...string) {
+	tb.Helper()
+	f, err := torchfile.Decode(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	v, err := pyobj.Path(f.Root, keys...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st, ok := v.(*pyobj.Dict)
+	if !ok {
+		tb.Fatalf("%s: %v is %s", path, keys, pyobj.TypeName(v))
+	}
+	sv, _ := st.Get(int64(0))
+	sd, ok := sv.(*pyobj.Dict)
+	if !ok {
+		tb.Fatalf("%s: state of group 0 is %s", path, pyobj.TypeName(sv))
+	}
+	tv, _ := sd.Get("step")
+	tt, ok := tv.(*torchfile.Tensor)
+	if !ok || tt.DType.Size() != 4 {
+		tb.Fatalf("%s: step is %s", path, pyobj.TypeName(tv))
+	}
+	w, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer w.Close()
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], math.Float32bits(step))
+	if _, err := w.WriteAt(b[:], tt.FileOffset()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Synthetic builds a table of bf16 parameters of the given sizes, each a
+// single unsharded fragment of a source that exists only as a header:
+// planning reads only sizes and dtypes.
+func Synthetic(sizes ...int64) *fragment.Table {
+	t := &fragment.Table{Format: "synthetic"}
+	for i, n := range sizes {
+		src := fragment.TensorRef{Path: "src", T: &torchfile.Tensor{DType: dtype.BFloat16, Shape: []int64{n}, Stride: []int64{1},
+			Storage: &torchfile.Storage{DType: dtype.BFloat16, Numel: n}}}
+		p := &fragment.Param{Name: fmt.Sprintf("p%d", i), Shape: []int64{n / 16, 16}}
+		for _, s := range []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq} {
+			st := p.AddState(s)
+			st.Shards = []fragment.Shard{{Shape: p.Shape}}
+			st.Frags = []fragment.Fragment{{Len: n, Src: src}}
+		}
+		t.Params = append(t.Params, p)
+	}
+	return t
+}
