@@ -253,7 +253,9 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	if err := addFrozen(t, grid, rules); err != nil {
 		return nil, err
 	}
-	addAliases(t, grid[0][0].model)
+	if err := addAliases(t, grid[0][0].model); err != nil {
+		return nil, err
+	}
 	if um := rules.Unmatched(); len(um) > 0 {
 		t.Notes = append(t.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
 	}
@@ -314,20 +316,21 @@ func stepOf(path string, v pyobj.Value) *fragment.Step {
 
 // addAliases records tied weights: shared_params (alias -> stored name),
 // which DeepSpeed fills in global rank 0's model state only.
-func addAliases(t *fragment.Table, model *pyobj.Dict) {
-	v, _ := model.Get("shared_params")
-	d, ok := v.(*pyobj.Dict)
+func addAliases(t *fragment.Table, model pyobj.Dec) error {
+	sp, ok := model.OptDict("shared_params")
 	if !ok {
-		return
+		return sp.Err()
 	}
-	for i := 0; i < d.Len(); i++ {
-		alias, canon := d.Item(i)
-		as, _ := alias.(string)
-		cs, _ := canon.(string)
-		if p := t.Param(cs); p != nil && as != "" {
-			p.Info.Aliases = append(p.Info.Aliases, as)
+	for _, it := range sp.Items() {
+		canon := it.AsStr()
+		if err := it.Err(); err != nil {
+			return err
+		}
+		if p := t.Param(canon); p != nil {
+			p.Info.Aliases = append(p.Info.Aliases, it.Key)
 		}
 	}
+	return sp.Err()
 }
 
 // addFrozen adds frozen parameters (each rank holds its ZeRO-3 partition
