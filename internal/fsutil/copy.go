@@ -10,7 +10,7 @@ import (
 
 // CopyBufSize is the buffer a Copier allocates when it has none: big
 // enough that a range costs few system calls.
-const CopyBufSize = 4 << 20
+const CopyBufSize = WriteChunk
 
 // Copier copies byte ranges between open files. Without a CRC it copies
 // in the kernel (copy_file_range: no user-space copy, and a server-side or
@@ -84,4 +84,22 @@ func (c *Copier) copyBuffered(dst *os.File, dstOff int64, src *os.File, srcOff, 
 		n, srcOff, dstOff = n-int64(len(b)), srcOff+int64(len(b)), dstOff+int64(len(b))
 	}
 	return crc, nil
+}
+
+// WriteChunk is the largest single write: measured on Linux 6.18 (ext4,
+// 2 cores), buffered writes of 4 MiB or more from user memory cost 3-4x
+// the system time of 1 MiB writes (the page cache's large-folio path),
+// which made ucp's writes cost several times those of cp.
+const WriteChunk = 1 << 20
+
+// WriteAt writes p at off in pieces of at most WriteChunk bytes.
+func WriteAt(f *os.File, p []byte, off int64) error {
+	for len(p) > 0 {
+		n := min(len(p), WriteChunk)
+		if _, err := f.WriteAt(p[:n], off); err != nil {
+			return err
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return nil
 }

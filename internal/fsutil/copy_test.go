@@ -143,3 +143,27 @@ func TestPresize(t *testing.T) {
 		t.Fatalf("size %d, bytes at 1000 %q", len(b), b[1000:1004])
 	}
 }
+
+// TestWriteAt writes more than one chunk at an offset: every byte lands.
+func TestWriteAt(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	data := make([]byte, 2*WriteChunk+5)
+	for i := range data {
+		data[i] = byte(i*7 + 1)
+	}
+	if err := WriteAt(f, data, 3); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(data)+3 || !bytes.Equal(got[3:], data) || !bytes.Equal(got[:3], []byte{0, 0, 0}) {
+		t.Fatal("written bytes differ")
+	}
+}
