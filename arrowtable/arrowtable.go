@@ -282,7 +282,8 @@ var PlanFields = []arrow.Field{
 	{Name: "node", Type: arrow.PrimitiveTypes.Int32},
 	{Name: "worker", Type: arrow.PrimitiveTypes.Int32},
 	{Name: "kind", Type: arrow.BinaryTypes.String},
-	{Name: "param", Type: arrow.BinaryTypes.String},
+	{Name: "output", Type: arrow.BinaryTypes.String},
+	{Name: "param", Type: arrow.BinaryTypes.String, Nullable: true},
 	{Name: "state", Type: arrow.BinaryTypes.String, Nullable: true},
 	{Name: "start", Type: arrow.PrimitiveTypes.Int64},
 	{Name: "end", Type: arrow.PrimitiveTypes.Int64},
@@ -290,6 +291,9 @@ var PlanFields = []arrow.Field{
 	{Name: "of", Type: arrow.PrimitiveTypes.Int32},
 	{Name: "bytes", Type: arrow.PrimitiveTypes.Int64},
 }
+
+// taskKinds names the plan's task kinds in the kind column.
+var taskKinds = map[mapreduce.TaskKind]string{mapreduce.ReduceTask: "state", mapreduce.StepTask: "step", mapreduce.CopyTask: "copy"}
 
 // Plan writes the plan's tasks as an Arrow IPC file. The worker is the
 // one Plan.WorkerShares expects to run the task (workers pull tasks, so a
@@ -312,31 +316,31 @@ func Plan(w io.WriteSeeker, t *fragment.Table, p *mapreduce.Plan) error {
 	}
 	b := bs.b
 	for i, tk := range p.Tasks {
+		if tk.Output < 0 || tk.Output >= len(p.Outputs) {
+			bs.close(i)
+			return fmt.Errorf("plan task %d writes output %d of %d", i, tk.Output, len(p.Outputs))
+		}
+		o := &p.Outputs[tk.Output]
 		i32(b, 0, i)
 		i32(b, 1, tk.Node)
 		i32(b, 2, worker[tk])
-		switch {
-		case tk.State == mapreduce.CopyTask && tk.Param < len(t.CopyFiles):
-			str(b, 3, "copy")
-			str(b, 4, t.CopyFiles[tk.Param].Name)
+		str(b, 3, taskKinds[tk.Kind])
+		str(b, 4, filepath.ToSlash(o.Path))
+		if o.Param >= 0 && o.Param < len(t.Params) {
+			str(b, 5, t.Params[o.Param].Name)
+		} else {
 			b.Field(5).AppendNull()
-		case tk.State == mapreduce.StepTask && tk.Param < len(t.Params):
-			str(b, 3, "step")
-			str(b, 4, t.Params[tk.Param].Name)
-			str(b, 5, fragment.StepState)
-		case tk.State >= 0 && tk.Param < len(t.Params) && tk.State < len(t.Params[tk.Param].States):
-			str(b, 3, "state")
-			str(b, 4, t.Params[tk.Param].Name)
-			str(b, 5, t.Params[tk.Param].States[tk.State].Name)
-		default:
-			bs.close(i)
-			return fmt.Errorf("plan task %d (parameter %d, state %d) is not in the table", i, tk.Param, tk.State)
 		}
-		i64(b, 6, tk.Start)
-		i64(b, 7, tk.End)
-		i32(b, 8, tk.Chunk)
-		i32(b, 9, tk.Of)
-		i64(b, 10, tk.Bytes)
+		if o.Name != "" {
+			str(b, 6, o.Name)
+		} else {
+			b.Field(6).AppendNull()
+		}
+		i64(b, 7, tk.Start)
+		i64(b, 8, tk.End)
+		i32(b, 9, tk.Chunk)
+		i32(b, 10, tk.Of)
+		i64(b, 11, tk.Bytes)
 		if err := bs.row(); err != nil {
 			bs.close(i + 1)
 			return err

@@ -121,17 +121,22 @@ func wantPlan(t *fragment.Table, p *mapreduce.Plan) []map[string]any {
 	}
 	var rows []map[string]any
 	for i, tk := range p.Tasks {
-		kind, name, state := "state", "", any(nil)
-		switch tk.State {
+		o := p.Outputs[tk.Output]
+		kind, param, state := "state", any(nil), any(nil)
+		switch tk.Kind {
 		case mapreduce.CopyTask:
-			kind, name = "copy", t.CopyFiles[tk.Param].Name
+			kind = "copy"
 		case mapreduce.StepTask:
-			kind, name, state = "step", t.Params[tk.Param].Name, "step"
-		default:
-			name, state = t.Params[tk.Param].Name, t.Params[tk.Param].States[tk.State].Name
+			kind = "step"
+		}
+		if o.Param >= 0 {
+			param = t.Params[o.Param].Name
+		}
+		if o.Name != "" {
+			state = o.Name
 		}
 		rows = append(rows, map[string]any{"task": fmt.Sprint(i), "node": fmt.Sprint(tk.Node), "worker": fmt.Sprint(worker[tk]),
-			"kind": kind, "param": name, "state": state, "start": fmt.Sprint(tk.Start), "end": fmt.Sprint(tk.End),
+			"kind": kind, "output": o.Path, "param": param, "state": state, "start": fmt.Sprint(tk.Start), "end": fmt.Sprint(tk.End),
 			"chunk": fmt.Sprint(tk.Chunk), "of": fmt.Sprint(tk.Of), "bytes": fmt.Sprint(tk.Bytes)})
 	}
 	return rows
