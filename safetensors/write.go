@@ -356,7 +356,7 @@ func (w *Writer) WriteAt(i int, p []byte, off int64) error {
 	if len(p) == 0 {
 		return nil
 	}
-	if _, err := w.f.WriteAt(p, w.Layout.Offset(i)+off); err != nil {
+	if err := fsutil.WriteAt(w.f, p, w.Layout.Offset(i)+off); err != nil {
 		return fmt.Errorf("%s: tensor %q: %w", w.path, name, err)
 	}
 	w.mu.Lock()

@@ -1,122 +1,165 @@
 #!/usr/bin/env bash
-# make bench: ucp convert against the I/O floor on a large generated
-# DeepSpeed checkpoint (GPT-like, ZeRO-2, bf16, TP 2 x DP 4, ~4.3 GB).
-# Everything is measured in this one run, page cache warm, and printed as
-# ratios to `cp -r` of the same folder.
+# make bench: ucp convert against the I/O floor, `cp -r` of the same folder,
+# page cache warm. Each case alternates, in this one process tree, REPEAT
+# times: cp -r; ucp convert --no-sync; cp -r + sync; ucp convert (synced),
+# and keeps the fastest of each (the machine may be shared). It prints wall,
+# user and system seconds, the ratios to cp and ucp's peak RSS.
 #
-#   BENCH_DIR=.bench        where the checkpoints go (needs ~15 GB free)
+# Cases: the generated checkpoint (GPT-like, ZeRO-2 bf16, TP 2 x DP 4,
+# 4.4 GB), the same model as ZeRO-3 bf16 (DP 4), a generated checkpoint of
+# about twice the bytes (peak RSS must stay flat, time linear), a checkpoint
+# written by the real DeepSpeed engine when UCP_BENCH_REAL names one, and
+# ucp export --to hf against cp -r; sync of the same output bytes.
+#
+#   BENCH_DIR=.bench        where the checkpoints go (about 30 GB free needed)
 #   BENCH_LAYERS=4          transformer layers of the generated model
+#   BENCH_LAYERS2=10        layers of the doubled one (10: 1.97x the bytes of 4)
 #   BENCH_MEMORY=1GiB       ucp's --memory budget
-#   BENCH_DOUBLE=1          also convert a checkpoint with twice the layers (peak RSS must stay flat)
-#   BENCH_REPEAT=3          runs of each measurement; the fastest counts (the machine may be shared)
+#   BENCH_REPEAT=3          rounds of each case; the fastest run counts
+#   BENCH_ZERO3=1 BENCH_DOUBLE=1 BENCH_EXPORT=1   cases to run (0 skips)
+#   BENCH_NODES=0           1: also 4 nodes as 4 processes (output must equal 1 node's)
+#   UCP_BENCH_REAL=DIR      a real DeepSpeed checkpoint (save folder or tag folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BENCH_DIR:-.bench}
 LAYERS=${BENCH_LAYERS:-4}
+LAYERS2=${BENCH_LAYERS2:-$((2 * LAYERS + 2))}
 MEM=${BENCH_MEMORY:-1GiB}
+REPEAT=${BENCH_REPEAT:-3}
 UCP=bin/ucp
 CORES=$(nproc)
 mkdir -p "$B" bin
 go build -o "$UCP" ./cmd/ucp
 go build -o bin/benchgen ./internal/cmd/benchgen
+: > "$B/log"
+T0=${EPOCHREALTIME}
 
-REPEAT=${BENCH_REPEAT:-3}
-now() { echo "${EPOCHREALTIME}"; }
-# best CMD...: the fastest of REPEAT runs of a command, in seconds.
-best() {
-  local b="" t0 t1 s
-  for _ in $(seq "$REPEAT"); do
-    t0=$(now); "$@" >/dev/null; t1=$(now)
-    s=$(secs "$t0" "$t1")
-    if [ -z "$b" ] || awk -v a="$s" -v b="$b" 'BEGIN{exit !(a < b)}'; then b=$s; fi
-  done
-  echo "$b"
-}
-secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+gb() { awk -v b="$1" 'BEGIN{printf "%.2f GB", b/1e9}'; }
+mb() { awk -v b="$1" 'BEGIN{printf "%.0f MB", b/1e6}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-gen() { # gen DIR LAYERS
-  if [ ! -f "$1/latest" ]; then
-    rm -rf "$1"
-    bin/benchgen --out "$1" --layers "$2"
-  fi
-}
-warm() { cat "$1"/*/* > /dev/null; }
 json() { # json FILE KEY: a top-level number from a report
   grep -o "\"$2\": [0-9.e+]*" "$1" | head -1 | awk '{print $2}'
 }
-
-gen "$B/src" "$LAYERS"
-SRC_BYTES=$(du -sb "$B/src" | cut -f1)
-warm "$B/src"
-echo "source: $B/src, $(awk -v b="$SRC_BYTES" 'BEGIN{printf "%.2f GB", b/1e9}'), $CORES cores, --memory $MEM"
-
-copy() { rm -rf "$B/cp"; sync; cp -r "$B/src" "$B/cp"; }
-copysync() { rm -rf "$B/cp"; sync; cp -r "$B/src" "$B/cp"; sync; }
-T_CP=$(best copy)
-T_CPS=$(best copysync)
-rm -rf "$B/cp"
-
-run1() { # run1 NAME ARGS...: one conversion into $B/NAME
-  local name=$1; shift
-  rm -rf "$B/$name" "$B/$name.partial"; sync
-  "$UCP" convert --quiet --force --memory "$MEM" "$@" "$B/src" "$B/$name"
+gen() { # gen DIR ARGS...: a generated checkpoint, kept between runs
+  local dir=$1; shift
+  if [ ! -f "$dir/latest" ]; then
+    rm -rf "$dir"
+    bin/benchgen --out "$dir" "$@"
+  fi
 }
-convert() { best run1 "$@"; }
-T_U1=$(convert out1 --workers 1 --no-sync --report "$B/report-1.json")
-RSS1=$(json "$B/report-1.json" peak_rss_bytes)
-rm -rf "$B/out1"
-T_UN=$(convert outn --workers "$CORES" --no-sync --report "$B/report-n.json")
-RSSN=$(json "$B/report-n.json" peak_rss_bytes)
-T_UNS=$(convert outs --workers "$CORES" --report "$B/report-s.json")
-# ucp export --to hf (bf16, synced) against cp -r; sync of the same output bytes.
-exphf() { rm -rf "$B/hf"; sync; "$UCP" export --quiet --force --to hf --dtype bfloat16 --memory "$MEM" --verify=false "$B/outs" "$B/hf"; }
-T_EX=$(best exphf)
-cphf() { rm -rf "$B/hfcp"; sync; cp -r "$B/hf" "$B/hfcp"; sync; }
-T_EXCP=$(best cphf)
-HF_BYTES=$(du -sb "$B/hf" | cut -f1)
-rm -rf "$B/outs" "$B/hf" "$B/hfcp"
+warm() { find "$1" -type f -exec cat {} + > /dev/null; }
 
-# Four simulated nodes: four processes sharing one output folder.
-rm -rf "$B/out4" "$B/out4.partial"; sync
-t0=$(now)
-for n in 0 1 2 3; do
-  "$UCP" convert --quiet --memory "$MEM" --workers 1 --no-sync --num-nodes 4 --node-rank $n \
-    --report "$B/report-node$n.json" "$B/src" "$B/out4" &
-done
-wait
-t1=$(now); T_N4=$(secs "$t0" "$t1")
-SAME=yes
-(cd "$B/outn" && find . -type f ! -name ucp.json | sort) > "$B/files.txt"
-while read -r f; do cmp -s "$B/outn/$f" "$B/out4/$f" || { SAME="no ($f differs)"; break; }; done < "$B/files.txt"
-NODE_IO=()
-for n in 0 1 2 3; do
-  r=$(json "$B/report-node$n.json" bytes_read); w=$(json "$B/report-node$n.json" bytes_written)
-  NODE_IO+=("$(awk -v r="$r" -v w="$w" 'BEGIN{printf "%.0f", r + w}')")
-done
-SPREAD=$(printf '%s\n' "${NODE_IO[@]}" | awk 'NR==1{lo=$1;hi=$1} {if($1<lo)lo=$1; if($1>hi)hi=$1} END{printf "%.1f", 100*(hi-lo)/lo}')
-rm -rf "$B/outn" "$B/out4"
+# timed FILE CMD...: runs CMD and appends "wall user sys" (seconds, children
+# included) to FILE; CMD's output goes to the log.
+timed() {
+  local file=$1; shift
+  local t
+  t=$( { TIMEFORMAT='%R %U %S'; time "$@" >>"$B/log" 2>&1; } 2>&1 ) || {
+    echo "failed: $* (see $B/log)" >&2; tail -5 "$B/log" >&2; exit 1; }
+  echo "$t" >> "$file"
+}
+fastest() { sort -n "$1" | head -1; } # the run with the least wall time
 
-echo
-printf '%-44s %8s %8s\n' "run" "seconds" "x cp -r"
-printf '%-44s %8s %8s\n' "cp -r (the I/O floor)" "$T_CP" "1.00"
-printf '%-44s %8s %8s\n' "cp -r; sync" "$T_CPS" "$(ratio "$T_CPS" "$T_CP")"
-printf '%-44s %8s %8s\n' "ucp convert --workers 1 --no-sync" "$T_U1" "$(ratio "$T_U1" "$T_CP")"
-printf '%-44s %8s %8s\n' "ucp convert --workers $CORES --no-sync" "$T_UN" "$(ratio "$T_UN" "$T_CP")"
-printf '%-44s %8s %8s   (x cp -r; sync: %s)\n' "ucp convert --workers $CORES (synced)" "$T_UNS" "$(ratio "$T_UNS" "$T_CP")" "$(ratio "$T_UNS" "$T_CPS")"
-printf '%-44s %8s %8s\n' "4 nodes x 1 worker (processes), --no-sync" "$T_N4" "$(ratio "$T_N4" "$T_CP")"
-printf '%-44s %8s %8s   (x cp -r; sync of its %s: %s)\n' "ucp export --to hf --dtype bfloat16 (synced)" "$T_EX" "$(ratio "$T_EX" "$T_CP")" \
-  "$(awk -v b="$HF_BYTES" 'BEGIN{printf "%.2f GB", b/1e9}')" "$(ratio "$T_EX" "$T_EXCP")"
-echo
-echo "peak RSS: $(awk -v a="$RSS1" 'BEGIN{printf "%.0f MB", a/1e6}') with 1 worker, $(awk -v a="$RSSN" 'BEGIN{printf "%.0f MB", a/1e6}') with $CORES (budget $MEM)"
-echo "4 nodes: output identical to 1 node: $SAME; bytes moved per node ${NODE_IO[*]} (spread ${SPREAD}%)"
-echo "target: ucp with all workers <= 2x cp -r: $(awk -v a="$T_UN" -v b="$T_CP" 'BEGIN{print (a <= 2*b) ? "met" : "missed"}')"
+copy() { cp -r "$1" "$2"; }
+copysync() { cp -r "$1" "$2" && sync; }
+ucp() { # ucp SRC DST REPORT ARGS...
+  local src=$1 dst=$2 rep=$3; shift 3
+  "$UCP" convert --quiet --force --memory "$MEM" --workers "$CORES" --report "$rep" "$@" "$src" "$dst"
+}
+clean() { rm -rf "$B/cp" "$B/out" "$B/out.partial" "$B/latest_universal"; sync; }
 
-if [ "${BENCH_DOUBLE:-0}" = 1 ]; then
-  gen "$B/src2" $((2 * LAYERS))
-  warm "$B/src2"
-  rm -rf "$B/out2"
-  "$UCP" convert --quiet --memory "$MEM" --workers "$CORES" --no-sync --report "$B/report-2.json" "$B/src2" "$B/out2"
-  rm -rf "$B/out2"
-  RSS2=$(json "$B/report-2.json" peak_rss_bytes)
-  echo "doubled checkpoint ($(du -sh "$B/src2" | cut -f1)): peak RSS $(awk -v a="$RSS2" 'BEGIN{printf "%.0f MB", a/1e6}') (was $(awk -v a="$RSSN" 'BEGIN{printf "%.0f MB", a/1e6}'))"
+# bench NAME SRC: the four runs, alternating, REPEAT rounds; prints the table.
+bench() {
+  local name=$1 src=$2 bytes r
+  bytes=$(du -sb "$src" | cut -f1)
+  warm "$src"
+  rm -f "$B"/t.* "$B"/rss.*
+  for r in $(seq "$REPEAT"); do
+    clean; timed "$B/t.cp" copy "$src" "$B/cp"
+    clean; timed "$B/t.nosync" ucp "$src" "$B/out" "$B/report.json" --no-sync
+    json "$B/report.json" peak_rss_bytes >> "$B/rss.nosync"
+    clean; timed "$B/t.cpsync" copysync "$src" "$B/cp"
+    clean; timed "$B/t.sync" ucp "$src" "$B/out" "$B/report.json"
+    json "$B/report.json" peak_rss_bytes >> "$B/rss.sync"
+  done
+  clean
+  local cp nosync cpsync synced rss
+  read -r -a cp <<< "$(fastest "$B/t.cp")"
+  read -r -a nosync <<< "$(fastest "$B/t.nosync")"
+  read -r -a cpsync <<< "$(fastest "$B/t.cpsync")"
+  read -r -a synced <<< "$(fastest "$B/t.sync")"
+  rss=$(sort -n "$B/rss.nosync" "$B/rss.sync" | tail -1)
+  echo
+  echo "$name: $src, $(gb "$bytes"), $CORES cores, --memory $MEM, best of $REPEAT"
+  printf '  %-30s %7s %7s %7s %9s\n' run wall user sys "x floor"
+  printf '  %-30s %7s %7s %7s %9s\n' "cp -r" "${cp[@]}" 1.00
+  printf '  %-30s %7s %7s %7s %9s\n' "ucp convert --no-sync" "${nosync[@]}" "$(ratio "${nosync[0]}" "${cp[0]}")"
+  printf '  %-30s %7s %7s %7s %9s\n' "cp -r; sync" "${cpsync[@]}" 1.00
+  printf '  %-30s %7s %7s %7s %9s\n' "ucp convert (synced)" "${synced[@]}" "$(ratio "${synced[0]}" "${cpsync[0]}")"
+  printf '  peak RSS %s; %.2f s/GB without sync\n' "$(mb "$rss")" "$(awk -v t="${nosync[0]}" -v b="$bytes" 'BEGIN{print t/(b/1e9)}')"
+  printf '%s %s %s\t%s\n' "$bytes" "${nosync[0]}" "$rss" "$name" >> "$B/summary"
+}
+
+: > "$B/summary"
+gen "$B/src" --layers "$LAYERS"
+bench "generated ZeRO-2 bf16, TP 2 x DP 4" "$B/src"
+
+if [ "${BENCH_EXPORT:-1}" = 1 ]; then
+  # ucp export --to hf (bf16, synced) against cp -r; sync of the same output bytes.
+  ucp "$B/src" "$B/atomic" "$B/report.json" > /dev/null
+  warm "$B/atomic"
+  rm -f "$B"/t.*
+  for r in $(seq "$REPEAT"); do
+    rm -rf "$B/hf"; sync
+    timed "$B/t.export" "$UCP" export --quiet --force --to hf --dtype bfloat16 --memory "$MEM" --verify=false "$B/atomic" "$B/hf"
+    rm -rf "$B/hfcp"; sync
+    timed "$B/t.hfcp" copysync "$B/hf" "$B/hfcp"
+  done
+  read -r -a ex <<< "$(fastest "$B/t.export")"
+  read -r -a excp <<< "$(fastest "$B/t.hfcp")"
+  echo
+  echo "ucp export --to hf --dtype bfloat16 of the converted checkpoint ($(gb "$(du -sb "$B/hf" | cut -f1)") written), best of $REPEAT"
+  printf '  %-30s %7s %7s %7s %9s\n' run wall user sys "x floor"
+  printf '  %-30s %7s %7s %7s %9s\n' "cp -r; sync of its output" "${excp[@]}" 1.00
+  printf '  %-30s %7s %7s %7s %9s\n' "ucp export (synced)" "${ex[@]}" "$(ratio "${ex[0]}" "${excp[0]}")"
+  rm -rf "$B/hf" "$B/hfcp" "$B/atomic" "$B/latest_universal"
 fi
+
+if [ "${BENCH_NODES:-0}" = 1 ]; then
+  # Four simulated nodes: four processes sharing one output folder.
+  ucp "$B/src" "$B/one" "$B/report.json" --no-sync > /dev/null
+  rm -rf "$B/out4" "$B/out4.partial"; sync
+  t0=${EPOCHREALTIME}
+  for n in 0 1 2 3; do
+    "$UCP" convert --quiet --memory "$MEM" --workers 1 --no-sync --num-nodes 4 --node-rank $n \
+      --report "$B/report-node$n.json" "$B/src" "$B/out4" &
+  done
+  wait
+  t1=${EPOCHREALTIME}
+  SAME=yes
+  (cd "$B/one" && find . -type f ! -name ucp.json | sort) > "$B/files.txt"
+  while read -r f; do cmp -s "$B/one/$f" "$B/out4/$f" || { SAME="no ($f differs)"; break; }; done < "$B/files.txt"
+  echo
+  echo "4 nodes x 1 worker (processes), --no-sync: $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s; output identical to 1 node: $SAME"
+  rm -rf "$B/one" "$B/out4" "$B/latest_universal"
+fi
+
+if [ "${BENCH_ZERO3:-1}" = 1 ]; then
+  gen "$B/z3" --layers "$LAYERS" --zero3 --dp 4
+  bench "generated ZeRO-3 bf16, DP 4" "$B/z3"
+fi
+
+if [ "${BENCH_DOUBLE:-1}" = 1 ]; then
+  gen "$B/src2" --layers "$LAYERS2"
+  bench "generated ZeRO-2 bf16, TP 2 x DP 4, $LAYERS2 layers" "$B/src2"
+fi
+
+if [ -n "${UCP_BENCH_REAL:-}" ]; then
+  bench "real DeepSpeed checkpoint" "$UCP_BENCH_REAL"
+fi
+
+echo
+echo "scaling (--no-sync): bytes, seconds per GB and peak RSS relative to the first case"
+awk -F'\t' '{split($1, v, " "); if (NR==1) {b0=v[1]; s0=v[2]/v[1]; r0=v[3]}
+  printf "  %-46s x%.2f bytes  x%.2f s/GB  x%.2f RSS\n", $2, v[1]/b0, (v[2]/v[1])/s0, v[3]/r0}' "$B/summary"
+echo "bench took $(awk -v a="$T0" -v b="${EPOCHREALTIME}" 'BEGIN{printf "%.0f", b-a}') s"

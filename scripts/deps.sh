@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond Go: make, Debian's python3-torch 1.13
 # (real torch checks fixtures and reads what ucp writes), librsvg2-bin
-# (rsvg-convert renders the report's timeline), and, as root, the
+# (rsvg-convert renders the report's timeline), node and the apache-arrow npm
+# package (reads the --arrow files), and, as root, the
 # Debian 13 chroot with real torch 2.x and safetensors (scripts/torch2-chroot.sh,
 # built once and reused). Idempotent; quiet when everything is present.
 set -euo pipefail
@@ -11,6 +12,10 @@ command -v make >/dev/null 2>&1 || need+=(make)
 /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
 # rsvg-convert renders convert --report's SVG timeline in report's tests.
 command -v rsvg-convert >/dev/null 2>&1 || need+=(librsvg2-bin)
+# node runs the apache-arrow JavaScript package, the independent reader of
+# the Arrow files of inspect/convert --arrow (arrowtable's tests).
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then
@@ -29,6 +34,11 @@ if [ ${#need[@]} -gt 0 ]; then
     $sudo dpkg --configure -a || true
     "${apt[@]}" install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
+fi
+# apache-arrow from the npm registry, at the version package-lock.json pins.
+if [ ! -f testdata/arrowcheck/node_modules/apache-arrow/package.json ] && command -v npm >/dev/null 2>&1; then
+  echo "deps: npm ci in testdata/arrowcheck (apache-arrow)" >&2
+  (cd testdata/arrowcheck && npm ci --no-audit --no-fund --loglevel=error)
 fi
 if [ "$(id -u)" -eq 0 ]; then
   ./scripts/torch2-chroot.sh build

@@ -392,7 +392,7 @@ func (b *blobFile) WriteAt(i int, p []byte, off int64) error {
 	if off < 0 || off+int64(len(p)) > b.Layout.Blobs[i].NBytes() {
 		return fmt.Errorf("%s: write of %d bytes at %d outside tensor %d of %d bytes", b.path, len(p), off, i, b.Layout.Blobs[i].NBytes())
 	}
-	if _, err := b.f.WriteAt(p, b.Layout.BlobOffset(i)+off); err != nil {
+	if err := fsutil.WriteAt(b.f, p, b.Layout.BlobOffset(i)+off); err != nil {
 		return fmt.Errorf("%s: %w", b.path, err)
 	}
 	pc := NewPiece(off, p)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ucp-project/ucp/arrowtable"
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/formats"
 	"github.com/ucp-project/ucp/fragment"
@@ -36,6 +37,7 @@ type convertOptions struct {
 	Finalize      bool
 	Memory        string
 	Report        string
+	Arrow         string
 	ChunkElems    int64
 	NoSync        bool
 }
@@ -93,6 +95,7 @@ rerun alone.`,
 	f.BoolVar(&opts.Finalize, "finalize", false, "only write the manifest of a multi-node conversion whose nodes have all finished")
 	f.StringVar(&opts.Memory, "memory", "", "memory budget of the reducers, like 8GiB (default: a quarter of RAM)")
 	f.StringVar(&opts.Report, "report", "", "write per-worker phase timings to this JSON file and a timeline next to it (.svg)")
+	f.StringVar(&opts.Arrow, "arrow", "", "with --dry-run: write the fragment table to this Arrow IPC file and the plan next to it (NAME.plan.arrow)")
 	f.Int64Var(&opts.ChunkElems, "chunk-elems", 0, "largest task in elements (default: from the memory budget and the balance)")
 	f.MarkHidden("chunk-elems")
 	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the output to disk before writing the manifest")
@@ -102,6 +105,9 @@ rerun alone.`,
 func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opts convertOptions) error {
 	if opts.Workers <= 0 {
 		return fmt.Errorf("--workers must be at least 1")
+	}
+	if opts.Arrow != "" && !opts.DryRun {
+		return fmt.Errorf("--arrow writes the plan of a --dry-run: add --dry-run (a conversion writes its report with --report)")
 	}
 	if err := sourceCheck(src, opts.From); err != nil {
 		return err
@@ -136,7 +142,10 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	indexed := time.Since(start)
 	if opts.DryRun {
-		return printPlan(out, t, plan)
+		if err := printPlan(out, t, plan); err != nil || opts.Arrow == "" {
+			return err
+		}
+		return writeArrow(out, opts.Arrow, t, plan)
 	}
 	if !opts.Finalize {
 		if err := checkOutputs(dst, plan); err != nil {
@@ -236,6 +245,17 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}
+}
+
+// writeArrow writes the fragment table and plan as Arrow IPC files and
+// says where.
+func writeArrow(out io.Writer, path string, t *fragment.Table, plan *mapreduce.Plan) error {
+	frags, tasks, err := arrowtable.Write(path, t, plan)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "wrote %d fragments to %s and %d tasks to %s (Arrow IPC files)\n", frags, path, tasks, arrowtable.PlanPath(path))
+	return nil
 }
 
 // stragglers prints which worker held the run up and the slowest tasks, so

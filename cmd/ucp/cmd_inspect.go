@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"text/tabwriter"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ucp-project/ucp/formats"
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -27,6 +29,7 @@ type inspectOptions struct {
 	Filter  string
 	Layers  bool
 	All     bool
+	Arrow   string
 }
 
 func newInspectCommand() *cobra.Command {
@@ -61,6 +64,8 @@ atomic checkpoint written by ucp convert it prints its manifest.
 	f.StringVar(&opts.Filter, "filter", "", "list only the parameters whose name matches this regular expression")
 	f.BoolVar(&opts.Layers, "layers", false, "list one line per layer kind (layer numbers collapsed) instead of every parameter")
 	f.BoolVar(&opts.All, "all", false, "list every parameter, however many")
+	f.StringVar(&opts.Arrow, "arrow", "", "write the fragment table to this Arrow IPC file and the plan of a one-node convert\n"+
+		"with --workers next to it (NAME.plan.arrow), instead of printing")
 	return cmd
 }
 
@@ -77,6 +82,11 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 			return err
 		}
 	}
+	if opts.Arrow != "" && (!st.IsDir() || opts.From == "" && isAtomic(path)) {
+		return fmt.Errorf("%s: --arrow writes the fragment table of a source checkpoint folder (DeepSpeed, Megatron-LM, DCP); "+
+			"this is %s", path, map[bool]string{true: "an atomic checkpoint (one file per state, no fragments: ucp inspect lists it)",
+			false: "a file: give its checkpoint folder"}[st.IsDir()])
+	}
 	if st.IsDir() && opts.From == "" && isAtomic(path) {
 		return inspectAtomic(out, path, opts.JSON)
 	}
@@ -86,12 +96,30 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 			return sourceError(path, opts.Tag, err)
 		}
 		defer t.Close()
+		if opts.Arrow != "" {
+			return inspectArrow(out, t, opts)
+		}
 		if opts.JSON {
 			return writeJSON(out, checkpointReport(t))
 		}
 		return printCheckpointView(out, t, opts)
 	}
 	return inspectFile(out, path, opts)
+}
+
+// inspectArrow writes the table and the plan a one-node convert with
+// --workers reducers (default: all cores) and the default memory budget
+// would make.
+func inspectArrow(out io.Writer, t *fragment.Table, opts inspectOptions) error {
+	workers := opts.Workers
+	if workers <= 0 {
+		workers = runtime.NumCPU()
+	}
+	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: 1, Cores: workers, Memory: defaultMemory()})
+	if err != nil {
+		return err
+	}
+	return writeArrow(out, opts.Arrow, t, plan)
 }
 
 // fileReport is the --json output for one file.

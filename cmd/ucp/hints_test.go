@@ -34,6 +34,10 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		{"tag-megatron", []string{"inspect", "--tag", "9", mg}},
 		{"bool-flag", []string{"convert", "--check-replicas", "false", ds, filepath.Join(tmp, "out")}},
 		{"distcp", []string{"inspect", filepath.Join(dcp, "__0_0.distcp")}},
+		{"arrow-without-dry-run", []string{"convert", "--arrow", filepath.Join(tmp, "t.arrow"), ds, filepath.Join(tmp, "out")}},
+		{"arrow-atomic", []string{"inspect", "--arrow", filepath.Join(tmp, "t.arrow"), atomicDir}},
+		{"arrow-file", []string{"inspect", "--arrow", filepath.Join(tmp, "t.arrow"), filepath.Join(dcp, ".metadata")}},
+		{"arrow-plan-name", []string{"inspect", "--arrow", filepath.Join(tmp, "t.plan.arrow"), ds}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/apache/arrow/go/v17/arrow/ipc"
 
 	"github.com/ucp-project/ucp/internal/truth"
 )
@@ -77,4 +81,56 @@ func TestDryRunGolden(t *testing.T) {
 	if !strings.Contains(run.stdout, want) || strings.Contains(run.stdout, "0.00") || strings.Contains(run.stdout, "GB") {
 		t.Fatalf("the run's summary does not say %q in binary units:\n%s", want, run.stdout)
 	}
+}
+
+// TestArrowGolden: inspect --arrow and convert --dry-run --arrow say what
+// they wrote, and the plan file holds the tasks the dry run printed
+// (arrowtable's tests read the files with apache-arrow's JavaScript reader).
+func TestArrowGolden(t *testing.T) {
+	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	tmp := t.TempDir()
+	r := ucp(t, nil, "convert", "--dry-run", "--arrow", filepath.Join(tmp, "dry.arrow"), "--workers", "2", "--memory", "1GiB",
+		src, filepath.Join(tmp, "out"))
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	golden(t, "convert/dry-run-arrow.golden", r.stdout, src, "SRC", tmp, "TMP")
+	var tasks int
+	if _, err := fmt.Sscanf(r.stdout, "plan: %d tasks", &tasks); err != nil {
+		t.Fatal(err)
+	}
+	if n := arrowRows(t, filepath.Join(tmp, "dry.plan.arrow")); n != tasks {
+		t.Errorf("the plan file has %d rows, the dry run printed %d tasks", n, tasks)
+	}
+	r = ucp(t, nil, "inspect", "--arrow", filepath.Join(tmp, "inspect.arrow"), "--workers", "2", src)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	golden(t, "inspect/arrow.golden", r.stdout, src, "SRC", tmp, "TMP")
+	if n := arrowRows(t, filepath.Join(tmp, "inspect.arrow")); !strings.Contains(r.stdout, fmt.Sprintf("wrote %d fragments", n)) {
+		t.Errorf("the fragment file has %d rows: %s", n, r.stdout)
+	}
+}
+
+func arrowRows(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rd, err := ipc.NewFileReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	n := 0
+	for i := 0; i < rd.NumRecords(); i++ {
+		rec, err := rd.Record(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += int(rec.NumRows())
+	}
+	return n
 }

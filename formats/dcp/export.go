@@ -609,7 +609,7 @@ func (w *rankWriter) tensor(k *outKey, ch outChunk) (StorageInfo, error) {
 			if err := fromFloat32(w.out, w.buf, k.dt); err != nil {
 				return StorageInfo{}, err
 			}
-			if _, err := w.f.WriteAt(w.out, data+done*es); err != nil {
+			if err := fsutil.WriteAt(w.f, w.out, data+done*es); err != nil {
 				return StorageInfo{}, err
 			}
 			crc = crc32.Update(crc, crc32.IEEETable, w.out)

@@ -25,6 +25,9 @@ type Config struct {
 	Hidden, Layers, Vocab, Positions int
 	TP, DP                           int
 	Seed                             uint64
+	// Zero3 writes the model as ZeRO-3 (bf16, one fp32 sub-group, TP 1)
+	// instead of ZeRO-2 with Megatron-DeepSpeed tensor parallelism.
+	Zero3 bool
 }
 
 // Default is about 300M parameters: 4.3 GB of checkpoint at TP 2 x DP 4.
@@ -123,6 +126,9 @@ func (c Config) uci() *pyobj.Dict {
 
 // Generate writes the checkpoint into dir (a save folder with 'latest').
 func Generate(dir string, c Config) error {
+	if c.Zero3 {
+		return generateZero3(dir, c)
+	}
 	tag := "global_step100"
 	td := filepath.Join(dir, tag)
 	if err := os.MkdirAll(td, 0o755); err != nil {

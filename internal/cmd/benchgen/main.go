@@ -18,12 +18,26 @@ func main() {
 	flag.IntVar(&c.Layers, "layers", c.Layers, "transformer layers")
 	flag.IntVar(&c.TP, "tp", c.TP, "tensor parallel degree")
 	flag.IntVar(&c.DP, "dp", c.DP, "data parallel degree")
+	flag.BoolVar(&c.Zero3, "zero3", false, "write ZeRO-3 (bf16, TP 1) instead of ZeRO-2 with TP")
 	flag.Parse()
+	if c.Zero3 && !flagSet("tp") {
+		c.TP = 1
+	}
 	start := time.Now()
 	if err := benchgen.Generate(*out, c); err != nil {
 		fmt.Fprintln(os.Stderr, "benchgen:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("wrote %d parameters (hidden %d, %d layers, TP %d x DP %d) to %s in %.1fs\n",
-		c.Params(), c.Hidden, c.Layers, c.TP, c.DP, *out, time.Since(start).Seconds())
+	kind := "ZeRO-2"
+	if c.Zero3 {
+		kind = "ZeRO-3"
+	}
+	fmt.Printf("wrote %d parameters (%s, hidden %d, %d layers, TP %d x DP %d) to %s in %.1fs\n",
+		c.Params(), kind, c.Hidden, c.Layers, c.TP, c.DP, *out, time.Since(start).Seconds())
+}
+
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -1,0 +1,169 @@
+package fsutil
+
+import (
+	"bytes"
+	"errors"
+	"hash/crc32"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCopyRange copies ranges of a file into the middle of another with
+// the kernel, with a kernel that refuses (the fallback), with one that
+// fails half-way through, and through the hashing path; the destination
+// must hold exactly the source bytes at the offset and nothing else.
+func TestCopyRange(t *testing.T) {
+	dir := t.TempDir()
+	data := make([]byte, 3<<20+17)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	srcPath := filepath.Join(dir, "src")
+	if err := os.WriteFile(srcPath, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.Open(srcPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	refuse := func(*os.File, int64, *os.File, int64, int) (int, error) { return 0, errKernelUnsupported }
+	calls := 0
+	refuseLater := func(d *os.File, do int64, s *os.File, so int64, n int) (int, error) {
+		if calls++; calls > 1 {
+			return 0, errKernelUnsupported
+		}
+		return kernelCopy(d, do, s, so, min(n, 1000))
+	}
+	for _, c := range []struct {
+		name    string
+		copier  Copier
+		crc     bool
+		kernel  bool // the kernel must still be asked afterwards
+		srcOff  int64
+		n       int64
+		dstOff  int64
+		bufSize int
+	}{
+		{name: "kernel", kernel: true, srcOff: 5, n: 2<<20 + 3, dstOff: 100},
+		{name: "fallback", copier: Copier{kernel: refuse}, srcOff: 5, n: 2<<20 + 3, dstOff: 100, bufSize: 4096},
+		{name: "fallback after a partial kernel copy", copier: Copier{kernel: refuseLater}, srcOff: 0, n: int64(len(data)), dstOff: 7, bufSize: 1000},
+		{name: "crc", crc: true, srcOff: 1, n: 3 << 20, dstOff: 0, bufSize: 65536},
+		{name: "empty", kernel: true, srcOff: 10, n: 0, dstOff: 10},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dstPath := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
+			dst, err := os.Create(dstPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dst.Close()
+			size := c.dstOff + c.n + 9
+			if err := dst.Truncate(size); err != nil {
+				t.Fatal(err)
+			}
+			cp := c.copier
+			if c.bufSize > 0 {
+				cp.Buf = make([]byte, c.bufSize)
+			}
+			want := data[c.srcOff : c.srcOff+c.n]
+			if c.crc {
+				crc, err := cp.CopyRangeCRC(dst, c.dstOff, src, c.srcOff, c.n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if crc != crc32.ChecksumIEEE(want) {
+					t.Errorf("crc %08x, want %08x", crc, crc32.ChecksumIEEE(want))
+				}
+			} else if err := cp.CopyRange(dst, c.dstOff, src, c.srcOff, c.n); err != nil {
+				t.Fatal(err)
+			}
+			if cp.noKernel == c.kernel && !c.crc {
+				t.Errorf("noKernel = %v after the copy", cp.noKernel)
+			}
+			got, err := os.ReadFile(dstPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int64(len(got)) != size {
+				t.Fatalf("destination has %d bytes, want %d", len(got), size)
+			}
+			if !bytes.Equal(got[c.dstOff:c.dstOff+c.n], want) {
+				t.Error("copied bytes differ from the source")
+			}
+			if !bytes.Equal(got[:c.dstOff], make([]byte, c.dstOff)) || !bytes.Equal(got[c.dstOff+c.n:], make([]byte, 9)) {
+				t.Error("bytes outside the range were written")
+			}
+		})
+	}
+	// A range past the end of the source is an error naming the file, on both paths.
+	for _, cp := range []*Copier{{}, {kernel: refuse}} {
+		dst, err := os.Create(filepath.Join(dir, "short"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = cp.CopyRange(dst, 0, src, int64(len(data))-10, 20)
+		dst.Close()
+		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), srcPath) {
+			t.Errorf("short source: %v", err)
+		}
+	}
+}
+
+// TestPresize sizes a new file and one that already holds data: the size
+// is exact and existing bytes are kept (nodes of a conversion presize the
+// shared file each).
+func TestPresize(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := Presize(f, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("kept"), 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := Presize(f, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	StartWriteback(f, 0, 1<<20)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != 1<<20 || string(b[1000:1004]) != "kept" || b[0] != 0 || b[1<<20-1] != 0 {
+		t.Fatalf("size %d, bytes at 1000 %q", len(b), b[1000:1004])
+	}
+}
+
+// TestWriteAt writes more than one chunk at an offset: every byte lands.
+func TestWriteAt(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	data := make([]byte, 2*WriteChunk+5)
+	for i := range data {
+		data[i] = byte(i*7 + 1)
+	}
+	if err := WriteAt(f, data, 3); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(data)+3 || !bytes.Equal(got[3:], data) || !bytes.Equal(got[:3], []byte{0, 0, 0}) {
+		t.Fatal("written bytes differ")
+	}
+}
