@@ -62,6 +62,9 @@ type Output struct {
 	// Shared marks a state file whose tasks lie on more than one node:
 	// each fills its part and the finalizer completes it.
 	Shared bool
+	// Bare makes a state file hold the bare tensor instead of the
+	// universal dict (PlanOptions.BareStates).
+	Bare bool
 }
 
 // TaskKind says what a task does.
@@ -118,6 +121,10 @@ type PlanOptions struct {
 	// Memory is the budget of one node's reducers in bytes (0: no limit
 	// beyond MaxChunkElems). All nodes must use the same value.
 	Memory int64
+	// BareStates writes every state file as a bare tensor, as DeepSpeed's
+	// ds_to_universal does for ZeRO-3 at TP 1 and as the ZeRO-3 universal
+	// loaders of DeepSpeed 0.14 to 0.19.2 require (atomic/FORMAT.md).
+	BareStates bool
 }
 
 // BytesPerChunkElem is a reducer's peak memory per output element of its
@@ -164,7 +171,7 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 		}
 		for si, st := range p.States {
 			oi := add(Output{Kind: StateFile, Path: atomic.StatePath(p.Name, st.Name), Param: pi, State: si, Name: st.Name,
-				Shape: p.Shape, DType: dtype.Float32})
+				Shape: p.Shape, DType: dtype.Float32, Bare: opt.BareStates})
 			srcPerElem := srcBytesPerElem(st, numel)
 			ranges := splitRows(numel, row, chunk)
 			for ci, r := range ranges {
@@ -294,11 +301,16 @@ func (p *Plan) WorkerShares(node int) [][]Task {
 
 // ID fingerprints the plan: nodes of one conversion must agree on it.
 func (p *Plan) ID() string {
+	bare := false
+	for _, o := range p.Outputs {
+		bare = bare || o.Bare
+	}
 	b, _ := json.Marshal(struct {
 		Nodes, Cores int
 		Chunk        int64
 		Tasks        []Task
-	}{p.Nodes, p.Cores, p.ChunkElems, p.Tasks})
+		Bare         bool `json:",omitempty"`
+	}{p.Nodes, p.Cores, p.ChunkElems, p.Tasks, bare})
 	h := sha256.Sum256(b)
 	return fmt.Sprintf("%x", h[:8])
 }
@@ -306,7 +318,11 @@ func (p *Plan) ID() string {
 // stateRoot is the value of a state file: DeepSpeed's universal dict with
 // a float32 tensor of the parameter's full shape.
 func stateRoot(p *fragment.Param, o *Output) pyobj.Value {
-	return Universal(p, &torchfile.Blob{DType: o.DType, Shape: append([]int64(nil), o.Shape...)})
+	t := &torchfile.Blob{DType: o.DType, Shape: append([]int64(nil), o.Shape...)}
+	if o.Bare {
+		return t
+	}
+	return Universal(p, t)
 }
 
 // Universal returns the dict DeepSpeed's universal loader reads from a

@@ -40,6 +40,7 @@ type convertOptions struct {
 	Arrow         string
 	ChunkElems    int64
 	NoSync        bool
+	DSVersion     string
 }
 
 func newConvertCommand() *cobra.Command {
@@ -96,6 +97,7 @@ rerun alone.`,
 	f.StringVar(&opts.Memory, "memory", "", "memory budget of the reducers, like 8GiB (default: a quarter of RAM)")
 	f.StringVar(&opts.Report, "report", "", "write per-worker phase timings to this JSON file and a timeline next to it (.svg)")
 	f.StringVar(&opts.Arrow, "arrow", "", "with --dry-run: write the fragment table to this Arrow IPC file and the plan next to it (NAME.plan.arrow)")
+	f.StringVar(&opts.DSVersion, "deepspeed-version", "", "write the universal state files as this DeepSpeed release's loaders read them (e.g. 0.14: bare tensors for ZeRO-3 sources before 0.19.3)")
 	f.Int64Var(&opts.ChunkElems, "chunk-elems", 0, "largest task in elements (default: from the memory budget and the balance)")
 	f.MarkHidden("chunk-elems")
 	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the output to disk before writing the manifest")
@@ -136,7 +138,12 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, err)
 	}
-	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: nodes, Cores: opts.Workers, Memory: memory, ChunkElems: opts.ChunkElems})
+	bare, err := bareStates(t, opts.DSVersion)
+	if err != nil {
+		return err
+	}
+	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: nodes, Cores: opts.Workers, Memory: memory, ChunkElems: opts.ChunkElems,
+		BareStates: bare})
 	if err != nil {
 		return err
 	}

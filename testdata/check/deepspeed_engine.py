@@ -41,9 +41,15 @@ CASES = {
     "z3_bf16_dp3_to_dp2": ((3, 3, "bf16", False), (3, 2, "bf16", False)),
     "z3_fp32_dp2_to_z2_dp3": ((3, 2, "fp32", False), (2, 3, "fp32", False)),
 }
+# Universal loading (checkpoint.load_universal) of what ucp convert writes, no reshard: ZeRO-3 at a new dp
+# needs --deepspeed-version 0.14 (bare tensors); the default dict layout must fail in v0.14.5 as the issue says.
+UNIVERSAL = {
+    "universal_z3_fp32_dp2_to_dp3": ((3, 2, "fp32", False), (3, 3, "fp32", False)),
+    "universal_z3_bf16_dp3_to_dp2": ((3, 3, "bf16", False), (3, 2, "bf16", False)),
+}
 
 
-def ds_config(stage, dtype, bf16opt):
+def ds_config(stage, dtype, bf16opt, universal=False):
     cfg = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
@@ -56,6 +62,8 @@ def ds_config(stage, dtype, bf16opt):
                                                      "warmup_num_steps": 2, "warmup_type": "linear"}},
         "zero_optimization": {"stage": stage},
     }
+    if universal:
+        cfg["checkpoint"] = {"load_universal": True}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
         if bf16opt:
@@ -222,11 +230,11 @@ def batch(step, rank, dtype_unused=None):
     return torch.randint(0, 37, (2, 7), generator=g)
 
 
-def engine_for(deepspeed, layout):
+def engine_for(deepspeed, layout, universal=False):
     stage, dp, dtype, bf16opt = layout
     model = tiny_lm()
     eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                        config=ds_config(stage, dtype, bf16opt))
+                                        config=ds_config(stage, dtype, bf16opt, universal))
     return eng
 
 
@@ -304,7 +312,7 @@ def rank_main(args):
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     layout = tuple(json.loads(args.layout))
-    eng = engine_for(deepspeed, layout)
+    eng = engine_for(deepspeed, layout, args.phase == "universal")
     if args.phase == "train":
         for step in range(3):
             loss = eng(batch(step, rank))
@@ -395,6 +403,39 @@ def run(cmd):
     return r.stdout
 
 
+def universal_case(args, work, name):
+    """Train at A, ucp convert (default layout and --deepspeed-version 0.14), universal load at B."""
+    a, b = UNIVERSAL[name]
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    src, truth = os.path.join(d, "source"), os.path.join(d, "truth.pt")
+    ok, outs = launch(args, "train", a, src, truth)
+    if not ok:
+        print(f"FAIL {name}: training at {a} failed:\n" + "\n".join(o[-3000:] for o in outs))
+        return False
+    try:
+        run([args.ucp, "convert", src, os.path.join(d, "atomic_dict")])
+        run([args.ucp, "convert", "--deepspeed-version", "0.14", src, os.path.join(d, "atomic_014")])
+    except RuntimeError as e:
+        print(f"FAIL {name}: {e}")
+        return False
+    ok_dict, outs = launch(args, "universal", b, d, truth, tag="atomic_dict")
+    want = "'dict' object has no attribute 'view'"
+    dict_fails = not ok_dict and any(want in o for o in outs)
+    ok, outs = launch(args, "universal", b, d, truth, tag="atomic_014")
+    lines = [l for o in outs for l in o.splitlines() if l.startswith("rank ") or l.startswith("  rank")]
+    good = ok and dict_fails
+    print(f"{'ok  ' if good else 'FAIL'} {name}: {a} -> universal load at {b}")
+    print(f"    default (dict) layout: {'fails in the ZeRO-3 loader as expected (' + want + ')' if dict_fails else 'did not fail as expected'}")
+    print("    --deepspeed-version 0.14 layout:")
+    for l in lines:
+        print("   ", l)
+    if not ok and not lines:
+        print("\n".join(o[-3000:] for o in outs))
+    return good
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ds-src", required=True)
@@ -407,6 +448,7 @@ def main():
     ap.add_argument("--ckpt")
     ap.add_argument("--truth")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--expect-error", default="")
     args = ap.parse_args()
     args.ds_src = os.path.abspath(args.ds_src)
     if args.rank_main:
@@ -415,7 +457,11 @@ def main():
         sys.exit(f"{args.ds_src}: not a DeepSpeed source tree (no deepspeed/runtime/engine.py)")
     work = args.work or tempfile.mkdtemp(prefix="ucp-check-deepspeed-")
     failed = 0
-    for name in args.case or CASES:
+    names = args.case or list(CASES) + list(UNIVERSAL)
+    for name in names:
+        if name in UNIVERSAL:
+            failed += 0 if universal_case(args, work, name) else 1
+            continue
         a, b = CASES[name]
         d = os.path.join(work, name)
         shutil.rmtree(d, ignore_errors=True)
@@ -448,7 +494,7 @@ def main():
             failed += 1
             if not lines:
                 print("\n".join(o[-3000:] for o in outs))
-    print(f"{len(args.case or CASES) - failed} of {len(args.case or CASES)} cases passed (work folder {work})")
+    print(f"{len(names) - failed} of {len(names)} cases passed (work folder {work})")
     sys.exit(1 if failed else 0)
 
 
