@@ -179,7 +179,7 @@ func (a *assembly) layout() error {
 			if id, st, ok := optState(p.rest); ok && st == fragment.StepState {
 				a.steps[id] = v.V
 			}
-			if f, _ := p.rest[0].(string); len(p.rest) == 1 && strings.HasPrefix(f, "param_groups.") {
+			if f, ok := p.rest[0].(string); ok && len(p.rest) == 1 && strings.HasPrefix(f, "param_groups.") {
 				a.lay.Flattened = true
 			}
 		}
@@ -619,8 +619,8 @@ func (a *assembly) optimizer(extra *pyobj.Dict) *pyobj.Dict {
 		var sig strings.Builder
 		for i := 0; i < od.Len(); i++ {
 			k, v := od.Item(i)
-			ks, _ := k.(string)
-			if name, ok := strings.CutPrefix(ks, prefix); ok && !strings.Contains(name, ".") {
+			ks, isStr := k.(string)
+			if name, ok := strings.CutPrefix(ks, prefix); isStr && ok && !strings.Contains(name, ".") {
 				vals.Set(name, v)
 				fmt.Fprintf(&sig, "%s=%s;", name, pyobj.Repr(v))
 			}
