@@ -23,7 +23,8 @@ build:
 	$(GO) build -o $(BIN) ./cmd/ucp
 
 # The main job on the bundled example: inspect it, convert it, show and verify the atomic result, then show
-# one converted tensor's values and check every state against the source with ucp diff.
+# one converted tensor's values and check every state against the source with ucp diff; last, write it
+# back as a DeepSpeed checkpoint at another parallelism (TP 1 x DP 3, ZeRO-2) and check that one too.
 demo: build
 	$(BIN) inspect $(EXAMPLE)
 	$(BIN) convert --force $(EXAMPLE) $(OUT)/demo/atomic
@@ -32,6 +33,8 @@ demo: build
 	$(BIN) inspect $(OUT)/demo/atomic/zero/$$(ls $(OUT)/demo/atomic/zero | grep -v '\.pt$$' | head -1)/fp32.pt
 	$(BIN) diff --all $(EXAMPLE) $(OUT)/demo/atomic | head -8
 	$(BIN) diff $(EXAMPLE) $(OUT)/demo/atomic
+	$(BIN) reshard --force $(OUT)/demo/atomic $(OUT)/demo/tp1_dp3/global_step3 --to deepspeed --tp 1 --dp 3 --zero 2
+	$(BIN) diff $(OUT)/demo/tp1_dp3 $(OUT)/demo/atomic
 
 deps:
 	./scripts/deps.sh

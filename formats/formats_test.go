@@ -85,3 +85,50 @@ func TestMegatronDistNotReadAsDCP(t *testing.T) {
 		})
 	}
 }
+
+// TestPartlyClaimed: a folder Detect rejects is claimed by the format whose
+// files are partly there, so Index can give that format's reason.
+func TestPartlyClaimed(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		files []string
+		want  string
+	}{
+		{"empty", nil, ""},
+		{"unrelated", []string{"notes.txt", "data/x.bin"}, ""},
+		{"deepspeed optimizer files only", []string{"zero_pp_rank_0_mp_rank_00_optim_states.pt"}, "deepspeed"},
+		{"deepspeed latest without its tag", []string{"latest"}, "deepspeed"},
+		{"zero3 model states", []string{"latest", "global_step1/zero_pp_rank_0_mp_rank_00_model_states.pt"}, "zero3"},
+		{"megatron tracker", []string{"latest_checkpointed_iteration.txt"}, "megatron"},
+		{"megatron empty rank folder", []string{"mp_rank_00/"}, "megatron"},
+		{"dcp data only", []string{"__0_0.distcp"}, "dcp"},
+		{"dcp unfinished", []string{".metadata.tmp", "__0_0.distcp"}, "dcp"},
+		{"two formats", []string{"latest", "__0_0.distcp"}, "deepspeed,dcp"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range c.files {
+				p := filepath.Join(dir, f)
+				if strings.HasSuffix(f, "/") {
+					if err := os.MkdirAll(p, 0o755); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				content := "x"
+				if f == "latest" {
+					content = "global_step1"
+				}
+				if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := strings.Join(partlyClaimed(dir), ","); got != c.want {
+				t.Errorf("claimed by %q, want %q", got, c.want)
+			}
+		})
+	}
+}

@@ -140,6 +140,7 @@ func TestDiffShapeAndTolerance(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stdout, "shape differs") || !strings.Contains(r.stdout, fmt.Sprintf("[%d] | [%d]", old, old+1)) {
 		t.Fatalf("exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	golden(t, "diff/shape.golden", r.stdout+"--- stderr\n"+r.stderr, a, "A", b, "B")
 	c := truth.CopyTree(t, a)
 	ft, err := torchfile.Decode(filepath.Join(c, "zero", "head.weight", "fp32.pt"))
 	if err != nil {
