@@ -156,13 +156,17 @@ func (w *Writer) CreateFile(rel string, root pyobj.Value, shared bool) (*File, e
 	f := &File{w: w, rel: rel}
 	var err error
 	if shared {
-		f.sw, err = torchfile.OpenShared(filepath.Join(w.tmp, rel), root)
-		return f, err
+		if f.sw, err = torchfile.OpenShared(filepath.Join(w.tmp, rel), root); err != nil {
+			return nil, err
+		}
+		f.sw.Writeback = !w.opt.NoSync
+		return f, nil
 	}
 	if f.tw, err = torchfile.Create(filepath.Join(w.tmp, rel), root); err != nil {
 		return nil, err
 	}
 	f.tw.NoSync = true // the folder is synced at once before the manifest
+	f.tw.Writeback = !w.opt.NoSync
 	return f, nil
 }
 
