@@ -205,11 +205,16 @@ func (f *File) Commit() (FileEntry, error) {
 		return FileEntry{}, err
 	}
 	f.closed = true
-	e := FileEntry{Path: filepath.ToSlash(f.rel), Bytes: f.tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", f.tw.CRC32())}
-	f.w.mu.Lock()
-	f.w.rec.Files = append(f.w.rec.Files, e)
-	f.w.mu.Unlock()
-	return e, nil
+	return f.w.recordFile(f.rel, f.tw.Layout.Size(), f.tw.CRC32()), nil
+}
+
+// recordFile adds a finished file to this node's record.
+func (w *Writer) recordFile(rel string, size int64, crc uint32) FileEntry {
+	e := FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}
+	w.mu.Lock()
+	w.rec.Files = append(w.rec.Files, e)
+	w.mu.Unlock()
+	return e
 }
 
 // Abort removes this node's unfinished file.
@@ -312,11 +317,7 @@ func (t *CopyTarget) Commit() (FileEntry, error) {
 		os.Remove(t.f.Name())
 		return FileEntry{}, err
 	}
-	e := FileEntry{Path: filepath.ToSlash(t.rel), Bytes: t.size, CRC32: fmt.Sprintf("%08x", crc)}
-	t.w.mu.Lock()
-	t.w.rec.Files = append(t.w.rec.Files, e)
-	t.w.mu.Unlock()
-	return e, nil
+	return t.w.recordFile(t.rel, t.size, crc), nil
 }
 
 // Abort removes the unfinished copy.
