@@ -75,6 +75,14 @@ func All() []Format {
 				return dcp.Index(ctx, path, dcp.Options{Workers: o.Workers})
 			},
 		},
+		{
+			Name:   "hf",
+			Help:   "safetensors folders of DCP's HuggingFaceStorageWriter: per-rank shard-R-model-K-of-N files, or model-K-of-N + model.safetensors.index.json",
+			Detect: dcp.DetectHF,
+			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+				return dcp.IndexHF(ctx, path, dcp.Options{Workers: o.Workers})
+			},
+		},
 	}
 }
 

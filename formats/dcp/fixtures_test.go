@@ -365,7 +365,7 @@ func TestFixtureMetadata(t *testing.T) {
 		"v2.2": {"state_dict_metadata", "planner_data", "storage_data"},
 		"v2.3": {"state_dict_metadata", "planner_data", "storage_data"},
 		"v2.4": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta"},
-		"v2.6": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"},
+		"v2.7": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"},
 	}
 	for _, c := range truth.Cases(t, "dcp", 13) {
 		t.Run(c, func(t *testing.T) {
@@ -379,7 +379,7 @@ func TestFixtureMetadata(t *testing.T) {
 			if fmt.Sprint(md.Fields) != fmt.Sprint(fields[layout]) || len(md.Unknown) != 0 {
 				t.Errorf("fields %v (unknown %v), want %v", md.Fields, md.Unknown, fields[layout])
 			}
-			if (layout == "v2.6") != (md.Version == "1.0.0") {
+			if (layout == "v2.7") != (md.Version == "1.0.0") {
 				t.Errorf("layout %s has version %q", layout, md.Version)
 			}
 			if layout >= "v2.4" {

@@ -78,7 +78,11 @@ func (c *Checkpoint) Table() (*fragment.Table, error) {
 	if err := a.build(); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Dir, err)
 	}
-	t := &fragment.Table{Format: "dcp", Source: c.Dir,
+	format := c.Format
+	if format == "" {
+		format = "dcp"
+	}
+	t := &fragment.Table{Format: format, Source: c.Dir,
 		Degrees: fragment.Degrees{TP: 1, PP: 1, DP: c.World, EP: 1}, Params: a.params}
 	extra, err := a.extra()
 	if err != nil {
@@ -106,6 +110,9 @@ func (a *assembly) describe() []string {
 	s := fmt.Sprintf("DCP metadata fields %v", md.Fields)
 	if md.Version != "" {
 		s += ", version " + md.Version
+	}
+	if c.Format == "hf" {
+		s = fmt.Sprintf("safetensors files %v", c.MetaFiles)
 	}
 	s += fmt.Sprintf("; %d rank(s); model under %q", c.World, l.ModelGroup)
 	if l.OptimGroup != "" {
