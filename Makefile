@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build demo test deps fixtures bench fuzz lint clean python cuda-check cross check-deepspeed
+.PHONY: all build demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed
 
 all: build
 
@@ -65,7 +65,15 @@ fixtures:
 	$(PYTHON) testdata/gen/deepspeed_fixtures.py
 	$(PYTHON) testdata/gen/zero3_fixtures.py
 	$(PYTHON) testdata/gen/megatron_fixtures.py
-	$(PYTHON) testdata/gen/dcp_fixtures.py
+	$(MAKE) dcp-fixtures
+
+# Regenerates the DCP fixtures with real torch 2.6 in the Debian 13 chroot (root; about 5 minutes, so
+# not part of make test): dcp_fixtures.py writes its cases with real dcp.save (stand-ins only for the
+# 2.2, 2.3 and 2.7+ layouts torch 2.6 cannot write); dcp_torch2_fixtures.py trains a model with FSDP2
+# and saves it, then builds the zstd and Hugging Face safetensors layouts from that run.
+dcp-fixtures:
+	./scripts/torch2-chroot.sh run . python3 testdata/gen/dcp_fixtures.py
+	./scripts/torch2-chroot.sh run . python3 testdata/gen/dcp_torch2_fixtures.py
 
 # DeepSpeed's own engine (v0.14.5 source tree, run in place on CPU with Debian's torch 1.13 and gloo) trains,
 # saves, and loads what ucp reshard wrote at a new DP / ZeRO stage / optimizer; compares every rank's state
