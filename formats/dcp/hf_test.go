@@ -130,15 +130,21 @@ func TestHFErrors(t *testing.T) {
 			d := truth.CopyTree(t, truth.Fixture("dcp_hf", tc.c, "checkpoint"))
 			tc.break_(t, d)
 			_, err := IndexHF(context.Background(), d, Options{})
-			if err == nil {
-				t.Fatal("no error")
-			}
-			t.Log(err)
-			for _, s := range tc.want {
-				if !strings.Contains(err.Error(), s) {
-					t.Errorf("error %q does not mention %q", err, s)
-				}
-			}
+			wantError(t, err, tc.want...)
 		})
+	}
+}
+
+// wantError fails unless err mentions every one of want.
+func wantError(t *testing.T, err error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	t.Log(err)
+	for _, s := range want {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not mention %q", err, s)
+		}
 	}
 }

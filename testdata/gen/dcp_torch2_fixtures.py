@@ -46,6 +46,8 @@ import torch.nn as nn  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from dcpgen.truth import classify  # noqa: E402
 WORLD = 2
 SAVE_ID = "5f0c3e2a-7d41-4b8e-9a65-1c2d3e4f5a6b"
 TRAIN_ID = "outputs/checkpoint/fsdp2_train_w2"
@@ -236,17 +238,6 @@ def worker(rank, work, init_file):
             torch.save(out, os.path.join(work, "live.pt"))
     finally:
         dist.destroy_process_group()
-
-
-def classify(shape, boxes, holders):
-    whole = (tuple(0 for _ in shape), tuple(shape))
-    distinct = set(boxes)
-    if distinct == {whole}:
-        return "Replicate" if holders > 1 else "Unique"
-    split = [d for d in range(len(shape)) if any(b[1][d] != shape[d] for b in distinct)]
-    if split == [0]:
-        return "Shard-V"
-    return "Shard-H" if len(split) == 1 else "Shard-Hy"
 
 
 def dcp_truth(live, case, about, layout, producer, note):
