@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/formats/dcp"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // megatronFolder copies a DCP fixture and adds a metadata.json, as Megatron's
@@ -17,7 +17,7 @@ import (
 // user would give.
 func megatronFolder(t *testing.T, metadata string, tracker bool) string {
 	t.Helper()
-	src := truth.Fixture("dcp", "fsdp2_w2", "checkpoint")
+	src := testkit.Fixture("dcp", "fsdp2_w2", "checkpoint")
 	save := t.TempDir()
 	dir := save
 	if tracker {

@@ -8,15 +8,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/patterns"
 )
 
 // TestErrorsSayWhatToDo pins each error message of a common mistake.
 func TestErrorsSayWhatToDo(t *testing.T) {
-	ds := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
-	mg := truth.Fixture("megatron", "tp2_dp2_distopt", "checkpoint")
-	dcp := truth.Fixture("dcp", "ddp_w3", "checkpoint")
+	ds := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	mg := testkit.Fixture("megatron", "tp2_dp2_distopt", "checkpoint")
+	dcp := testkit.Fixture("dcp", "ddp_w3", "checkpoint")
 	tmp := t.TempDir()
 	atomicDir := filepath.Join(tmp, "atomic")
 	if r := ucp(t, nil, "convert", "--quiet", ds, atomicDir); r.code != 0 {

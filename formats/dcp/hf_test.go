@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -21,7 +21,7 @@ func TestHFFixturesConvertToTruth(t *testing.T) {
 		world int
 	}{{"sharded_w2", 2}, {"consolidated", 1}} {
 		t.Run(tc.c, func(t *testing.T) {
-			dir := truth.Fixture("dcp_hf", tc.c, "checkpoint")
+			dir := testkit.Fixture("dcp_hf", tc.c, "checkpoint")
 			if !DetectHF(dir) || Detect(dir) {
 				t.Fatalf("DetectHF %v, Detect %v", DetectHF(dir), Detect(dir))
 			}
@@ -30,7 +30,7 @@ func TestHFFixturesConvertToTruth(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tbl.Close()
-			tr, err := truth.Load(truth.Fixture("dcp_hf", tc.c, "truth.pt"))
+			tr, err := testkit.Load(testkit.Fixture("dcp_hf", tc.c, "truth.pt"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -48,7 +48,7 @@ func TestHFFixturesConvertToTruth(t *testing.T) {
 					t.Errorf("parameter %s (frozen %v) is not a weight of the model", p.Name, p.Frozen)
 				}
 			}
-			truth.Check(t, truth.Convert(t, tbl, 2), tr.Path)
+			testkit.Check(t, testkit.Convert(t, tbl, 2), tr.Path)
 		})
 	}
 }
@@ -127,7 +127,7 @@ func TestHFErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := truth.CopyTree(t, truth.Fixture("dcp_hf", tc.c, "checkpoint"))
+			d := testkit.CopyTree(t, testkit.Fixture("dcp_hf", tc.c, "checkpoint"))
 			tc.break_(t, d)
 			_, err := IndexHF(context.Background(), d, Options{})
 			wantError(t, err, tc.want...)

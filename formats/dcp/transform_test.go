@@ -11,7 +11,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // transformCase copies fixture c and passes every item through enc, as
@@ -89,8 +89,8 @@ func TestTransformedItems(t *testing.T) {
 				t.Fatalf("scratch folders %v, want one", tbl.Scratch)
 			}
 			tr := loadTruth(t, tc.c)
-			dst := truth.Convert(t, tbl, 2)
-			truth.Check(t, dst, tr.Path)
+			dst := testkit.Convert(t, tbl, 2)
+			testkit.Check(t, dst, tr.Path)
 			checkBuffers(t, tr, tbl, dst)
 			checkSteps(t, tr, tbl, dst)
 			checkExtra(t, tr, dst)
