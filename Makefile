@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build demo test deps fixtures bench fuzz lint clean python cuda-check cross check-deepspeed
+.PHONY: all build demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed
 
 all: build
 
@@ -23,7 +23,8 @@ build:
 	$(GO) build -o $(BIN) ./cmd/ucp
 
 # The main job on the bundled example: inspect it, convert it, show and verify the atomic result, then show
-# one converted tensor's values and check every state against the source with ucp diff.
+# one converted tensor's values and check every state against the source with ucp diff; last, write it
+# back as a DeepSpeed checkpoint at another parallelism (TP 1 x DP 3, ZeRO-2) and check that one too.
 demo: build
 	$(BIN) inspect $(EXAMPLE)
 	$(BIN) convert --force $(EXAMPLE) $(OUT)/demo/atomic
@@ -32,6 +33,8 @@ demo: build
 	$(BIN) inspect $(OUT)/demo/atomic/zero/$$(ls $(OUT)/demo/atomic/zero | grep -v '\.pt$$' | head -1)/fp32.pt
 	$(BIN) diff --all $(EXAMPLE) $(OUT)/demo/atomic | head -8
 	$(BIN) diff $(EXAMPLE) $(OUT)/demo/atomic
+	$(BIN) reshard --force $(OUT)/demo/atomic $(OUT)/demo/tp1_dp3/global_step3 --to deepspeed --tp 1 --dp 3 --zero 2
+	$(BIN) diff $(OUT)/demo/tp1_dp3 $(OUT)/demo/atomic
 
 deps:
 	./scripts/deps.sh
@@ -62,7 +65,15 @@ fixtures:
 	$(PYTHON) testdata/gen/deepspeed_fixtures.py
 	$(PYTHON) testdata/gen/zero3_fixtures.py
 	$(PYTHON) testdata/gen/megatron_fixtures.py
-	$(PYTHON) testdata/gen/dcp_fixtures.py
+	$(MAKE) dcp-fixtures
+
+# Regenerates the DCP fixtures with real torch 2.6 in the Debian 13 chroot (root; about 5 minutes, so
+# not part of make test): dcp_fixtures.py writes its cases with real dcp.save (stand-ins only for the
+# 2.2, 2.3 and 2.7+ layouts torch 2.6 cannot write); dcp_torch2_fixtures.py trains a model with FSDP2
+# and saves it, then builds the zstd and Hugging Face safetensors layouts from that run.
+dcp-fixtures:
+	./scripts/torch2-chroot.sh run . python3 testdata/gen/dcp_fixtures.py
+	./scripts/torch2-chroot.sh run . python3 testdata/gen/dcp_torch2_fixtures.py
 
 # DeepSpeed's own engine (v0.14.5 source tree, run in place on CPU with Debian's torch 1.13 and gloo) trains,
 # saves, and loads what ucp reshard wrote at a new DP / ZeRO stage / optimizer; compares every rank's state

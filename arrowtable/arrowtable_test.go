@@ -16,7 +16,7 @@ import (
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/torchfile"
@@ -38,8 +38,8 @@ type jsFile struct {
 // with --columns=a,b to print only those columns.
 func readWithJS(t *testing.T, paths ...string) map[string]jsFile {
 	t.Helper()
-	node := truth.Tool(t, "node", "reading the Arrow files with apache-arrow (JavaScript)")
-	dir := filepath.Join(truth.RepoRoot(), "testdata", "arrowcheck")
+	node := testkit.Tool(t, "node", "reading the Arrow files with apache-arrow (JavaScript)")
+	dir := filepath.Join(testkit.RepoRoot(), "testdata", "arrowcheck")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "apache-arrow", "package.json")); err != nil {
 		if os.Getenv("CI") == "true" || os.Getenv("UCP_REQUIRE_TOOLS") == "1" {
 			t.Fatalf("apache-arrow is not installed in %s (scripts/deps.sh runs npm ci there): %v", dir, err)
@@ -147,10 +147,10 @@ func wantPlan(t *fragment.Table, p *mapreduce.Plan) []map[string]any {
 // there, and each byte_offset must point at the fragment's bytes.
 func TestWriteReadByJS(t *testing.T) {
 	for _, c := range []struct{ name, dir string }{
-		{"deepspeed-megatron-tp2", truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")},
-		{"deepspeed-z2", truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")},
-		{"dcp-fsdp-tp", truth.Fixture("dcp", "fsdp_tp_w4", "checkpoint")},
-		{"megatron-vpp-distopt", truth.Fixture("megatron", "pp2_vpp2_distopt", "checkpoint")},
+		{"deepspeed-megatron-tp2", testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")},
+		{"deepspeed-z2", testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")},
+		{"dcp-fsdp-tp", testkit.Fixture("dcp", "fsdp_tp_w4", "checkpoint")},
+		{"megatron-vpp-distopt", testkit.Fixture("megatron", "pp2_vpp2_distopt", "checkpoint")},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tab, err := formats.Index(context.Background(), c.dir, "", formats.Options{Workers: 2})

@@ -265,31 +265,9 @@ func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
 		return nil, err
 	}
 	defer f.Close()
-	budget := int64(maxLoaded)
-	v, err := blobs(f, f.Root, &budget, r.opt.Limits)
+	v, err := f.WithBytes(f.Root, r.opt.Limits, maxLoaded)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return v, nil
-}
-
-// blobs replaces the tensors of a decoded value with Blobs holding their
-// bytes (contiguous, as torch.save would write them again).
-func blobs(f *torchfile.File, v pyobj.Value, budget *int64, lim pyobj.Limits) (pyobj.Value, error) {
-	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
-		x, ok := v.(*torchfile.Tensor)
-		if !ok {
-			return nil, false, nil
-		}
-		if *budget -= x.NBytes(); *budget < 0 {
-			return nil, false, fmt.Errorf("tensors add up to more than %d bytes", int64(maxLoaded))
-		}
-		b, err := f.ReadTensor(x)
-		if err != nil {
-			return nil, false, err
-		}
-		bl := torchfile.NewBlob(x.DType, x.Shape, b)
-		bl.RequiresGrad = x.RequiresGrad
-		return bl, true, nil
-	})
 }

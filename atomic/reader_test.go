@@ -12,7 +12,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -70,7 +70,7 @@ func sampleCheckpoint(t *testing.T) string {
 		Extra:     pyobj.DictOf("train", pyobj.DictOf("step", &x, "note", "hi")),
 		Optimizer: pyobj.DictOf("param_groups", &pyobj.List{Items: []pyobj.Value{pyobj.DictOf("lr", 0.1, "params", &pyobj.List{Items: []pyobj.Value{"w"}})}}),
 	}
-	return truth.Convert(t, tbl, 1)
+	return testkit.Convert(t, tbl, 1)
 }
 
 func TestReader(t *testing.T) {

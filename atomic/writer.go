@@ -13,7 +13,6 @@ package atomic
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,13 +156,17 @@ func (w *Writer) CreateFile(rel string, root pyobj.Value, shared bool) (*File, e
 	f := &File{w: w, rel: rel}
 	var err error
 	if shared {
-		f.sw, err = torchfile.OpenShared(filepath.Join(w.tmp, rel), root)
-		return f, err
+		if f.sw, err = torchfile.OpenShared(filepath.Join(w.tmp, rel), root); err != nil {
+			return nil, err
+		}
+		f.sw.Writeback = !w.opt.NoSync
+		return f, nil
 	}
 	if f.tw, err = torchfile.Create(filepath.Join(w.tmp, rel), root); err != nil {
 		return nil, err
 	}
 	f.tw.NoSync = true // the folder is synced at once before the manifest
+	f.tw.Writeback = !w.opt.NoSync
 	return f, nil
 }
 
@@ -202,11 +205,16 @@ func (f *File) Commit() (FileEntry, error) {
 		return FileEntry{}, err
 	}
 	f.closed = true
-	e := FileEntry{Path: filepath.ToSlash(f.rel), Bytes: f.tw.Layout.Size(), CRC32: fmt.Sprintf("%08x", f.tw.CRC32())}
-	f.w.mu.Lock()
-	f.w.rec.Files = append(f.w.rec.Files, e)
-	f.w.mu.Unlock()
-	return e, nil
+	return f.w.recordFile(f.rel, f.tw.Layout.Size(), f.tw.CRC32()), nil
+}
+
+// recordFile adds a finished file to this node's record.
+func (w *Writer) recordFile(rel string, size int64, crc uint32) FileEntry {
+	e := FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}
+	w.mu.Lock()
+	w.rec.Files = append(w.rec.Files, e)
+	w.mu.Unlock()
+	return e
 }
 
 // Abort removes this node's unfinished file.
@@ -223,18 +231,103 @@ func (f *File) Abort() {
 
 // CopyFile copies the file src to rel unchanged and records it.
 func (w *Writer) CopyFile(rel, src string) (FileEntry, error) {
-	if err := CheckName(filepath.Base(rel)); err != nil || filepath.IsAbs(rel) || strings.Contains(rel, "..") {
-		return FileEntry{}, fmt.Errorf("refusing to copy to %q", rel)
-	}
-	e, err := copyFile(src, filepath.Join(w.tmp, rel))
+	in, err := fsutil.Open(src)
 	if err != nil {
 		return FileEntry{}, err
 	}
-	e.Path = filepath.ToSlash(rel)
-	w.mu.Lock()
-	w.rec.Files = append(w.rec.Files, *e)
-	w.mu.Unlock()
-	return *e, nil
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return FileEntry{}, err
+	}
+	t, err := w.CreateCopy(rel, st.Size())
+	if err != nil {
+		return FileEntry{}, err
+	}
+	if err := t.CopyRange(&fsutil.Copier{}, in, 0, st.Size()); err != nil {
+		t.Abort()
+		return FileEntry{}, err
+	}
+	return t.Commit()
+}
+
+// CopyTarget is a file copied unchanged into the checkpoint in byte
+// ranges, concurrently (so one big model-state file is shared by all
+// workers); each range's CRC-32 is taken on the way and combined, so the
+// copy is never read back.
+type CopyTarget struct {
+	w      *Writer
+	rel    string
+	size   int64
+	f      *os.File
+	mu     sync.Mutex
+	pieces []torchfile.Piece
+	closed bool
+}
+
+// CreateCopy creates rel with its final size for CopyRange.
+func (w *Writer) CreateCopy(rel string, size int64) (*CopyTarget, error) {
+	if err := CheckName(filepath.Base(rel)); err != nil || filepath.IsAbs(rel) || strings.Contains(rel, "..") {
+		return nil, fmt.Errorf("refusing to copy to %q", rel)
+	}
+	f, err := os.Create(filepath.Join(w.tmp, rel))
+	if err != nil {
+		return nil, err
+	}
+	if err := fsutil.Presize(f, size); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
+	return &CopyTarget{w: w, rel: rel, size: size, f: f}, nil
+}
+
+// CopyRange copies bytes [off, off+n) of src to the same offsets, through
+// c (one per goroutine), and starts their writeback when the checkpoint
+// will be synced.
+func (t *CopyTarget) CopyRange(c *fsutil.Copier, src *os.File, off, n int64) error {
+	if off < 0 || off+n > t.size {
+		return fmt.Errorf("%s: copy of bytes [%d, %d) outside its %d bytes", t.rel, off, off+n, t.size)
+	}
+	crc, err := c.CopyRangeCRC(t.f, off, src, off, n)
+	if err != nil {
+		return err
+	}
+	if !t.w.opt.NoSync {
+		fsutil.StartWriteback(t.f, off, n)
+	}
+	t.mu.Lock()
+	t.pieces = append(t.pieces, torchfile.Piece{Off: off, Len: n, CRC: crc})
+	t.mu.Unlock()
+	return nil
+}
+
+// Commit checks that the ranges copied tile the file exactly once, closes
+// it and records it with its size and CRC-32.
+func (t *CopyTarget) Commit() (FileEntry, error) {
+	t.mu.Lock()
+	crc, err := torchfile.CombinePieces(t.pieces, t.size)
+	t.mu.Unlock()
+	if err != nil {
+		t.Abort()
+		return FileEntry{}, fmt.Errorf("%s: %w", t.rel, err)
+	}
+	t.closed = true
+	if err := t.f.Close(); err != nil {
+		os.Remove(t.f.Name())
+		return FileEntry{}, err
+	}
+	return t.w.recordFile(t.rel, t.size, crc), nil
+}
+
+// Abort removes the unfinished copy.
+func (t *CopyTarget) Abort() {
+	if t.closed {
+		return
+	}
+	t.closed = true
+	t.f.Close()
+	os.Remove(t.f.Name())
 }
 
 // FinishShared completes the shared file rel from the pieces all nodes
@@ -321,45 +414,6 @@ func (w *Writer) syncDir(dir string) error {
 // Abort removes DST.partial.
 func (w *Writer) Abort() {
 	os.RemoveAll(w.tmp)
-}
-
-// copyFile copies src to dst in the kernel (copy_file_range), then takes
-// the CRC-32 of the copy as it now is in the page cache.
-func copyFile(src, dst string) (*FileEntry, error) {
-	in, err := fsutil.Open(src)
-	if err != nil {
-		return nil, err
-	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return nil, err
-	}
-	n, err := io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("copying %s: %w", src, err)
-	}
-	crc, err := fileCRC(dst)
-	if err != nil {
-		return nil, err
-	}
-	return &FileEntry{Bytes: n, CRC32: fmt.Sprintf("%08x", crc)}, nil
-}
-
-func fileCRC(path string) (uint32, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	h := newCRC()
-	if _, err := io.Copy(h, f); err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return h.Sum32(), nil
 }
 
 func writeJSON(path string, v any) error {

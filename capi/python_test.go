@@ -10,7 +10,7 @@ import (
 
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/formats/megatron"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // TestPython builds libucp.so, converts a Megatron TP2 x PP2 GQA + SwiGLU
@@ -18,8 +18,8 @@ import (
 // package's tests (python/tests/test_ucp.py) with Debian's torch 1.13, then
 // a quick pass with torch 2.6 in the chroot.
 func TestPython(t *testing.T) {
-	py := truth.Python(t)
-	root := truth.RepoRoot()
+	py := testkit.Python(t)
+	root := testkit.RepoRoot()
 	work := t.TempDir()
 	lib := filepath.Join(work, "libucp.so")
 	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", lib, ".")
@@ -27,18 +27,18 @@ func TestPython(t *testing.T) {
 		t.Fatalf("building libucp.so: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	megSrc := truth.Fixture("megatron", "same_tp2_pp2")
+	megSrc := testkit.Fixture("megatron", "same_tp2_pp2")
 	mt, err := megatron.Index(ctx, filepath.Join(megSrc, "checkpoint"), megatron.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	meg := truth.Convert(t, mt, 2)
-	dsSrc := truth.Fixture("deepspeed-real", "z1_dp2_fp32")
+	meg := testkit.Convert(t, mt, 2)
+	dsSrc := testkit.Fixture("deepspeed-real", "z1_dp2_fp32")
 	dt, err := deepspeed.Index(ctx, filepath.Join(dsSrc, "checkpoint"), deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ds := truth.Convert(t, dt, 2)
+	ds := testkit.Convert(t, dt, 2)
 	args := []string{meg, filepath.Join(megSrc, "truth.pt"), ds, filepath.Join(dsSrc, "truth.pt")}
 
 	cmd := exec.Command(py, append([]string{filepath.Join(root, "python", "tests", "test_ucp.py")}, args...)...)
@@ -59,7 +59,7 @@ func TestPython(t *testing.T) {
 		} {
 			copyPath(t, c.src, filepath.Join(dir, c.dst))
 		}
-		out := truth.Torch2(t, dir, filepath.Join(root, "python", "tests", "run_torch2.py"))
+		out := testkit.Torch2(t, dir, filepath.Join(root, "python", "tests", "run_torch2.py"))
 		if !strings.Contains(out, "OK") {
 			t.Fatalf("torch 2.x run did not pass:\n%s", out)
 		}

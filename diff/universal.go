@@ -164,7 +164,9 @@ func StateTensor(root pyobj.Value) (*torchfile.Tensor, error) {
 	case *torchfile.Tensor:
 		return x, nil
 	case *pyobj.Dict:
-		return pyobj.Key[*torchfile.Tensor](x, "param")
+		d := pyobj.NewDec("", x)
+		t := pyobj.As[*torchfile.Tensor](d.Key("param"), "tensor")
+		return t, d.Err()
 	}
 	return nil, fmt.Errorf("holds a %s, want a tensor or a dict with 'param'", pyobj.TypeName(root))
 }

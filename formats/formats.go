@@ -5,6 +5,7 @@ package formats
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/ucp-project/ucp/atomic"
@@ -74,6 +75,14 @@ func All() []Format {
 				return dcp.Index(ctx, path, dcp.Options{Workers: o.Workers})
 			},
 		},
+		{
+			Name:   "hf",
+			Help:   "safetensors folders of DCP's HuggingFaceStorageWriter: per-rank shard-R-model-K-of-N files, or model-K-of-N + model.safetensors.index.json",
+			Detect: dcp.DetectHF,
+			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
+				return dcp.IndexHF(ctx, path, dcp.Options{Workers: o.Workers})
+			},
+		},
 	}
 }
 
@@ -114,11 +123,54 @@ func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 		f, err = Lookup(name)
 	} else {
 		f, err = Detect(path)
+		if err != nil {
+			// A folder one format's files are partly there for gets that
+			// format's precise reason, as --from would give it.
+			if c := partlyClaimed(path); len(c) == 1 {
+				if f, err = Lookup(c[0]); err != nil {
+					return nil, err
+				}
+				t, ierr := f.Index(ctx, path, o)
+				if ierr != nil {
+					return nil, fmt.Errorf("%s looks like a %s checkpoint, but %w", path, f.Name, ierr)
+				}
+				return t, nil
+			}
+		}
 	}
 	if err != nil {
 		return nil, err
 	}
 	return f.Index(ctx, path, o)
+}
+
+// partlyClaimed names the formats some of whose files are in path, for a
+// folder no format's Detect accepts: DeepSpeed rank files or a 'latest'
+// tag file (ZeRO-3 when its per-rank model states are there), Megatron's
+// iteration tracker or iter_*/mp_rank_* folders, DCP .distcp files or an
+// unfinished .metadata.tmp.
+func partlyClaimed(path string) []string {
+	var out []string
+	has := func(pattern string) bool {
+		m, err := filepath.Glob(filepath.Join(path, pattern))
+		return err == nil && len(m) > 0
+	}
+	if dir, tag, err := deepspeed.ResolveTag(path, ""); err == nil {
+		if f, err := deepspeed.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
+			out = append(out, "zero3")
+		} else {
+			out = append(out, "deepspeed")
+		}
+	} else if has("latest") {
+		out = append(out, "deepspeed")
+	}
+	if has("latest_checkpointed_iteration.txt") || has("iter_[0-9]*") || has("mp_rank_[0-9]*") {
+		out = append(out, "megatron")
+	}
+	if has("*.distcp") || has(".metadata.tmp") {
+		out = append(out, "dcp")
+	}
+	return out
 }
 
 // ReshardOptions are the target layout every writer understands; each

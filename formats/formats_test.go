@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/formats/dcp"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // megatronFolder copies a DCP fixture and adds a metadata.json, as Megatron's
@@ -17,7 +17,7 @@ import (
 // user would give.
 func megatronFolder(t *testing.T, metadata string, tracker bool) string {
 	t.Helper()
-	src := truth.Fixture("dcp", "fsdp2_w2", "checkpoint")
+	src := testkit.Fixture("dcp", "fsdp2_w2", "checkpoint")
 	save := t.TempDir()
 	dir := save
 	if tracker {
@@ -81,6 +81,53 @@ func TestMegatronDistNotReadAsDCP(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error %q does not say %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestPartlyClaimed: a folder Detect rejects is claimed by the format whose
+// files are partly there, so Index can give that format's reason.
+func TestPartlyClaimed(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		files []string
+		want  string
+	}{
+		{"empty", nil, ""},
+		{"unrelated", []string{"notes.txt", "data/x.bin"}, ""},
+		{"deepspeed optimizer files only", []string{"zero_pp_rank_0_mp_rank_00_optim_states.pt"}, "deepspeed"},
+		{"deepspeed latest without its tag", []string{"latest"}, "deepspeed"},
+		{"zero3 model states", []string{"latest", "global_step1/zero_pp_rank_0_mp_rank_00_model_states.pt"}, "zero3"},
+		{"megatron tracker", []string{"latest_checkpointed_iteration.txt"}, "megatron"},
+		{"megatron empty rank folder", []string{"mp_rank_00/"}, "megatron"},
+		{"dcp data only", []string{"__0_0.distcp"}, "dcp"},
+		{"dcp unfinished", []string{".metadata.tmp", "__0_0.distcp"}, "dcp"},
+		{"two formats", []string{"latest", "__0_0.distcp"}, "deepspeed,dcp"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range c.files {
+				p := filepath.Join(dir, f)
+				if strings.HasSuffix(f, "/") {
+					if err := os.MkdirAll(p, 0o755); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				content := "x"
+				if f == "latest" {
+					content = "global_step1"
+				}
+				if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := strings.Join(partlyClaimed(dir), ","); got != c.want {
+				t.Errorf("claimed by %q, want %q", got, c.want)
 			}
 		})
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/gpuload"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // ring starts n ranks on loopback ports.
@@ -94,11 +94,11 @@ func TestAllGatherCancelled(t *testing.T) {
 // state of a converted checkpoint; each reads about a third from storage
 // and all end with the same tensors as a plain read.
 func TestLoadShared(t *testing.T) {
-	tbl, err := deepspeed.Index(context.Background(), truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), deepspeed.Options{})
+	tbl, err := deepspeed.Index(context.Background(), testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(truth.Convert(t, tbl, 2), atomic.ReaderOptions{})
+	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

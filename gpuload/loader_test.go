@@ -14,7 +14,7 @@ import (
 	"github.com/ucp-project/ucp/formats/zero3"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/gpuload"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -149,12 +149,12 @@ func compare(t *testing.T, what string, got, want []float32, ps []gpuload.Piece,
 // files (vocabulary padding rows and averaged parameters aside: the atomic
 // checkpoint holds neither the padding nor the per-rank copies).
 func TestZero12SameParallelism(t *testing.T) {
-	ckpt := truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")
+	ckpt := testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")
 	tbl, err := deepspeed.Index(context.Background(), ckpt, deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(truth.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
+	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,12 +201,12 @@ func TestZero3SameParallelism(t *testing.T) {
 		bf16_ bool
 	}{{"subgroups_2pg_dp3", 1, 3, false}, {"dp3_bf16", 1, 3, true}, {"tp2_dp2_bf16", 2, 2, true}} {
 		t.Run(c.name, func(t *testing.T) {
-			ckpt := truth.Fixture("zero3", c.name, "checkpoint")
+			ckpt := testkit.Fixture("zero3", c.name, "checkpoint")
 			tbl, err := zero3.Index(context.Background(), ckpt, zero3.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := atomic.OpenReader(truth.Convert(t, tbl, 2), atomic.ReaderOptions{})
+			r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -39,31 +39,26 @@ func ReadMeta(path string) (Meta, error) {
 	if err != nil {
 		return m, err
 	}
-	d, ok := f.Root.(*pyobj.Dict)
-	if !ok {
+	if _, ok := f.Root.(*pyobj.Dict); !ok {
 		return m, nil // a bare tensor (DeepSpeed ZeRO-3 style): no keys
 	}
-	if v, ok := d.Get("cat_dim"); ok {
-		n, _ := pyobj.Int(v)
-		m.CatDim = int(n)
+	d := pyobj.NewDec(path, f.Root)
+	m.CatDim = int(d.OptInt("cat_dim", -1))
+	m.NSubParams = int(d.OptInt("param_n_sub_params", 0))
+	m.Vocab = d.OptBool("vocab_tensor", false)
+	if err := d.Err(); err != nil {
+		return m, err
 	}
-	if v, ok := d.Get("param_n_sub_params"); ok {
-		n, _ := pyobj.Int(v)
-		m.NSubParams = int(n)
-	}
-	if v, ok := d.Get("vocab_tensor"); ok {
-		m.Vocab, _ = v.(bool)
-	}
-	if v, ok := d.Get("sub_param_shape"); ok {
-		o, ok := v.(*pyobj.Object)
+	if v, ok := d.Opt("sub_param_shape"); ok {
+		o, ok := v.Value().(*pyobj.Object)
 		if !ok {
-			return m, fmt.Errorf("%s: sub_param_shape is %s", path, pyobj.TypeName(v))
+			return m, fmt.Errorf("%s: sub_param_shape is %s", path, pyobj.TypeName(v.Value()))
 		}
 		pdv, _ := o.Attr("partition_dim")
-		pd, _ := pyobj.Int(pdv)
+		pd, ok := pyobj.Int(pdv)
 		shv, _ := o.Attr("shape")
-		spec, ok := pyobj.Seq(shv)
-		if !ok || int(pd) >= len(spec) || pd < 0 {
+		spec, ok2 := pyobj.Seq(shv)
+		if !ok || !ok2 || int(pd) >= len(spec) || pd < 0 {
 			return m, fmt.Errorf("%s: malformed sub_param_shape", path)
 		}
 		sizes, ok := pyobj.Ints(spec[pd])

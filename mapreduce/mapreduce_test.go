@@ -6,18 +6,19 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	. "github.com/ucp-project/ucp/mapreduce"
 )
 
 // synthetic builds a table of bf16 parameters of the given sizes.
-func synthetic(sizes []int64) *fragment.Table { return truth.Synthetic(sizes...) }
+func synthetic(sizes []int64) *fragment.Table { return testkit.Synthetic(sizes...) }
 
 func TestPlanDeterministicAndBalanced(t *testing.T) {
 	// One embedding holds half of all bytes, as BLOOM's does; the rest are
@@ -155,14 +156,14 @@ func sameFiles(t *testing.T, what string, a, b map[string][]byte) {
 // files byte-identical to one unsplit run, for a TP 2 checkpoint with
 // row-parallel, sub-parameter, vocabulary and averaged parameters.
 func TestSplitAndNodesMatchSingle(t *testing.T) {
-	tbl, err := deepspeed.Index(context.Background(), truth.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "checkpoint"), deepspeed.Options{})
+	tbl, err := deepspeed.Index(context.Background(), testkit.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "checkpoint"), deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := truth.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1))
-	sameFiles(t, "chunks of 7 elements", ref, truth.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 3, ChunkElems: 7}, 3)))
+	ref := testkit.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1))
+	sameFiles(t, "chunks of 7 elements", ref, testkit.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 3, ChunkElems: 7}, 3)))
 	dst := convert(t, tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13}, 2)
-	sameFiles(t, "4 nodes", ref, truth.ReadTree(t, dst))
+	sameFiles(t, "4 nodes", ref, testkit.ReadTree(t, dst))
 	m, err := atomic.ReadManifest(dst)
 	if err != nil {
 		t.Fatal(err)
@@ -173,14 +174,14 @@ func TestSplitAndNodesMatchSingle(t *testing.T) {
 	if len(m.Params) != len(tbl.Params) {
 		t.Errorf("manifest lists %d params", len(m.Params))
 	}
-	truth.Check(t, dst, truth.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "truth.pt"))
+	testkit.Check(t, dst, testkit.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "truth.pt"))
 }
 
 // TestReadErrorStopsRun: a source file that shrank after indexing makes a
 // reducer fail; the run stops with that file named and no checkpoint
 // appears, not even a partial one.
 func TestReadErrorStopsRun(t *testing.T) {
-	src := truth.CopyTree(t, truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"))
+	src := testkit.CopyTree(t, testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"))
 	tbl, err := deepspeed.Index(context.Background(), src, deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -204,5 +205,71 @@ func TestReadErrorStopsRun(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s exists after a failed run", p)
 		}
+	}
+}
+
+// TestCopyFilesSplit: a copied file is cut into byte ranges that tile it
+// (so all workers share a big model-state file), all on one node; a
+// source that changed size since indexing stops the run naming it.
+func TestCopyFilesSplit(t *testing.T) {
+	src := testkit.CopyTree(t, testkit.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "checkpoint"))
+	tbl, err := deepspeed.Index(context.Background(), src, deepspeed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tbl.CopyFiles) == 0 {
+		t.Fatal("the fixture has no copied files")
+	}
+	plan, err := NewPlan(tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type span struct{ start, end int64 }
+	ranges, nodes := map[int][]span{}, map[int]map[int]bool{}
+	for _, tk := range plan.Tasks {
+		if tk.Kind != CopyTask {
+			continue
+		}
+		ranges[tk.Output] = append(ranges[tk.Output], span{tk.Start, tk.End})
+		if nodes[tk.Output] == nil {
+			nodes[tk.Output] = map[int]bool{}
+		}
+		nodes[tk.Output][tk.Node] = true
+	}
+	for oi, rs := range ranges {
+		o := plan.Outputs[oi]
+		if len(rs) < 2 || len(nodes[oi]) != 1 {
+			t.Errorf("%s: %d ranges on %d nodes, want several on one", o.Path, len(rs), len(nodes[oi]))
+		}
+		sort.Slice(rs, func(i, j int) bool { return rs[i].start < rs[j].start })
+		at := int64(0)
+		for _, r := range rs {
+			if r.start != at || r.end <= r.start {
+				t.Fatalf("%s: ranges %v do not tile it", o.Path, rs)
+			}
+			at = r.end
+		}
+		if at != o.Size {
+			t.Errorf("%s: ranges end at %d of %d bytes", o.Path, at, o.Size)
+		}
+	}
+
+	victim := tbl.CopyFiles[0].Src
+	f, err := os.OpenFile(victim, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write([]byte("grown"))
+	f.Close()
+	plan, _ = NewPlan(tbl, PlanOptions{Nodes: 1, Cores: 2, ChunkElems: 13})
+	dst := filepath.Join(t.TempDir(), "atomic")
+	w, err := Create(dst, plan, atomic.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	_, err = Run(context.Background(), plan, w, Options{Workers: 2})
+	if err == nil || !strings.Contains(err.Error(), victim) || !strings.Contains(err.Error(), "changed") {
+		t.Fatalf("error %v, want one naming %s as changed", err, victim)
 	}
 }

@@ -75,7 +75,7 @@ const (
 	ReduceTask TaskKind = iota
 	// StepTask writes a step file.
 	StepTask
-	// CopyTask copies a file.
+	// CopyTask copies bytes [Start, End) of a copied file.
 	CopyTask
 )
 
@@ -198,7 +198,13 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 	}
 	for _, c := range t.CopyFiles {
 		oi := add(Output{Kind: CopyFile, Path: c.Name, Param: -1, State: -1, Src: c.Src, Size: c.Size})
-		tasks = append(tasks, Task{Kind: CopyTask, Output: oi, Bytes: 2 * c.Size, Of: 1})
+		// Byte ranges as big as a reduce task's output, so a big
+		// model-state file is shared by the workers like a big tensor.
+		ranges := splitRows(c.Size, 1, 4*chunk)
+		for ci, r := range ranges {
+			tasks = append(tasks, Task{Kind: CopyTask, Output: oi, Start: r[0], End: r[1], Bytes: 2 * (r[1] - r[0]),
+				Chunk: ci, Of: len(ranges)})
+		}
 	}
 	// LPT: biggest first. Equal tasks are ordered by chunk index first, so
 	// concurrent workers start on different files (writes to one file
@@ -210,12 +216,19 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 		}
 		return tasks[i].Chunk < tasks[j].Chunk
 	})
+	copyNode := map[int]int{} // a copied file stays on one node: only state files are shared
 	for i := range tasks {
 		n := 0
 		for k := 1; k < opt.Nodes; k++ {
 			if pl.NodeBytes[k] < pl.NodeBytes[n] {
 				n = k
 			}
+		}
+		if tasks[i].Kind == CopyTask {
+			if c, ok := copyNode[tasks[i].Output]; ok {
+				n = c
+			}
+			copyNode[tasks[i].Output] = n
 		}
 		tasks[i].Node = n
 		pl.NodeBytes[n] += tasks[i].Bytes
@@ -370,6 +383,9 @@ func (p *Plan) Label(tk Task) string {
 	o := &p.Outputs[tk.Output]
 	switch tk.Kind {
 	case CopyTask:
+		if tk.Of > 1 {
+			return fmt.Sprintf("copy %s [%d/%d]", o.Path, tk.Chunk+1, tk.Of)
+		}
 		return "copy " + o.Path
 	case StepTask:
 		return p.t.Params[o.Param].Name + "/step"

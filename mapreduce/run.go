@@ -72,10 +72,13 @@ type Span struct {
 	Phases
 }
 
-// outFile is one output state file shared by the tasks that write it.
+// outFile is one output state or copied file shared by the tasks that
+// write it.
 type outFile struct {
 	mu      sync.Mutex
-	f       *ucpatomic.File
+	f       *ucpatomic.File       // a state file
+	c       *ucpatomic.CopyTarget // a copied file
+	src     *os.File              // the copied file's source
 	err     error
 	pending int32
 }
@@ -101,7 +104,7 @@ func Run(ctx context.Context, plan *Plan, w *ucpatomic.Writer, opt Options) (*St
 	r := &runner{t: plan.t, plan: plan, w: w, opt: opt, src: newSources(), files: map[int]*outFile{}, start: time.Now()}
 	defer r.src.close()
 	for _, tk := range tasks {
-		if tk.Kind != ReduceTask {
+		if tk.Kind == StepTask {
 			continue
 		}
 		if r.files[tk.Output] == nil {
@@ -153,6 +156,9 @@ func Run(ctx context.Context, plan *Plan, w *ucpatomic.Writer, opt Options) (*St
 			if f.f != nil {
 				f.f.Abort()
 			}
+			if f.c != nil {
+				f.c.Abort()
+			}
 		}
 		return stats, err
 	}
@@ -169,6 +175,7 @@ type reducer struct {
 	f32     []byte
 	windows map[string]*window
 	uses    int64
+	copier  fsutil.Copier // its buffer is reused by every copy task
 }
 
 func grow(b []byte, n int64) []byte {
@@ -184,8 +191,8 @@ func (red *reducer) run(tk Task) error {
 	switch tk.Kind {
 	case CopyTask:
 		t0 := time.Now()
-		e, err := r.w.CopyFile(o.Path, o.Src)
-		n := e.Bytes
+		err := red.copyRange(tk, o)
+		n := tk.End - tk.Start
 		red.ws.Write += time.Since(t0)
 		red.ws.BytesRead += n
 		red.ws.BytesWritten += n
@@ -241,6 +248,49 @@ func (red *reducer) run(tk Task) error {
 	red.ws.BytesWritten += 4 * n
 	if r.opt.Progress != nil {
 		r.opt.Progress(0, 4*n)
+	}
+	return nil
+}
+
+// copyRange copies a copy task's byte range; the file is created by its
+// first task (its source checked against the size the plan was made
+// with) and committed by its last.
+func (red *reducer) copyRange(tk Task, o *Output) error {
+	r := red.r
+	of := r.files[tk.Output]
+	of.mu.Lock()
+	if of.c == nil && of.err == nil {
+		of.src, of.err = r.src.get(o.Src)
+		if of.err == nil {
+			of.err = sameSize(of.src, o.Size)
+		}
+		if of.err == nil {
+			of.c, of.err = r.w.CreateCopy(o.Path, o.Size)
+		}
+	}
+	c, src, err := of.c, of.src, of.err
+	of.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := c.CopyRange(&red.copier, src, tk.Start, tk.End-tk.Start); err != nil {
+		return err
+	}
+	if atomic.AddInt32(&of.pending, -1) == 0 {
+		if _, err := c.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sameSize(f *os.File, size int64) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.Size() != size {
+		return fmt.Errorf("%s: %d bytes, but %d when the checkpoint was indexed (changed during the conversion?)", f.Name(), st.Size(), size)
 	}
 	return nil
 }

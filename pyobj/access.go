@@ -130,34 +130,6 @@ func TypeName(v Value) string {
 	return fmt.Sprintf("%T", v)
 }
 
-// Key returns d[key], failing with an error that names the key and the
-// expected type when it is missing or of another type.
-func Key[T any](d *Dict, key string) (T, error) {
-	var zero T
-	v, ok := d.Get(key)
-	if !ok {
-		return zero, fmt.Errorf("missing key %q", key)
-	}
-	t, ok := v.(T)
-	if !ok {
-		return zero, fmt.Errorf("key %q: got %s, want %s", key, TypeName(v), TypeName(zero))
-	}
-	return t, nil
-}
-
-// IntKey returns d[key] as an int.
-func IntKey(d *Dict, key string) (int64, error) {
-	v, ok := d.Get(key)
-	if !ok {
-		return 0, fmt.Errorf("missing key %q", key)
-	}
-	n, ok := Int(v)
-	if !ok {
-		return 0, fmt.Errorf("key %q: got %s, want int", key, TypeName(v))
-	}
-	return n, nil
-}
-
 // Path walks nested dicts by string keys, failing with the path so far.
 func Path(v Value, keys ...string) (Value, error) {
 	for i, k := range keys {

@@ -31,7 +31,8 @@ type decState struct {
 	err  error
 }
 
-// NewDec returns a Dec of v, whose errors name name (a file).
+// NewDec returns a Dec of v, whose errors name name (a file; "" when the
+// caller names it).
 func NewDec(name string, v Value) Dec {
 	return Dec{st: &decState{name: name}, v: v}
 }
@@ -55,15 +56,15 @@ func (d Dec) failAt(path []Value, msg string) {
 	if d.st.err != nil {
 		return
 	}
-	var b strings.Builder
-	b.WriteString(d.st.name)
-	if len(path) > 0 {
-		b.WriteString(": ")
-		b.WriteString(PathString(path))
+	var parts []string
+	if d.st.name != "" {
+		parts = append(parts, d.st.name)
 	}
-	b.WriteString(": ")
-	b.WriteString(msg)
-	d.st.err = &DecodeError{Name: d.st.name, Path: PathString(path), msg: b.String()}
+	if len(path) > 0 {
+		parts = append(parts, PathString(path))
+	}
+	parts = append(parts, msg)
+	d.st.err = &DecodeError{Name: d.st.name, Path: PathString(path), msg: strings.Join(parts, ": ")}
 }
 
 // DecodeError is the failure a Dec records.

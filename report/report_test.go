@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/mapreduce"
 )
 
@@ -102,7 +102,7 @@ func TestTimeline(t *testing.T) {
 // TestTimelinePNG renders the timeline with rsvg-convert: the SVG must be
 // valid enough for a real renderer to produce an image of its size.
 func TestTimelinePNG(t *testing.T) {
-	rsvg := truth.Tool(t, "rsvg-convert", "rendering the timeline")
+	rsvg := testkit.Tool(t, "rsvg-convert", "rendering the timeline")
 	dir := t.TempDir()
 	if err := Write(filepath.Join(dir, "run.json"), sampleMeta, sample()); err != nil {
 		t.Fatal(err)

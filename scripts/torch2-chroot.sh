@@ -12,7 +12,7 @@
 # its .ucp-complete marker exists; an interrupted build is started over.
 set -euo pipefail
 root=${UCP_TORCH2_CHROOT:-/var/cache/ucp/trixie}
-pkgs=python3,python3-torch,python3-numpy,python3-safetensors,python3-pydantic,python3-hjson,python3-packaging,python3-psutil,python3-tqdm,python3-einops,python3-yaml
+pkgs=python3,python3-torch,python3-numpy,python3-safetensors,python3-pydantic,python3-hjson,python3-packaging,python3-psutil,python3-tqdm,python3-einops,python3-yaml,python3-zstandard
 
 need_root() {
   if [ "$(id -u)" -ne 0 ]; then echo "torch2-chroot: must run as root (debootstrap, chroot, mount)" >&2; exit 1; fi
@@ -20,7 +20,10 @@ need_root() {
 
 build() {
   need_root
-  [ -f "$root/.ucp-complete" ] && return 0
+  if [ -f "$root/.ucp-complete" ]; then
+    add_missing
+    return 0
+  fi
   if ! command -v debootstrap >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get -o DPkg::Lock::Timeout=600 update -qq
@@ -39,7 +42,26 @@ build() {
     exit 1
   }
   mv "$root.tmp" "$root"
+  echo "$pkgs" >"$root/.ucp-pkgs"
   touch "$root/.ucp-complete"
+}
+
+# A chroot built before a package joined $pkgs gets it added (once: the list is
+# remembered in .ucp-pkgs).
+add_missing() {
+  [ "$(cat "$root/.ucp-pkgs" 2>/dev/null)" = "$pkgs" ] && return 0
+  exec 8>"$(dirname "$root")/.ucp-apt.lock"
+  flock 8
+  if [ "$(cat "$root/.ucp-pkgs" 2>/dev/null)" != "$pkgs" ]; then
+    echo "torch2-chroot: installing ${pkgs//,/ } into $root where missing" >&2
+    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+      --no-install-recommends ${pkgs//,/ } >"$(dirname "$root")/apt.log" 2>&1 || {
+      echo "torch2-chroot: apt-get install in the chroot failed; see $(dirname "$root")/apt.log" >&2
+      exit 1
+    }
+    echo "$pkgs" >"$root/.ucp-pkgs"
+  fi
+  flock -u 8
 }
 
 unmount_all() {
@@ -51,7 +73,7 @@ unmount_all() {
 
 run() {
   need_root
-  [ -f "$root/.ucp-complete" ] || build
+  build
   local dir=$1; shift
   dir=$(readlink -f "$dir")
   mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"

@@ -519,3 +519,28 @@ func readFull(r io.ReaderAt, b []byte, off int64) (int, error) {
 	}
 	return n, fmt.Errorf("reading %d bytes at offset %d: %w", len(b), off, err)
 }
+
+// WithBytes returns v (a value decoded from f) with every tensor replaced
+// by a Blob holding its bytes, contiguous, as torch.save writes them
+// again; containers are copied only where they hold a tensor
+// (pyobj.Rewrite). More than max bytes of tensors in all is an error
+// (max <= 0: no bound).
+func (f *File) WithBytes(v pyobj.Value, lim pyobj.Limits, max int64) (pyobj.Value, error) {
+	var total int64
+	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
+		t, ok := v.(*Tensor)
+		if !ok {
+			return nil, false, nil
+		}
+		if total += t.NBytes(); max > 0 && total > max {
+			return nil, false, fmt.Errorf("tensors add up to more than %d bytes", max)
+		}
+		b, err := f.ReadTensor(t)
+		if err != nil {
+			return nil, false, err
+		}
+		bl := NewBlob(t.DType, t.Shape, b)
+		bl.RequiresGrad = t.RequiresGrad
+		return bl, true, nil
+	})
+}

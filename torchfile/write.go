@@ -367,12 +367,16 @@ type blobFile struct {
 	f      *os.File
 	mu     sync.Mutex
 	pieces [][]Piece
+	// Writeback starts writing each range to disk as soon as it is
+	// written (sync_file_range), for files that will be synced: the
+	// final sync then finds most of the work done.
+	Writeback bool
 }
 
 // prepare sizes the file and writes the bytes that do not depend on tensor data.
 func (b *blobFile) prepare() error {
 	b.pieces = make([][]Piece, len(b.Layout.Blobs))
-	if err := b.f.Truncate(b.Layout.Size()); err != nil {
+	if err := fsutil.Presize(b.f, b.Layout.Size()); err != nil {
 		return err
 	}
 	for _, s := range b.Layout.Head() {
@@ -394,6 +398,9 @@ func (b *blobFile) WriteAt(i int, p []byte, off int64) error {
 	}
 	if err := fsutil.WriteAt(b.f, p, b.Layout.BlobOffset(i)+off); err != nil {
 		return fmt.Errorf("%s: %w", b.path, err)
+	}
+	if b.Writeback {
+		fsutil.StartWriteback(b.f, b.Layout.BlobOffset(i)+off, int64(len(p)))
 	}
 	pc := NewPiece(off, p)
 	b.mu.Lock()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ucp-project/ucp/diff"
 	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
@@ -69,17 +69,17 @@ func patchState(t *testing.T, dir, param, state string, i int64, v float32) {
 }
 
 func TestDiff(t *testing.T) {
-	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	src := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
 	tmp := t.TempDir()
 	atomicDir := filepath.Join(tmp, "atomic")
 	if r := ucp(t, nil, "convert", "--quiet", "--workers", "2", src, atomicDir); r.code != 0 {
 		t.Fatalf("convert: %s", r.stderr)
 	}
-	changed := truth.CopyTree(t, atomicDir)
+	changed := testkit.CopyTree(t, atomicDir)
 	patchState(t, changed, "head.weight", "exp_avg", 5, 1.5)
 	patchState(t, changed, "head.bias", "fp32", 0, float32(math.NaN()))
 	// ds_to_universal's layout: no manifest, one parameter missing.
-	bare := truth.CopyTree(t, atomicDir)
+	bare := testkit.CopyTree(t, atomicDir)
 	for _, p := range []string{"ucp.json", "zero/head.bias"} {
 		if err := os.RemoveAll(filepath.Join(bare, p)); err != nil {
 			t.Fatal(err)
@@ -113,13 +113,13 @@ func TestDiff(t *testing.T) {
 // TestDiffShapeAndTolerance: a state of another shape is reported and not
 // compared; a small change passes within --rtol.
 func TestDiffShapeAndTolerance(t *testing.T) {
-	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	src := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
 	tmp := t.TempDir()
 	a := filepath.Join(tmp, "atomic")
 	if r := ucp(t, nil, "convert", "--quiet", src, a); r.code != 0 {
 		t.Fatalf("convert: %s", r.stderr)
 	}
-	b := truth.CopyTree(t, a)
+	b := testkit.CopyTree(t, a)
 	// A bare flat tensor of another length than the parameter's.
 	f, err := torchfile.Decode(filepath.Join(b, "zero", "head.bias", "fp32.pt"))
 	if err != nil {
@@ -140,7 +140,8 @@ func TestDiffShapeAndTolerance(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stdout, "shape differs") || !strings.Contains(r.stdout, fmt.Sprintf("[%d] | [%d]", old, old+1)) {
 		t.Fatalf("exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	c := truth.CopyTree(t, a)
+	golden(t, "diff/shape.golden", r.stdout+"--- stderr\n"+r.stderr, a, "A", b, "B")
+	c := testkit.CopyTree(t, a)
 	ft, err := torchfile.Decode(filepath.Join(c, "zero", "head.weight", "fp32.pt"))
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +168,7 @@ func TestDiffShapeAndTolerance(t *testing.T) {
 // checkpoints with DeepSpeed's own ds_to_universal output: equal, except
 // that ds_to_universal writes no step files for ZeRO-3.
 func TestDiffDeepSpeedUniversal(t *testing.T) {
-	root := truth.Fixture("deepspeed-real")
+	root := testkit.Fixture("deepspeed-real")
 	for _, c := range []string{"z1_dp2_fp32", "z1_dp2_fp16", "z2_dp2_bf16", "bf16opt_z1_dp2", "z3_dp2_fp32"} {
 		t.Run(c, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "atomic")

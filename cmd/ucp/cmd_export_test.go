@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/formats/dcp"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // ucp convert reads a DCP folder, ucp export writes it back as DCP, and a
@@ -19,7 +19,7 @@ import (
 func TestExportDCPRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	tmp := t.TempDir()
-	src := truth.Fixture("dcp", "fsdp_tp_w4", "checkpoint")
+	src := testkit.Fixture("dcp", "fsdp_tp_w4", "checkpoint")
 	a := filepath.Join(tmp, "a", "atomic")
 	copts := convertOptions{Workers: 2, CheckReplicas: true, Quiet: true}
 	if err := runConvert(ctx, io.Discard, io.Discard, src, a, copts); err != nil {
@@ -82,7 +82,7 @@ func TestExportFlags(t *testing.T) {
 // chunks place it.
 func TestInspectDCP(t *testing.T) {
 	var out bytes.Buffer
-	src := truth.Fixture("dcp", "fsdp_tp_w4", "checkpoint")
+	src := testkit.Fixture("dcp", "fsdp_tp_w4", "checkpoint")
 	if err := runInspect(context.Background(), &out, src, inspectOptions{JSON: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestExportDCPDeepSpeedParamGroups(t *testing.T) {
 	ctx := context.Background()
 	tmp := t.TempDir()
 	a := filepath.Join(tmp, "atomic")
-	if err := runConvert(ctx, io.Discard, io.Discard, truth.Fixture("deepspeed", "z1_twogroups_dp3", "checkpoint"), a,
+	if err := runConvert(ctx, io.Discard, io.Discard, testkit.Fixture("deepspeed", "z1_twogroups_dp3", "checkpoint"), a,
 		convertOptions{Workers: 2, CheckReplicas: true, Quiet: true}); err != nil {
 		t.Fatal(err)
 	}

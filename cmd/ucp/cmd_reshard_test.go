@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // TestReshardThenInspect: ucp reshard writes a DeepSpeed folder that ucp
@@ -16,7 +16,7 @@ import (
 func TestReshardThenInspect(t *testing.T) {
 	dir := t.TempDir()
 	atomic := filepath.Join(dir, "atomic")
-	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), atomic); r.code != 0 {
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), atomic); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	for _, c := range []struct {
@@ -53,10 +53,10 @@ func TestReshardThenInspect(t *testing.T) {
 func TestReshardBadFlags(t *testing.T) {
 	dir := t.TempDir()
 	atomic := filepath.Join(dir, "atomic")
-	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), atomic); r.code != 0 {
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), atomic); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	src := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
 	for _, c := range []struct {
 		args []string
 		want string

@@ -8,23 +8,41 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
+	"github.com/ucp-project/ucp/patterns"
 )
 
 // TestErrorsSayWhatToDo pins each error message of a common mistake.
 func TestErrorsSayWhatToDo(t *testing.T) {
-	ds := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
-	mg := truth.Fixture("megatron", "tp2_dp2_distopt", "checkpoint")
-	dcp := truth.Fixture("dcp", "ddp_w3", "checkpoint")
+	ds := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	mg := testkit.Fixture("megatron", "tp2_dp2_distopt", "checkpoint")
+	dcp := testkit.Fixture("dcp", "ddp_w3", "checkpoint")
 	tmp := t.TempDir()
 	atomicDir := filepath.Join(tmp, "atomic")
 	if r := ucp(t, nil, "convert", "--quiet", ds, atomicDir); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
+	// Auto-detection gives the reason of the one format a folder partly
+	// looks like: a missing model-state file, mixed bf16_ and plain files.
+	noModel, mixed := filepath.Join(tmp, "no-model"), filepath.Join(tmp, "mixed")
+	for _, d := range []string{noModel, mixed} {
+		if err := os.CopyFS(d, os.DirFS(ds)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(noModel, "global_step3", "mp_rank_00_model_states.pt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(mixed, "global_step3", "zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+		filepath.Join(mixed, "global_step3", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		args []string
 	}{
+		{"detect-missing-model-state", []string{"convert", noModel, filepath.Join(tmp, "out")}},
+		{"detect-mixed-bf16", []string{"inspect", mixed}},
 		{"nonexistent", []string{"convert", filepath.Join(tmp, "nonexistent"), filepath.Join(tmp, "out")}},
 		{"verify-source", []string{"verify", ds}},
 		{"verify-plain-folder", []string{"verify", tmp + "/atomic/zero"}},
@@ -78,6 +96,19 @@ func TestHelpText(t *testing.T) {
 			}
 		}
 		long := strings.SplitN(r.stdout, "Usage:", 2)[0]
+		if cmd == "inspect" {
+			// Every pattern and column the listing shows is explained.
+			for k := patterns.Unique; k <= patterns.ShardNC; k++ {
+				if !strings.Contains(long, "\n  "+k.String()+" ") {
+					t.Errorf("inspect --help does not explain %s", k)
+				}
+			}
+			for _, w := range []string{"SHARDS", "FRAGS", "PADDING", "DTYPE", "averaged copies", "--filter", "--layers", "--all"} {
+				if !strings.Contains(long, w) {
+					t.Errorf("inspect --help does not explain %s", w)
+				}
+			}
+		}
 		for _, l := range strings.Split(long, "\n") {
 			if len(l) > 80 {
 				t.Errorf("%s --help: line of %d characters: %q", cmd, len(l), l)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
@@ -98,7 +98,7 @@ func tensors(t *testing.T, raw json.RawMessage, path []any, out *[]expectedTenso
 // every torch fixture with torch's own dtype, shape, storage key and
 // offset, and its byte range holds exactly torch's bytes.
 func TestInspectEveryTorchFixture(t *testing.T) {
-	files, _ := filepath.Glob(truth.Fixture("torch", "*.pt"))
+	files, _ := filepath.Glob(testkit.Fixture("torch", "*.pt"))
 	if len(files) < 10 {
 		t.Fatalf("only %d torch fixtures", len(files))
 	}

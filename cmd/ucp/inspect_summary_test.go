@@ -9,11 +9,11 @@ import (
 
 	"github.com/apache/arrow/go/v17/arrow/ipc"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 func TestInspectSummaryGolden(t *testing.T) {
-	src := truth.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
+	src := testkit.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
 	cases := []struct {
 		name string
 		args []string
@@ -63,7 +63,7 @@ func TestLayerNames(t *testing.T) {
 // TestDryRunGolden pins the plan printout: binary units, the same read and
 // written quantities as the run's summary, and what PARAMETERS counts.
 func TestDryRunGolden(t *testing.T) {
-	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	src := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
 	r := ucp(t, nil, "convert", "--dry-run", "--workers", "2", "--memory", "1GiB", src, filepath.Join(t.TempDir(), "out"))
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
@@ -87,7 +87,7 @@ func TestDryRunGolden(t *testing.T) {
 // they wrote, and the plan file holds the tasks the dry run printed
 // (arrowtable's tests read the files with apache-arrow's JavaScript reader).
 func TestArrowGolden(t *testing.T) {
-	src := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	src := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
 	tmp := t.TempDir()
 	r := ucp(t, nil, "convert", "--dry-run", "--arrow", filepath.Join(tmp, "dry.arrow"), "--workers", "2", "--memory", "1GiB",
 		src, filepath.Join(tmp, "out"))

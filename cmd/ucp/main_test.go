@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // The test binary doubles as the ucp command, so tests can run it as
@@ -63,7 +63,7 @@ func ucpWithin(t *testing.T, limit time.Duration, env []string, args ...string) 
 // TestFourNodeProcesses runs the conversion as 4 processes sharing one
 // output folder, as 4 nodes would, and compares with a 1-node run.
 func TestFourNodeProcesses(t *testing.T) {
-	src := truth.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
+	src := testkit.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
 	tmp := t.TempDir()
 	ref := filepath.Join(tmp, "ref", "atomic")
 	if r := ucp(t, nil, "convert", "--quiet", src, ref); r.code != 0 {
@@ -87,7 +87,7 @@ func TestFourNodeProcesses(t *testing.T) {
 			t.Fatalf("node %d: %s%s", n, r.stdout, r.stderr)
 		}
 	}
-	a, b := truth.ReadTree(t, ref), truth.ReadTree(t, dst)
+	a, b := testkit.ReadTree(t, ref), testkit.ReadTree(t, dst)
 	if len(a) != len(b) {
 		t.Fatalf("%d files vs %d", len(a), len(b))
 	}
@@ -111,7 +111,7 @@ func TestFourNodeProcesses(t *testing.T) {
 // TestNodeRerunAndFinalize: nodes 0-2 finish, node 3 fails first; the
 // checkpoint stays partial until node 3 is rerun alone and finalizes.
 func TestNodeRerunAndFinalize(t *testing.T) {
-	src := truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
+	src := testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
 	dst := filepath.Join(t.TempDir(), "atomic")
 	args := func(n string) []string {
 		return []string{"convert", "--num-nodes", "4", "--node-rank", n, "--workers", "1", "--chunk-elems", "5", src, dst}
@@ -132,7 +132,7 @@ func TestNodeRerunAndFinalize(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "finalized") {
 		t.Fatalf("node 3: %s %s", r.stdout, r.stderr)
 	}
-	truth.Check(t, dst, truth.Fixture("deepspeed", "z2_bf16_dp4", "truth.pt"))
+	testkit.Check(t, dst, testkit.Fixture("deepspeed", "z2_bf16_dp4", "truth.pt"))
 }
 
 func TestBadInputGivesCleanError(t *testing.T) {
@@ -158,7 +158,7 @@ func TestBadInputGivesCleanError(t *testing.T) {
 }
 
 func TestInspectCheckpointJSON(t *testing.T) {
-	r := ucp(t, nil, "inspect", "--json", truth.Fixture("zero3", "paper_1024_dp3", "checkpoint"))
+	r := ucp(t, nil, "inspect", "--json", testkit.Fixture("zero3", "paper_1024_dp3", "checkpoint"))
 	if r.code != 0 {
 		t.Fatal(r.stderr)
 	}
@@ -208,7 +208,7 @@ func TestNodePlace(t *testing.T) {
 
 func TestVerify(t *testing.T) {
 	dst := filepath.Join(t.TempDir(), "atomic")
-	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), dst); r.code != 0 {
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), dst); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	if r := ucp(t, nil, "verify", dst); r.code != 0 || !strings.Contains(r.stdout, "all match the manifest") {
@@ -240,7 +240,7 @@ func TestReport(t *testing.T) {
 	dir := t.TempDir()
 	rep := filepath.Join(dir, "run.json")
 	r := ucp(t, nil, "convert", "--workers", "2", "--report", rep,
-		truth.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"), filepath.Join(dir, "atomic"))
+		testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"), filepath.Join(dir, "atomic"))
 	if r.code != 0 {
 		t.Fatal(r.stderr)
 	}

@@ -10,7 +10,7 @@ import (
 
 	ucpatomic "github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/formats"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/mapreduce"
 )
 
@@ -20,7 +20,7 @@ import (
 // the reducers report while converting.
 func TestProgressTotal(t *testing.T) {
 	// 3 x 300M bf16 elements: 5.4 GB to read and write.
-	tbl := truth.Synthetic(300<<20, 16<<20)
+	tbl := testkit.Synthetic(300<<20, 16<<20)
 	for _, nodes := range []int{1, 2, 3} {
 		plan, err := mapreduce.NewPlan(tbl, mapreduce.PlanOptions{Nodes: nodes, Cores: 2})
 		if err != nil {
@@ -40,7 +40,7 @@ func TestProgressTotal(t *testing.T) {
 		}
 	}
 	// On a real checkpoint the reducers report exactly the total.
-	src := truth.Fixture("deepspeed-real", "z2_dp2_bf16", "checkpoint")
+	src := testkit.Fixture("deepspeed-real", "z2_dp2_bf16", "checkpoint")
 	rt, err := formats.Index(context.Background(), src, "", formats.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestProgressTotal(t *testing.T) {
 // destination's free space is refused before writing, with both numbers.
 func TestSpaceCheck(t *testing.T) {
 	dir := t.TempDir()
-	huge := truth.Synthetic(1 << 40) // stride-0 sources can claim this from a tiny file
+	huge := testkit.Synthetic(1 << 40) // stride-0 sources can claim this from a tiny file
 	plan, err := mapreduce.NewPlan(huge, mapreduce.PlanOptions{Nodes: 1, Cores: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestSpaceCheck(t *testing.T) {
 		!strings.Contains(err.Error(), "nothing written") {
 		t.Fatalf("error %v", err)
 	}
-	small, err := mapreduce.NewPlan(truth.Synthetic(1<<10), mapreduce.PlanOptions{Nodes: 1, Cores: 1})
+	small, err := mapreduce.NewPlan(testkit.Synthetic(1<<10), mapreduce.PlanOptions{Nodes: 1, Cores: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

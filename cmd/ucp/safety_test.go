@@ -15,7 +15,7 @@ import (
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -24,7 +24,7 @@ import (
 // folder.
 func realCkpt(t *testing.T) string {
 	t.Helper()
-	return truth.CopyTree(t, truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"))
+	return testkit.CopyTree(t, testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"))
 }
 
 // TestConvertRefusesOverlap (fault 1): a destination that is the source,
@@ -61,13 +61,13 @@ func TestConvertRefusesOverlap(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ck := realCkpt(t)
-			before := truth.ReadTree(t, filepath.Dir(ck))
+			before := testkit.ReadTree(t, filepath.Dir(ck))
 			args := tc.args(ck)
 			r := ucp(t, nil, append([]string{"convert", "--quiet"}, args...)...)
 			if r.code == 0 || !strings.Contains(r.stderr, "refusing to write") || !strings.Contains(r.stderr, tc.want) {
 				t.Errorf("exit %d, stderr %q; want a refusal saying %q", r.code, r.stderr, tc.want)
 			}
-			after := truth.ReadTree(t, filepath.Dir(ck))
+			after := testkit.ReadTree(t, filepath.Dir(ck))
 			if len(after) != len(before) {
 				t.Errorf("the folder held %d files, now %d", len(before), len(after))
 			}
@@ -87,7 +87,7 @@ func TestOutputFileModes(t *testing.T) {
 	defer syscall.Umask(old)
 	dir := t.TempDir()
 	dst := filepath.Join(dir, "atomic")
-	if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	torchOut := filepath.Join(dir, "torch")
@@ -127,7 +127,7 @@ func TestVerifyOutsideAndUnlisted(t *testing.T) {
 	fresh := func(t *testing.T) (root, dst string) {
 		root = t.TempDir()
 		dst = filepath.Join(root, "atomic")
-		if r := ucp(t, nil, "convert", "--quiet", truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
+		if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
 			t.Fatal(r.stderr)
 		}
 		return root, dst

@@ -27,7 +27,10 @@ type Options struct {
 // Checkpoint is a DCP folder with its metadata checked and every item
 // located and decoded (pickles only; tensor bytes stay in the files).
 type Checkpoint struct {
-	Dir       string
+	Dir string
+	// Format is "dcp" (a .metadata folder) or "hf" (the safetensors
+	// layouts of HuggingFaceStorageWriter, OpenHF); "" means "dcp".
+	Format    string
 	MetaFiles []string  // .metadata, or the __<rank>.metadata files merged
 	Meta      *Metadata // the first metadata file (the only one normally)
 	// World is the number of ranks that wrote data files (__<rank>_<n>.distcp).

@@ -10,7 +10,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -19,7 +19,7 @@ import (
 // copyCase copies a fixture's checkpoint folder so a test can break it.
 func copyCase(t *testing.T, c string) string {
 	t.Helper()
-	src := truth.Fixture("dcp", c, "checkpoint")
+	src := testkit.Fixture("dcp", c, "checkpoint")
 	dst := filepath.Join(t.TempDir(), "ckpt")
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		t.Fatal(err)
@@ -254,8 +254,8 @@ func TestReplicaCopies(t *testing.T) {
 	if p == nil || len(p.States[0].Shards) != 2 || p.States[0].Frags[1].Src.Path == p.States[0].Frags[0].Src.Path {
 		t.Fatalf("the buffer is not a replica in two files: %+v", p)
 	}
-	dst := truth.Convert(t, tbl, 2)
-	truth.Check(t, dst, truth.Fixture("dcp", "fsdp2_w2", "truth.pt"))
+	dst := testkit.Convert(t, tbl, 2)
+	testkit.Check(t, dst, testkit.Fixture("dcp", "fsdp2_w2", "truth.pt"))
 
 	// Flip a byte of the copy's data (the last bytes of the float32 payload
 	// sit right before the zip tail; change one inside the payload).

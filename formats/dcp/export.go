@@ -185,14 +185,13 @@ func optimKeyOf(r *atomic.Reader) string {
 	var found []string
 	for i := 0; i < d.Len(); i++ {
 		k, sub := d.Item(i)
-		ks, _ := k.(string)
+		ks, isStr := k.(string)
 		sd, ok := sub.(*pyobj.Dict)
-		if !ok || ks == "" {
-			continue
+		if !ok || !isStr || ks == "" {
+			continue // not an optimizer's group
 		}
 		for _, sk := range sd.Keys() {
-			s, _ := sk.(string)
-			if s == "param_groups" || strings.HasPrefix(s, "param_groups.") {
+			if s, ok := sk.(string); ok && (s == "param_groups" || strings.HasPrefix(s, "param_groups.")) {
 				found = append(found, ks)
 				break
 			}

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +17,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -29,7 +29,7 @@ func convertDir(t *testing.T, src string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return truth.Convert(t, tbl, 2)
+	return testkit.Convert(t, tbl, 2)
 }
 
 // stateFiles returns the bytes of every zero/<param>/<state>.pt, the
@@ -66,7 +66,7 @@ func TestExportRoundTrip(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c, func(t *testing.T) {
-			a := convertDir(t, truth.Fixture("dcp", c, "checkpoint"))
+			a := convertDir(t, testkit.Fixture("dcp", c, "checkpoint"))
 			want := stateFiles(t, a)
 			r, err := atomic.OpenReader(a, atomic.ReaderOptions{Verify: true})
 			if err != nil {
@@ -146,7 +146,7 @@ func checkExported(t *testing.T, dir string, r *atomic.Reader, shards int) {
 
 // Items must tile their files: back to back, as FileSystemWriter writes.
 func TestExportItemsTileFiles(t *testing.T) {
-	a := convertDir(t, truth.Fixture("dcp", "fsdp2_w2", "checkpoint"))
+	a := convertDir(t, testkit.Fixture("dcp", "fsdp2_w2", "checkpoint"))
 	r, err := atomic.OpenReader(a, atomic.ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func TestExportItemsTileFiles(t *testing.T) {
 // --dtype bfloat16 and float16 round each float32 to nearest even, as
 // torch's .to() does; the round trip gives the rounded values.
 func TestExportDTypes(t *testing.T) {
-	a := convertDir(t, truth.Fixture("dcp", "fsdp2_w2", "checkpoint"))
+	a := convertDir(t, testkit.Fixture("dcp", "fsdp2_w2", "checkpoint"))
 	r, err := atomic.OpenReader(a, atomic.ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -201,11 +201,11 @@ func TestExportDTypes(t *testing.T) {
 		}
 		back := convertDir(t, d)
 		for _, p := range r.Params() {
-			orig, _, err := truth.ReadAtomic(filepath.Join(a, atomic.StatePath(p.Name, fragment.FP32)))
+			orig, _, err := testkit.ReadAtomic(filepath.Join(a, atomic.StatePath(p.Name, fragment.FP32)))
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, _, err := truth.ReadAtomic(filepath.Join(back, atomic.StatePath(p.Name, fragment.FP32)))
+			got, _, err := testkit.ReadAtomic(filepath.Join(back, atomic.StatePath(p.Name, fragment.FP32)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -288,7 +288,7 @@ func hexOf(b []byte) string {
 
 // Export refuses an existing DST without Force and replaces it with Force.
 func TestExportExistingDst(t *testing.T) {
-	a := convertDir(t, truth.Fixture("dcp", "ddp_w3", "checkpoint"))
+	a := convertDir(t, testkit.Fixture("dcp", "ddp_w3", "checkpoint"))
 	r, err := atomic.OpenReader(a, atomic.ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -309,91 +309,106 @@ func TestExportExistingDst(t *testing.T) {
 }
 
 // The exported folder loads with real torch.distributed.checkpoint
-// (check_dcp_load.py) where Debian's python has torch >= 2.4.
+// (check_dcp_load.py: dcp_to_torch_save and dcp.load) of torch 2.6 in the
+// Debian 13 chroot, equal to the fixture's truth.
 func TestExportLoadsWithRealDCP(t *testing.T) {
-	py := dcpPython(t)
+	if ok, _ := testkit.Torch2Ready(); !ok {
+		testkit.Torch2(t, t.TempDir(), "") // skips, or fails under UCP_REQUIRE_TORCH2=1
+	}
 	c := "fsdp2_w2"
-	a := convertDir(t, truth.Fixture("dcp", c, "checkpoint"))
+	a := convertDir(t, testkit.Fixture("dcp", c, "checkpoint"))
 	r, err := atomic.OpenReader(a, atomic.ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp := filepath.Join(t.TempDir(), "truth.pt")
-	writeExportTruth(t, loadTruth(t, c), tp)
+	work := checkDir(t)
+	writeExportTruth(t, loadTruth(t, c), filepath.Join(work, "truth.pt"))
 	for _, shards := range []int{1, 3} {
-		d := filepath.Join(t.TempDir(), "dcp")
-		if _, err := Export(context.Background(), r, d, ExportOptions{Shards: shards, NoSync: true}); err != nil {
+		name := fmt.Sprintf("export%d", shards)
+		if _, err := Export(context.Background(), r, filepath.Join(work, name), ExportOptions{Shards: shards, NoSync: true}); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command(py, filepath.Join(truth.RepoRoot(), "testdata", "gen", "check_dcp_load.py"), d, "--truth", tp).CombinedOutput()
-		if err != nil {
-			t.Errorf("%d shards: check_dcp_load.py: %v\n%s", shards, err, out)
+		out := testkit.Torch2(t, work, checkScript(), name, "--truth", "truth.pt")
+		if !strings.Contains(out, "check_dcp_load: 0 failed") {
+			t.Errorf("%d shards: %s", shards, out)
 		}
 	}
 }
 
+// Every fixture a torch 2.6 can read (all but the stream-transformed ones:
+// _extensions arrive in 2.7) loads with real dcp_to_torch_save and dcp.load
+// equal to its truth: the stand-in layouts included.
+func TestFixturesLoadWithRealDCP(t *testing.T) {
+	if ok, _ := testkit.Torch2Ready(); !ok {
+		testkit.Torch2(t, t.TempDir(), "")
+	}
+	work := checkDir(t)
+	n := 0
+	for _, c := range testkit.Cases(t, "dcp", 13) {
+		md, err := ReadMetadata(testkit.Fixture("dcp", c, "checkpoint", MetadataFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(md.Storage) > 0 && md.Storage[0].Info.Transforms != nil {
+			continue
+		}
+		if err := os.CopyFS(filepath.Join(work, "fixtures", c), os.DirFS(testkit.Fixture("dcp", c))); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	out := testkit.Torch2(t, work, checkScript(), "fixtures")
+	if !strings.Contains(out, "check_dcp_load: 0 failed") || strings.Count(out, "\nok ") != n {
+		t.Errorf("want %d cases ok:\n%s", n, out)
+	}
+	t.Logf("%s", out)
+}
+
+// checkDir is a folder for a torch 2.x check with the dcpgen helpers
+// check_dcp_load.py imports beside it.
+func checkDir(t *testing.T) string {
+	t.Helper()
+	work := t.TempDir()
+	if err := os.CopyFS(filepath.Join(work, "dcpgen"), os.DirFS(filepath.Join(testkit.RepoRoot(), "testdata", "gen", "dcpgen"))); err != nil {
+		t.Fatal(err)
+	}
+	return work
+}
+
+func checkScript() string {
+	return filepath.Join(testkit.RepoRoot(), "testdata", "gen", "check_dcp_load.py")
+}
+
 // probe runs Debian's python3 once for the whole test binary: whether it
-// imports torch, its version, and whether torch.distributed.checkpoint's
-// format_utils imports (torch >= 2.4 with a working DCP).
+// imports torch.
 var probe struct {
-	once       sync.Once
-	torch, dcp bool
+	once  sync.Once
+	torch bool
 }
 
 const debianPython = "/usr/bin/python3"
 
 func probePython() {
 	probe.once.Do(func() {
-		out, err := exec.Command(debianPython, "-c", `import torch
-print(torch.__version__)
-try:
-    import torch.distributed.checkpoint.format_utils
-    print("dcp")
-except Exception:
-    print("no-dcp")`).Output()
-		if err != nil {
-			return
-		}
-		probe.torch = true
-		f := strings.Fields(string(out))
-		m := regexp.MustCompile(`^(\d+)\.(\d+)`).FindStringSubmatch(f[0])
-		if m != nil && len(f) > 1 && f[1] == "dcp" {
-			maj, _ := strconv.Atoi(m[1])
-			mn, _ := strconv.Atoi(m[2])
-			probe.dcp = maj > 2 || maj == 2 && mn >= 4
-		}
+		probe.torch = exec.Command(debianPython, "-c", "import torch").Run() == nil
 	})
 }
 
 // torchPython returns Debian's python3 when it imports torch; otherwise
-// truth.Python skips the test (or fails it under UCP_REQUIRE_TORCH=1).
+// testkit.Python skips the test (or fails it under UCP_REQUIRE_TORCH=1).
 func torchPython(t *testing.T) string {
 	t.Helper()
 	if probePython(); probe.torch {
 		return debianPython
 	}
-	return truth.Python(t)
-}
-
-// dcpPython returns Debian's python3 when its torch has a usable
-// torch.distributed.checkpoint (>= 2.4), else skips (or fails with
-// UCP_REQUIRE_TORCH_DCP=1).
-func dcpPython(t *testing.T) string {
-	t.Helper()
-	if probePython(); !probe.dcp {
-		if os.Getenv("UCP_REQUIRE_TORCH_DCP") == "1" {
-			t.Fatalf("UCP_REQUIRE_TORCH_DCP=1 but %s has no torch >= 2.4 with torch.distributed.checkpoint", debianPython)
-		}
-		t.Skipf("%s has no torch >= 2.4 with torch.distributed.checkpoint", debianPython)
-	}
-	return debianPython
+	return testkit.Python(t)
 }
 
 // writeExportTruth writes the truth.pt that check_dcp_load.py compares an
 // export of a fixture with: model.<fqn> float32 weights and buffers,
 // optim.state.<fqn>.<state> float32 moments and the steps, and the
 // fixture's non-tensor values at their own paths.
-func writeExportTruth(t *testing.T, tr *truth.Truth, path string) {
+func writeExportTruth(t *testing.T, tr *testkit.Truth, path string) {
 	t.Helper()
 	paths := pyobj.NewDict(pyobj.PlainDict)
 	tensors := pyobj.NewDict(pyobj.PlainDict)
@@ -437,7 +452,7 @@ func writeExportTruth(t *testing.T, tr *truth.Truth, path string) {
 		p, _ := tpaths.Get(k)
 		paths.Set(k, p)
 	}
-	meta := pyobj.DictOf("case", "ucp-export", "producer", "ucp export --to dcp", "layout", "v2.6", "flatten_rules", "2.4")
+	meta := pyobj.DictOf("case", "ucp-export", "producer", "ucp export --to dcp", "layout", "v2.7", "flatten_rules", "2.4")
 	root := pyobj.DictOf("paths", paths, "tensors", tensors, "extra", extra, "meta", meta)
 	if err := torchfile.Save(path, root); err != nil {
 		t.Fatal(err)
@@ -452,7 +467,7 @@ func TestExportReadByIndependentReader(t *testing.T) {
 	t.Parallel()
 	py := torchPython(t)
 	c := "fsdp2_w2"
-	a := convertDir(t, truth.Fixture("dcp", c, "checkpoint"))
+	a := convertDir(t, testkit.Fixture("dcp", c, "checkpoint"))
 	r, err := atomic.OpenReader(a, atomic.ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -492,8 +507,8 @@ if extra:
 print("\n".join(bad) if bad else "ok %d keys" % len(want))
 sys.exit(1 if bad else 0)
 `
-	out, err := exec.Command(py, "-c", script, filepath.Join(truth.RepoRoot(), "testdata", "gen"), d,
-		truth.Fixture("dcp", c, "truth.pt")).CombinedOutput()
+	out, err := exec.Command(py, "-c", script, filepath.Join(testkit.RepoRoot(), "testdata", "gen"), d,
+		testkit.Fixture("dcp", c, "truth.pt")).CombinedOutput()
 	if err != nil {
 		t.Errorf("independent reader: %v\n%s", err, out)
 	}

@@ -13,15 +13,15 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
-func loadTruth(t *testing.T, c string) *truth.Truth {
+func loadTruth(t *testing.T, c string) *testkit.Truth {
 	t.Helper()
-	tr, err := truth.Load(truth.Fixture("dcp", c, "truth.pt"))
+	tr, err := testkit.Load(testkit.Fixture("dcp", c, "truth.pt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func loadTruth(t *testing.T, c string) *truth.Truth {
 	return tr
 }
 
-func truthDict(t *testing.T, tr *truth.Truth, key string) *pyobj.Dict {
+func truthDict(t *testing.T, tr *testkit.Truth, key string) *pyobj.Dict {
 	t.Helper()
 	v, ok := tr.Root.Get(key)
 	d, ok2 := v.(*pyobj.Dict)
@@ -43,10 +43,10 @@ func truthDict(t *testing.T, tr *truth.Truth, key string) *pyobj.Dict {
 // saved dtype), Adam moments, steps, buffers, and the extra state.
 func TestFixturesConvertToTruth(t *testing.T) {
 	t.Parallel()
-	for _, c := range truth.Cases(t, "dcp", 13) {
+	for _, c := range testkit.Cases(t, "dcp", 13) {
 		t.Run(c, func(t *testing.T) {
 			tr := loadTruth(t, c)
-			tbl, err := Index(context.Background(), truth.Fixture("dcp", c, "checkpoint"), Options{Workers: 2})
+			tbl, err := Index(context.Background(), testkit.Fixture("dcp", c, "checkpoint"), Options{Workers: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,15 +55,15 @@ func TestFixturesConvertToTruth(t *testing.T) {
 			if got, want := len(tbl.Params), len(names)+buffers.Len(); got != want {
 				t.Errorf("%d parameters, want %d (%d weights, %d buffers)", got, want, len(names), buffers.Len())
 			}
-			dst := truth.Convert(t, tbl, 2)
+			dst := testkit.Convert(t, tbl, 2)
 			if len(tr.Tensors(fragment.FP32)) > 0 {
-				truth.Check(t, dst, tr.Path)
+				testkit.Check(t, dst, tr.Path)
 			}
 			checkBuffers(t, tr, tbl, dst)
 			checkSteps(t, tr, tbl, dst)
 			checkExtra(t, tr, dst)
 			if c == "fsdp2_w2" {
-				truth.CheckWithTorch(t, dst, tr.Path)
+				testkit.CheckWithTorch(t, dst, tr.Path)
 			}
 		})
 	}
@@ -78,7 +78,7 @@ func mustGet(t *testing.T, d *pyobj.Dict, k string) pyobj.Value {
 	return v
 }
 
-func checkBuffers(t *testing.T, tr *truth.Truth, tbl *fragment.Table, dst string) {
+func checkBuffers(t *testing.T, tr *testkit.Truth, tbl *fragment.Table, dst string) {
 	t.Helper()
 	buffers := truthDict(t, tr, "buffers")
 	for i := 0; i < buffers.Len(); i++ {
@@ -93,14 +93,14 @@ func checkBuffers(t *testing.T, tr *truth.Truth, tbl *fragment.Table, dst string
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, _, err := truth.ReadAtomic(filepath.Join(dst, atomic.StatePath(name, fragment.FP32)))
+		got, _, err := testkit.ReadAtomic(filepath.Join(dst, atomic.StatePath(name, fragment.FP32)))
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("buffer %s differs (%v)", name, err)
 		}
 	}
 }
 
-func checkSteps(t *testing.T, tr *truth.Truth, tbl *fragment.Table, dst string) {
+func checkSteps(t *testing.T, tr *testkit.Truth, tbl *fragment.Table, dst string) {
 	t.Helper()
 	steps := truthDict(t, tr, "step")
 	for i := 0; i < steps.Len(); i++ {
@@ -135,7 +135,7 @@ func checkSteps(t *testing.T, tr *truth.Truth, tbl *fragment.Table, dst string) 
 
 // checkExtra compares every non-tensor value of the truth (and tensors that
 // are no parameter state) with extra_state.pt at its planner_data path.
-func checkExtra(t *testing.T, tr *truth.Truth, dst string) {
+func checkExtra(t *testing.T, tr *testkit.Truth, dst string) {
 	t.Helper()
 	extra := truthDict(t, tr, "extra")
 	paths := truthDict(t, tr, "paths")
@@ -291,10 +291,10 @@ func sameSeq(a []pyobj.Value, af *torchfile.File, b []pyobj.Value, bf *torchfile
 // are the truth's for every tensor key: model weights, buffers, optimizer
 // states, and the 0-dim steps.
 func TestFixturePatterns(t *testing.T) {
-	for _, c := range truth.Cases(t, "dcp", 13) {
+	for _, c := range testkit.Cases(t, "dcp", 13) {
 		t.Run(c, func(t *testing.T) {
 			tr := loadTruth(t, c)
-			ck, err := Open(context.Background(), truth.Fixture("dcp", c, "checkpoint"), Options{})
+			ck, err := Open(context.Background(), testkit.Fixture("dcp", c, "checkpoint"), Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -365,21 +365,21 @@ func TestFixtureMetadata(t *testing.T) {
 		"v2.2": {"state_dict_metadata", "planner_data", "storage_data"},
 		"v2.3": {"state_dict_metadata", "planner_data", "storage_data"},
 		"v2.4": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta"},
-		"v2.6": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"},
+		"v2.7": {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"},
 	}
-	for _, c := range truth.Cases(t, "dcp", 13) {
+	for _, c := range testkit.Cases(t, "dcp", 13) {
 		t.Run(c, func(t *testing.T) {
 			tr := loadTruth(t, c)
 			meta := truthDict(t, tr, "meta")
 			layout, _ := pyobj.Str(mustGet(t, meta, "layout"))
-			md, err := ReadMetadata(truth.Fixture("dcp", c, "checkpoint", MetadataFile))
+			md, err := ReadMetadata(testkit.Fixture("dcp", c, "checkpoint", MetadataFile))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if fmt.Sprint(md.Fields) != fmt.Sprint(fields[layout]) || len(md.Unknown) != 0 {
 				t.Errorf("fields %v (unknown %v), want %v", md.Fields, md.Unknown, fields[layout])
 			}
-			if (layout == "v2.6") != (md.Version == "1.0.0") {
+			if (layout == "v2.7") != (md.Version == "1.0.0") {
 				t.Errorf("layout %s has version %q", layout, md.Version)
 			}
 			if layout >= "v2.4" {
@@ -426,7 +426,7 @@ func TestFixtureMetadata(t *testing.T) {
 func TestParamGroups(t *testing.T) {
 	for _, c := range []string{"fsdp2_w2", "optim_ids_w2", "torchtitan_w2", "variant_v22_w2"} {
 		t.Run(c, func(t *testing.T) {
-			tbl, err := Index(context.Background(), truth.Fixture("dcp", c, "checkpoint"), Options{})
+			tbl, err := Index(context.Background(), testkit.Fixture("dcp", c, "checkpoint"), Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

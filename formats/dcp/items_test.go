@@ -13,7 +13,7 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/safetensors"
 )
@@ -91,8 +91,8 @@ func TestSafetensorsItems(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := truth.Convert(t, tbl, 1)
-	got, _, err := truth.ReadAtomic(filepath.Join(dst, atomic.StatePath("w", fragment.FP32)))
+	dst := testkit.Convert(t, tbl, 1)
+	got, _, err := testkit.ReadAtomic(filepath.Join(dst, atomic.StatePath("w", fragment.FP32)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,12 +150,12 @@ func TestRawItems(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := truth.Convert(t, tbl, 1)
-	got, _, err := truth.ReadAtomic(filepath.Join(dst, atomic.StatePath("w", fragment.FP32)))
+	dst := testkit.Convert(t, tbl, 1)
+	got, _, err := testkit.ReadAtomic(filepath.Join(dst, atomic.StatePath("w", fragment.FP32)))
 	if err != nil || !bytes.Equal(got, want) {
 		t.Errorf("w = %x (%v), want %x", got, err, want)
 	}
-	got, _, err = truth.ReadAtomic(filepath.Join(dst, atomic.StatePath("s", fragment.FP32)))
+	got, _, err = testkit.ReadAtomic(filepath.Join(dst, atomic.StatePath("s", fragment.FP32)))
 	if err != nil || !bytes.Equal(got, []byte{0, 0, 0x80, 0x3f}) {
 		t.Errorf("s = %x (%v)", got, err)
 	}

@@ -80,7 +80,10 @@ func isOptimizerEntry(rest []pyobj.Value) bool {
 // optState splits an optimizer entry into the parameter id (an FQN or an
 // integer id as a string) and the state name.
 func optState(rest []pyobj.Value) (id, state string, ok bool) {
-	first, _ := rest[0].(string)
+	first, ok := rest[0].(string)
+	if !ok {
+		return "", "", false // an integer position: no optimizer entry
+	}
 	if first == "state" && len(rest) >= 3 {
 		id = joinPath(rest[1:2])
 		state = joinPath(rest[2:])

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -173,7 +173,7 @@ func TestLayouts(t *testing.T) {
 		{"emptyrank_w4", "model", "", false, false},
 	}
 	for _, tc := range tests {
-		ck, err := Open(context.Background(), truth.Fixture("dcp", tc.c, "checkpoint"), Options{})
+		ck, err := Open(context.Background(), testkit.Fixture("dcp", tc.c, "checkpoint"), Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -385,13 +385,19 @@ func (e *Entry) parseProperties(v pyobj.Value) error {
 		return fmt.Errorf("TensorProperties.dtype is %s, not a torch dtype", pyobj.TypeName(dt))
 	}
 	if o, ok := layout.(*pyobj.Object); ok && len(o.Args) == 1 {
-		e.Props.Layout, _ = o.Args[0].(string)
+		if e.Props.Layout, ok = o.Args[0].(string); !ok {
+			return fmt.Errorf("TensorProperties.layout is %s(%s), not a layout name", o.Class, pyobj.Repr(o.Args[0]))
+		}
 	}
 	if e.Props.Layout != "" && e.Props.Layout != "torch.strided" {
 		return fmt.Errorf("layout %s is not supported (only torch.strided)", e.Props.Layout)
 	}
-	e.Props.RequiresGrad, _ = rg.(bool)
-	e.Props.PinMemory, _ = pin.(bool)
+	if e.Props.RequiresGrad, ok = rg.(bool); !ok && rg != nil {
+		return fmt.Errorf("TensorProperties.requires_grad is %s, not a bool", pyobj.TypeName(rg))
+	}
+	if e.Props.PinMemory, ok = pin.(bool); !ok && pin != nil {
+		return fmt.Errorf("TensorProperties.pin_memory is %s, not a bool", pyobj.TypeName(pin))
+	}
 	mf := int64(0)
 	known := true
 	switch x := enc.(type) {
@@ -558,11 +564,16 @@ func parseStorageMeta(v pyobj.Value) (*StorageMeta, error) {
 	if cv, ok := o.Attr("checkpoint_id"); ok {
 		sm.CheckpointID = pathString(cv)
 	}
-	if sv, ok := o.Attr("save_id"); ok {
-		sm.SaveID, _ = sv.(string)
+	// save_id and load_id are Optional[str].
+	if sv, ok := o.Attr("save_id"); ok && sv != nil {
+		if sm.SaveID, ok = sv.(string); !ok {
+			return nil, fmt.Errorf("storage_meta.save_id is %s, not a str", pyobj.TypeName(sv))
+		}
 	}
-	if lv, ok := o.Attr("load_id"); ok {
-		sm.LoadID, _ = lv.(string)
+	if lv, ok := o.Attr("load_id"); ok && lv != nil {
+		if sm.LoadID, ok = lv.(string); !ok {
+			return nil, fmt.Errorf("storage_meta.load_id is %s, not a str", pyobj.TypeName(lv))
+		}
 	}
 	if mv, ok := o.Attr("modules"); ok {
 		sm.Modules, _ = pyobj.Strings(mv)

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -148,7 +148,7 @@ func TestMetadataErrors(t *testing.T) {
 // return an error or a Metadata that ucp writes and reads back the same,
 // never panic.
 func FuzzMetadata(f *testing.F) {
-	seeds, _ := filepath.Glob(truth.Fixture("dcp", "*", "checkpoint", MetadataFile))
+	seeds, _ := filepath.Glob(testkit.Fixture("dcp", "*", "checkpoint", MetadataFile))
 	for _, s := range seeds {
 		b, err := os.ReadFile(s)
 		if err != nil {

@@ -78,7 +78,11 @@ func (c *Checkpoint) Table() (*fragment.Table, error) {
 	if err := a.build(); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Dir, err)
 	}
-	t := &fragment.Table{Format: "dcp", Source: c.Dir,
+	format := c.Format
+	if format == "" {
+		format = "dcp"
+	}
+	t := &fragment.Table{Format: format, Source: c.Dir,
 		Degrees: fragment.Degrees{TP: 1, PP: 1, DP: c.World, EP: 1}, Params: a.params}
 	extra, err := a.extra()
 	if err != nil {
@@ -106,6 +110,9 @@ func (a *assembly) describe() []string {
 	s := fmt.Sprintf("DCP metadata fields %v", md.Fields)
 	if md.Version != "" {
 		s += ", version " + md.Version
+	}
+	if c.Format == "hf" {
+		s = fmt.Sprintf("safetensors files %v", c.MetaFiles)
 	}
 	s += fmt.Sprintf("; %d rank(s); model under %q", c.World, l.ModelGroup)
 	if l.OptimGroup != "" {
@@ -179,7 +186,7 @@ func (a *assembly) layout() error {
 			if id, st, ok := optState(p.rest); ok && st == fragment.StepState {
 				a.steps[id] = v.V
 			}
-			if f, _ := p.rest[0].(string); len(p.rest) == 1 && strings.HasPrefix(f, "param_groups.") {
+			if f, ok := p.rest[0].(string); ok && len(p.rest) == 1 && strings.HasPrefix(f, "param_groups.") {
 				a.lay.Flattened = true
 			}
 		}
@@ -619,8 +626,8 @@ func (a *assembly) optimizer(extra *pyobj.Dict) *pyobj.Dict {
 		var sig strings.Builder
 		for i := 0; i < od.Len(); i++ {
 			k, v := od.Item(i)
-			ks, _ := k.(string)
-			if name, ok := strings.CutPrefix(ks, prefix); ok && !strings.Contains(name, ".") {
+			ks, isStr := k.(string)
+			if name, ok := strings.CutPrefix(ks, prefix); isStr && ok && !strings.Contains(name, ".") {
 				vals.Set(name, v)
 				fmt.Fprintf(&sig, "%s=%s;", name, pyobj.Repr(v))
 			}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // transformCase copies fixture c and passes every item through enc, as
@@ -89,8 +89,8 @@ func TestTransformedItems(t *testing.T) {
 				t.Fatalf("scratch folders %v, want one", tbl.Scratch)
 			}
 			tr := loadTruth(t, tc.c)
-			dst := truth.Convert(t, tbl, 2)
-			truth.Check(t, dst, tr.Path)
+			dst := testkit.Convert(t, tbl, 2)
+			testkit.Check(t, dst, tr.Path)
 			checkBuffers(t, tr, tbl, dst)
 			checkSteps(t, tr, tbl, dst)
 			checkExtra(t, tr, dst)
@@ -137,15 +137,7 @@ func TestTransformErrors(t *testing.T) {
 			dir := transformCase(t, "fsdp2_w2", "stream.zstd/1", zstdEncode(t))
 			rewrite(t, dir, tc.change)
 			_, err := Index(context.Background(), dir, Options{Workers: 1})
-			if err == nil {
-				t.Fatal("no error")
-			}
-			t.Log(err)
-			for _, s := range tc.want {
-				if !strings.Contains(err.Error(), s) {
-					t.Errorf("error %q does not mention %q", err, s)
-				}
-			}
+			wantError(t, err, tc.want...)
 			left, _ := filepath.Glob(filepath.Join(tmp, "ucp-dcp-decoded-*"))
 			if len(left) != 0 {
 				t.Errorf("decoded items left behind: %v", left)

@@ -39,14 +39,13 @@ func checkRanks(dir string, models []*modelState, optims map[[2]int]*optimState,
 // BF16_Optimizer or ZeRO-3) shares with the other ranks of its run.
 func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error {
 	field := func(name string, v pyobj.Value) error { return r.Field(path, rank, name, v) }
-	get := func(d *pyobj.Dict, k string) pyobj.Value {
-		if d == nil {
-			return nil
-		}
-		v, _ := d.Get(k)
+	dec := pyobj.NewDec(path, root)
+	osd := dec.Dict("optimizer_state_dict")
+	// get returns d[k], nil when absent (agree.Ranks: absent everywhere agrees).
+	get := func(d pyobj.Dec, k string) pyobj.Value {
+		v, _ := d.AsDict().Get(k)
 		return v
 	}
-	osd, _ := get(root, "optimizer_state_dict").(*pyobj.Dict)
 	wrapper := "BF16_Optimizer (no zero_stage)"
 	if zs := get(osd, "zero_stage"); zs != nil {
 		wrapper = fmt.Sprintf("ZeRO stage %d", ZeroStage(zs))
@@ -62,8 +61,8 @@ func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error 
 		name string
 		v    pyobj.Value
 	}{
-		{"ds_config", get(root, "ds_config")},
-		{"ds_version", get(root, "ds_version")},
+		{"ds_config", get(dec, "ds_config")},
+		{"ds_version", get(dec, "ds_version")},
 		{"loss scaler class", scaler},
 		{"dynamic_loss_scale", get(osd, "dynamic_loss_scale")},
 		{"clip_grad", get(osd, "clip_grad")},
@@ -75,9 +74,9 @@ func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error 
 	}
 	// The torch optimizer: ZeRO-1/2 and BF16_Optimizer keep it as
 	// base_optimizer_state, ZeRO-3 as optimizer_state_dict.
-	inner, _ := get(osd, "base_optimizer_state").(*pyobj.Dict)
-	if inner == nil {
-		inner, _ = get(osd, "optimizer_state_dict").(*pyobj.Dict)
+	inner, ok := osd.OptDict("base_optimizer_state")
+	if !ok {
+		inner, _ = osd.OptDict("optimizer_state_dict")
 	}
 	if err := field("optimizer hyper-parameters (param_groups)", get(inner, "param_groups")); err != nil {
 		return err
@@ -93,15 +92,13 @@ func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error 
 			}
 		}
 	}
-	states, _ := get(inner, "state").(*pyobj.Dict)
-	if states == nil {
-		return nil
-	}
-	for i := 0; i < states.Len(); i++ {
-		g, sv := states.Item(i)
-		sd, ok := sv.(*pyobj.Dict)
-		if !ok {
-			continue // the readers report a malformed state
+	states, _ := inner.OptDict("state")
+	m := states.AsDict()
+	for i := 0; i < m.Len(); i++ {
+		g, _ := m.Item(i)
+		sd := states.Dict(g).AsDict()
+		if sd == nil {
+			break // dec.Err() says what is wrong
 		}
 		keys := pyobj.Tuple{}
 		for _, k := range sd.Keys() {
@@ -122,7 +119,7 @@ func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error 
 			return err
 		}
 	}
-	return nil
+	return dec.Err()
 }
 
 func dtypeOf(v pyobj.Value) pyobj.Value {

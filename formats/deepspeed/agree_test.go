@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // TestMixedRunsRefused: a rank file taken from another run of the same
@@ -17,7 +17,7 @@ import (
 func TestMixedRunsRefused(t *testing.T) {
 	const step = "global_step3"
 	rank1 := filepath.Join(step, "zero_pp_rank_1_mp_rank_00_optim_states.pt")
-	real := func(c string) string { return truth.Fixture("deepspeed-real", c, "checkpoint") }
+	real := func(c string) string { return testkit.Fixture("deepspeed-real", c, "checkpoint") }
 	copyFrom := func(c, name string) func(t *testing.T, d string) {
 		return func(t *testing.T, d string) {
 			b, err := os.ReadFile(filepath.Join(real(c), step, name))
@@ -43,12 +43,12 @@ func TestMixedRunsRefused(t *testing.T) {
 		{"rank 1 of an fp32 run into fp16", "z1_dp2_fp16", copyFrom("z1_dp2_fp32", filepath.Base(rank1)),
 			[]string{"different runs", `ds_config differs at ["fp16"]`}},
 		{"rank 1 at step 7", "z1_dp2_fp32", func(t *testing.T, d string) {
-			truth.SetStep(t, filepath.Join(d, rank1), 7, "optimizer_state_dict", "base_optimizer_state", "state")
+			testkit.SetStep(t, filepath.Join(d, rank1), 7, "optimizer_state_dict", "base_optimizer_state", "state")
 		}, []string{"step of param group 0 differs", "zero_pp_rank_0_mp_rank_00_optim_states.pt (rank dp 0 mp 0) has 3", "zero_pp_rank_1_mp_rank_00_optim_states.pt (rank dp 1 mp 0) has 7"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := truth.CopyTree(t, real(tc.base))
+			d := testkit.CopyTree(t, real(tc.base))
 			tc.break_(t, d)
 			_, err := Index(context.Background(), d, Options{})
 			if err == nil {

@@ -10,14 +10,14 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
 func TestFixtures(t *testing.T) {
-	truth.ConvertCases(t, "deepspeed", 10, func(t *testing.T, dir string) *fragment.Table {
+	testkit.ConvertCases(t, "deepspeed", 10, func(t *testing.T, dir string) *fragment.Table {
 		tbl, err := Index(context.Background(), dir, Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -29,7 +29,7 @@ func TestFixtures(t *testing.T) {
 // TestMegatronPatterns checks the patterns the Megatron-DeepSpeed TP case
 // is classified into, from its universal_checkpoint_info.
 func TestMegatronPatterns(t *testing.T) {
-	dir := truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")
+	dir := testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")
 	tbl, err := Index(context.Background(), dir, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestMegatronPatterns(t *testing.T) {
 }
 
 func TestMissingTensorParallelRank(t *testing.T) {
-	d := truth.CopyTree(t, truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"))
+	d := testkit.CopyTree(t, testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"))
 	tag, _ := os.ReadFile(filepath.Join(d, "latest"))
 	if err := os.Remove(filepath.Join(d, strings.TrimSpace(string(tag)), "mp_rank_01_model_states.pt")); err != nil {
 		t.Fatal(err)
@@ -77,12 +77,12 @@ func TestMissingTensorParallelRank(t *testing.T) {
 // universal_checkpoint_info converts without any flag, and its model states
 // are written again with the info added and every tensor unchanged.
 func TestModelStatesGainUniversalInfo(t *testing.T) {
-	ckpt := truth.Fixture("deepspeed", "hf_z2_bf16_nouci_dp2", "checkpoint")
+	ckpt := testkit.Fixture("deepspeed", "hf_z2_bf16_nouci_dp2", "checkpoint")
 	tbl, err := Index(context.Background(), ckpt, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := truth.Convert(t, tbl, 2)
+	dst := testkit.Convert(t, tbl, 2)
 	tag, _ := os.ReadFile(filepath.Join(ckpt, "latest"))
 	src, err := torchfile.Open(filepath.Join(ckpt, strings.TrimSpace(string(tag)), "mp_rank_00_model_states.pt"))
 	if err != nil {
@@ -115,7 +115,7 @@ func TestModelStatesGainUniversalInfo(t *testing.T) {
 	}
 	// Real torch reads the rewritten file (its pickle holds DeepSpeed-free
 	// values only: dicts, sets, tensors).
-	py := truth.Python(t)
+	py := testkit.Python(t)
 	script := `import sys, torch
 d = torch.load(sys.argv[1], map_location="cpu")
 s = torch.load(sys.argv[2], map_location="cpu")

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 )
 
@@ -83,7 +83,7 @@ func TestMalformedValues(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dir := truth.BreakFile(t, truth.Fixture("deepspeed", c.fixture, "checkpoint"), c.file, c.edit)
+			dir := testkit.BreakFile(t, testkit.Fixture("deepspeed", c.fixture, "checkpoint"), c.file, c.edit)
 			_, err := Index(context.Background(), dir, Options{})
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.file) {
 				t.Fatalf("error %v\nwant one containing %s and %s", err, c.file, c.want)

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // The checkpoints in testdata/fixtures/deepspeed-real were written by the
@@ -16,10 +16,10 @@ import (
 var realCases = []string{"z1_dp2_fp32", "z2_dp2_bf16", "z1_dp2_fp16", "bf16opt_z1_dp2"}
 
 func TestRealDeepSpeedCheckpoints(t *testing.T) {
-	torch := truth.NewTorchBatch(t)
+	torch := testkit.NewTorchBatch(t)
 	for _, c := range realCases {
 		t.Run(c, func(t *testing.T) {
-			dir := truth.Fixture("deepspeed-real", c)
+			dir := testkit.Fixture("deepspeed-real", c)
 			tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -28,8 +28,8 @@ func TestRealDeepSpeedCheckpoints(t *testing.T) {
 				t.Fatalf("degrees %+v, %d params", tbl.Degrees, len(tbl.Params))
 			}
 			for _, workers := range []int{1, 3} {
-				dst := truth.Convert(t, tbl, workers)
-				truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
+				dst := testkit.Convert(t, tbl, workers)
+				testkit.Check(t, dst, filepath.Join(dir, "truth.pt"))
 				if workers == 1 {
 					torch.Add(t, c, dst, filepath.Join(dir, "truth.pt"), filepath.Join(dir, "universal"))
 				}
@@ -40,7 +40,7 @@ func TestRealDeepSpeedCheckpoints(t *testing.T) {
 }
 
 func TestBadRankFiles(t *testing.T) {
-	src := truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint")
+	src := testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint")
 	step := "global_step3"
 	tests := []struct {
 		name    string
@@ -87,7 +87,7 @@ func TestBadRankFiles(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := truth.CopyTree(t, src)
+			d := testkit.CopyTree(t, src)
 			if err := tc.break_(d); err != nil {
 				t.Fatal(err)
 			}

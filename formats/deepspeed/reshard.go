@@ -929,16 +929,16 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 	}
 	for i := 0; i < tmpl.Len(); i++ {
 		k, v := tmpl.Item(i)
-		ks, _ := k.(string)
-		if _, done := state.Get(k); done || newerKeys[ks] {
+		ks, isStr := k.(string) // client keys of other types are copied as they are
+		if _, done := state.Get(k); done || (isStr && newerKeys[ks]) {
 			continue
 		}
-		if ks == "args" {
+		if isStr && ks == "args" {
 			v = p.args(v)
 		}
-		cv, err := copyTensors(f, v, &fills)
+		cv, err := f.WithBytes(v, pyobj.DefaultLimits(), 0)
 		if err != nil {
-			return fmt.Errorf("%s: %s: %w", f.Name, ks, err)
+			return fmt.Errorf("%s: %s: %w", f.Name, pyobj.Repr(k), err)
 		}
 		state.Set(k, cv)
 	}
@@ -1047,47 +1047,6 @@ func readBlob(f *torchfile.File, t *torchfile.Tensor) (*torchfile.Blob, error) {
 	bl := torchfile.NewBlob(t.DType, t.Shape, b)
 	bl.RequiresGrad = t.RequiresGrad
 	return bl, nil
-}
-
-// copyTensors copies a client-state value with its tensors' bytes.
-func copyTensors(f *torchfile.File, v pyobj.Value, fills *[]fill) (pyobj.Value, error) {
-	switch x := v.(type) {
-	case *torchfile.Tensor:
-		return readBlob(f, x)
-	case *pyobj.Dict:
-		c := pyobj.NewDict(x.Kind)
-		c.Attrs = x.Attrs
-		for i := 0; i < x.Len(); i++ {
-			k, val := x.Item(i)
-			nv, err := copyTensors(f, val, fills)
-			if err != nil {
-				return nil, err
-			}
-			c.Set(k, nv)
-		}
-		return c, nil
-	case *pyobj.List:
-		c := &pyobj.List{Items: make([]pyobj.Value, len(x.Items))}
-		for i, e := range x.Items {
-			nv, err := copyTensors(f, e, fills)
-			if err != nil {
-				return nil, err
-			}
-			c.Items[i] = nv
-		}
-		return c, nil
-	case pyobj.Tuple:
-		c := make(pyobj.Tuple, len(x))
-		for i, e := range x {
-			nv, err := copyTensors(f, e, fills)
-			if err != nil {
-				return nil, err
-			}
-			c[i] = nv
-		}
-		return c, nil
-	}
-	return v, nil
 }
 
 // frozenFragment is a frozen parameter as DeepSpeed saves it: the whole

@@ -14,7 +14,7 @@ import (
 	"github.com/ucp-project/ucp/formats"
 	. "github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // convertDS converts a DeepSpeed checkpoint (ZeRO-1/2/3) into a fresh atomic folder.
@@ -24,7 +24,7 @@ func convertDS(t *testing.T, ckpt string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return truth.Convert(t, tbl, 2)
+	return testkit.Convert(t, tbl, 2)
 }
 
 // reshardTo writes atomic checkpoint a as a DeepSpeed tag folder and returns
@@ -95,11 +95,11 @@ func sameAtomic(t *testing.T, a, b string, sameFiles bool) {
 				continue
 			}
 			if !sameFiles && fa.State != fragment.StepState {
-				va, sa, err := truth.ReadAtomic(filepath.Join(a, fa.Path))
+				va, sa, err := testkit.ReadAtomic(filepath.Join(a, fa.Path))
 				if err != nil {
 					t.Fatal(err)
 				}
-				vb, sb, err := truth.ReadAtomic(filepath.Join(b, fb.Path))
+				vb, sb, err := testkit.ReadAtomic(filepath.Join(b, fb.Path))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -145,7 +145,7 @@ func TestReshardRoundTrip(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			a := convertDS(t, truth.Fixture(c.ckpt, "checkpoint"))
+			a := convertDS(t, testkit.Fixture(c.ckpt, "checkpoint"))
 			save := reshardTo(t, a, c.o)
 			tbl, err := formats.Index(context.Background(), save, "", formats.Options{Workers: 2})
 			if err != nil {
@@ -155,20 +155,20 @@ func TestReshardRoundTrip(t *testing.T) {
 			if tbl.Degrees != want {
 				t.Errorf("resharded degrees %+v, want %+v", tbl.Degrees, want)
 			}
-			b := truth.Convert(t, tbl, 2)
+			b := testkit.Convert(t, tbl, 2)
 			src, err := atomic.ReadManifest(a)
 			if err != nil {
 				t.Fatal(err)
 			}
 			sameAtomic(t, a, b, src.Source.Degrees.TP == c.o.TP && (src.Source.Degrees.ZeRO == 3) == (c.o.Zero == 3))
-			truth.Check(t, b, truth.Fixture(c.ckpt, "truth.pt"))
+			testkit.Check(t, b, testkit.Fixture(c.ckpt, "truth.pt"))
 		})
 	}
 }
 
 func TestReshardBadTarget(t *testing.T) {
-	tiny := convertDS(t, truth.Fixture("deepspeed/z1_tiny_dp4_padonly", "checkpoint"))
-	meg := convertDS(t, truth.Fixture("deepspeed/megatron_tp2_bf16opt_dp2", "checkpoint"))
+	tiny := convertDS(t, testkit.Fixture("deepspeed/z1_tiny_dp4_padonly", "checkpoint"))
+	meg := convertDS(t, testkit.Fixture("deepspeed/megatron_tp2_bf16opt_dp2", "checkpoint"))
 	cases := []struct {
 		name, atomic string
 		o            ReshardOptions

@@ -12,18 +12,18 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/megatron"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/safetensors"
 )
 
 // atomicOf converts a Megatron fixture and opens the atomic checkpoint.
 func atomicOf(t *testing.T, c string) *atomic.Reader {
 	t.Helper()
-	tbl, err := megatron.Index(context.Background(), truth.Fixture("megatron", c, "checkpoint"), megatron.Options{})
+	tbl, err := megatron.Index(context.Background(), testkit.Fixture("megatron", c, "checkpoint"), megatron.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(truth.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
+	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestExportRealLoaders(t *testing.T) {
 		if r == nil {
 			r = atomicOf(t, x.fixture)
 			readers[x.fixture] = r
-			b, err := os.ReadFile(truth.Fixture("megatron", x.fixture, "truth.pt"))
+			b, err := os.ReadFile(testkit.Fixture("megatron", x.fixture, "truth.pt"))
 			if err == nil {
 				err = os.WriteFile(filepath.Join(work, x.fixture+".pt"), b, 0o644)
 			}
@@ -108,7 +108,7 @@ func TestExportRealLoaders(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(work, "cases.json"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := truth.Torch2(t, work, filepath.Join(truth.RepoRoot(), "testdata", "check", "check_hf.py"), "cases.json")
+	out := testkit.Torch2(t, work, filepath.Join(testkit.RepoRoot(), "testdata", "check", "check_hf.py"), "cases.json")
 	t.Log(strings.TrimSpace(out))
 }
 

@@ -101,6 +101,19 @@ func argInt(args map[string]any, names ...string) (int64, bool) {
 	return 0, false
 }
 
+// argBool returns a recorded bool argument and whether it is recorded; a
+// value of another type is an error.
+func argBool(args map[string]any, where, name string) (v, ok bool, err error) {
+	x, present := args[name]
+	if !present {
+		return false, false, nil
+	}
+	if v, ok = x.(bool); !ok {
+		return false, false, fmt.Errorf("%s: source.args.%s is %v, not a bool", where, name, x)
+	}
+	return v, true, nil
+}
+
 func argFloat(args map[string]any, def float64, names ...string) float64 {
 	for _, n := range names {
 		switch v := args[n].(type) {
@@ -128,7 +141,11 @@ func llamaGeometry(r *atomic.Reader) (geometry, error) {
 		return g, fmt.Errorf("%s: source.args has no num_attention_heads", where)
 	}
 	g.groups = g.heads
-	if gqa, _ := args["group_query_attention"].(bool); gqa {
+	gqa, _, err := argBool(args, where, "group_query_attention")
+	if err != nil {
+		return g, err
+	}
+	if gqa {
 		if g.groups, ok = argInt(args, "num_query_groups"); !ok {
 			return g, fmt.Errorf("%s: source.args has group_query_attention but no num_query_groups", where)
 		}
@@ -145,7 +162,11 @@ func llamaGeometry(r *atomic.Reader) (geometry, error) {
 	if g.headDim, ok = argInt(args, "kv_channels"); !ok || g.headDim <= 0 {
 		g.headDim = hidden / g.heads
 	}
-	if sw, ok := args["swiglu"].(bool); ok && !sw {
+	sw, ok, err := argBool(args, where, "swiglu")
+	if err != nil {
+		return g, err
+	}
+	if ok && !sw {
 		return g, fmt.Errorf("%s: the model has no SwiGLU MLP (args.swiglu is false); it is not a Llama model", where)
 	}
 	if n, ok := args["normalization"].(string); ok && n != "RMSNorm" {
@@ -365,7 +386,11 @@ func llamaConfig(r *atomic.Reader, g geometry, all []string, canon func(string) 
 		return nil, fmt.Errorf("%s: no word embedding or fc1 weight to read the model's sizes from", r.Dir)
 	}
 	tied := shape(llamaRows[10].src) == nil
-	if u, ok := args["untie_embeddings_and_output_weights"].(bool); ok && u && tied {
+	u, _, err := argBool(args, r.Dir, "untie_embeddings_and_output_weights")
+	if err != nil {
+		return nil, err
+	}
+	if u && tied {
 		return nil, fmt.Errorf("%s: args untie the output layer, but the checkpoint has no output_layer.weight", r.Dir)
 	}
 	maxPos, ok := argInt(args, "max_position_embeddings", "seq_length")

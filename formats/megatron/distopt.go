@@ -158,12 +158,14 @@ type distState struct {
 // parseDistrib splits distrib_optim.pt into per-sub-optimizer entries
 // (nil where this rank is not DP rank 0 of that sub-optimizer's group).
 func parseDistrib(path string, root pyobj.Value) ([]*distState, error) {
-	items := []pyobj.Value{root}
-	if l, ok := root.(*pyobj.List); ok {
-		items = l.Items
+	dec := pyobj.NewDec(path, root)
+	items := []pyobj.Dec{dec}
+	if _, ok := root.(*pyobj.List); ok {
+		items = dec.AsList()
 	}
 	var out []*distState
-	for i, it := range items {
+	for i, ed := range items {
+		it := ed.Value()
 		if it == nil {
 			out = append(out, nil)
 			continue
@@ -179,11 +181,15 @@ func parseDistrib(path string, root pyobj.Value) ([]*distState, error) {
 			case string:
 				switch kk {
 				case "buckets_coalesced":
-					ds.coalesced, _ = v.(bool)
+					ds.coalesced = ed.Bool(kk)
 				case "per_bucket_numel":
-					ds.perBucket, _ = v.(*pyobj.List)
+					if v != nil {
+						ds.perBucket = pyobj.As[*pyobj.List](ed.Key(kk), "list")
+					}
 				case "per_bucket_numel_unpadded":
-					ds.unpadded, _ = v.(*pyobj.List)
+					if v != nil {
+						ds.unpadded = pyobj.As[*pyobj.List](ed.Key(kk), "list")
+					}
 				case "param_state_sharding_type", "sharding_type":
 					return nil, fmt.Errorf("%s: entry %d is a %s distributed-optimizer state, which ucp does not read yet", path, i, pyobj.Repr(v))
 				}
@@ -194,6 +200,9 @@ func parseDistrib(path string, root pyobj.Value) ([]*distState, error) {
 				}
 				ds.gbufs[kk] = gd
 			}
+		}
+		if err := dec.Err(); err != nil {
+			return nil, err
 		}
 		if len(ds.gbufs) == 0 {
 			return nil, fmt.Errorf("%s: entry %d holds no buffers (keys %s); unknown distributed-optimizer layout", path, i, pyobj.Repr(pyobj.Tuple(d.Keys())))
@@ -333,12 +342,15 @@ func layoutParams(b *buffer) []layoutParam {
 }
 
 // stateTensors returns the per-state values of a buffer state dict,
-// 'param' renamed fp32.
-func stateTensors(st *pyobj.Dict) map[string]pyobj.Value {
+// 'param' renamed fp32; a key that is not a string is an error.
+func stateTensors(where string, st *pyobj.Dict) (map[string]pyobj.Value, error) {
 	out := map[string]pyobj.Value{}
 	for n := 0; n < st.Len(); n++ {
 		k, v := st.Item(n)
-		ks, _ := k.(string)
+		ks, ok := k.(string)
+		if !ok {
+			return nil, fmt.Errorf("%s: state key %s is %s, not a str", where, pyobj.Repr(k), pyobj.TypeName(k))
+		}
 		if ks == "" || ks == "numel_unpadded" {
 			continue
 		}
@@ -347,16 +359,17 @@ func stateTensors(st *pyobj.Dict) map[string]pyobj.Value {
 		}
 		out[ks] = v
 	}
-	return out
+	return out, nil
 }
 
 // mapCoalesced reads an F3 buffer (core >= 0.7): one flat tensor per state
 // holding the buckets without their end padding. The version is told by
 // numel_unpadded: with 64-element alignment, or without.
 func (f *rankFile) mapCoalesced(where string, a *Args, b *buffer, st *pyobj.Dict, expert bool) error {
-	nu, err := pyobj.IntKey(st, "numel_unpadded")
-	if err != nil {
-		return fmt.Errorf("%s: %v", where, err)
+	sd := pyobj.NewDec(where, st)
+	nu := sd.Int("numel_unpadded")
+	if err := sd.Err(); err != nil {
+		return err
 	}
 	lps := layoutParams(b)
 	var lay layoutResult
@@ -383,7 +396,11 @@ func (f *rankFile) mapCoalesced(where string, a *Args, b *buffer, st *pyobj.Dict
 		base[i+1] = base[i] + u
 	}
 	tensors := map[string]*torchfile.Tensor{}
-	for name, v := range stateTensors(st) {
+	states, err := stateTensors(where, st)
+	if err != nil {
+		return err
+	}
+	for name, v := range states {
 		t, ok := v.(*torchfile.Tensor)
 		if !ok {
 			return fmt.Errorf("%s: state %q is %s, not a tensor", where, name, pyobj.TypeName(v))
@@ -411,7 +428,11 @@ func (f *rankFile) mapCoalesced(where string, a *Args, b *buffer, st *pyobj.Dict
 func (f *rankFile) mapBuckets(where string, a *Args, b *buffer, st *pyobj.Dict, ds *distState, gi int, expert bool) error {
 	per := map[string][]*torchfile.Tensor{}
 	nb := -1
-	for name, v := range stateTensors(st) {
+	states, err := stateTensors(where, st)
+	if err != nil {
+		return err
+	}
+	for name, v := range states {
 		var ts []*torchfile.Tensor
 		switch x := v.(type) {
 		case *torchfile.Tensor:

@@ -7,7 +7,7 @@ import (
 
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -16,7 +16,7 @@ import (
 func convertCheck(t *testing.T, dir, truthPath string) *fragment.Table {
 	t.Helper()
 	tbl := index(t, dir, Options{})
-	truth.Check(t, truth.Convert(t, tbl, 2), truthPath)
+	testkit.Check(t, testkit.Convert(t, tbl, 2), truthPath)
 	return tbl
 }
 
@@ -65,7 +65,7 @@ func TestDistribF1(t *testing.T) {
 				return out
 			})
 		}
-		convertCheck(t, root, truth.Fixture("megatron", "tp2_dp2_distopt_f2", "truth.pt"))
+		convertCheck(t, root, testkit.Fixture("megatron", "tp2_dp2_distopt_f2", "truth.pt"))
 	}
 }
 
@@ -73,7 +73,7 @@ func TestDistribF1(t *testing.T) {
 // bucket each) without the 64-element alignment, as core 0.7 wrote them:
 // the reader must notice from numel_unpadded and still convert exactly.
 func TestDistribCoalescedUnaligned(t *testing.T) {
-	src := truth.Fixture("megatron", "same_tp2_pp2")
+	src := testkit.Fixture("megatron", "same_tp2_pp2")
 	orig := index(t, filepath.Join(src, "checkpoint"), Options{})
 	// The runs each file's buffer holds, from the aligned layout.
 	runs := map[string][][2]int64{}
@@ -88,7 +88,7 @@ func TestDistribCoalescedUnaligned(t *testing.T) {
 	if len(runs) != 4 {
 		t.Fatalf("%d distrib_optim.pt files", len(runs))
 	}
-	root := truth.CopyTree(t, filepath.Join(src, "checkpoint"))
+	root := testkit.CopyTree(t, filepath.Join(src, "checkpoint"))
 	for rel, rs := range runs {
 		sort.Slice(rs, func(i, j int) bool { return rs[i][0] < rs[j][0] })
 		var n int64

@@ -8,13 +8,13 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
 func fixtureCopy(t *testing.T, c string) (root, iter string) {
-	root = truth.CopyTree(t, truth.Fixture("megatron", c, "checkpoint"))
+	root = testkit.CopyTree(t, testkit.Fixture("megatron", c, "checkpoint"))
 	return root, filepath.Join(root, "iter_0000010")
 }
 
@@ -22,7 +22,7 @@ func fixtureCopy(t *testing.T, c string) (root, iter string) {
 // tensors become blobs holding their bytes.
 func rewrite(t *testing.T, path string, edit func(root pyobj.Value) pyobj.Value) {
 	t.Helper()
-	truth.Resave(t, path, edit)
+	testkit.Resave(t, path, edit)
 }
 
 func wantError(t *testing.T, dir string, o Options, parts ...string) {
@@ -132,7 +132,7 @@ func TestTracker(t *testing.T) {
 }
 
 func TestNotMegatron(t *testing.T) {
-	ds := truth.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")
+	ds := testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint")
 	if Detect(ds) {
 		t.Error("a Megatron-DeepSpeed checkpoint is detected as Megatron-LM")
 	}
@@ -243,7 +243,7 @@ func TestDistribLayoutMismatch(t *testing.T) {
 }
 
 func TestVocabularySize(t *testing.T) {
-	dir := truth.Fixture("megatron", "novocab_tp2", "checkpoint")
+	dir := testkit.Fixture("megatron", "novocab_tp2", "checkpoint")
 	emb := "embedding.word_embeddings.weight"
 	tbl := index(t, dir, Options{})
 	if p := tbl.Param(emb); p.Shape[0] != 256 || p.Info.VocabSize != 0 {
@@ -260,7 +260,7 @@ func TestVocabularySize(t *testing.T) {
 		t.Errorf("notes %q", tbl.Notes)
 	}
 	wantError(t, dir, Options{VocabSize: 300}, "exceeds the 256 padded rows")
-	wantError(t, truth.Fixture("megatron", "tp1_pp1", "checkpoint"), Options{VocabSize: 99}, "contradicts args.vocab_size 100")
+	wantError(t, testkit.Fixture("megatron", "tp1_pp1", "checkpoint"), Options{VocabSize: 99}, "contradicts args.vocab_size 100")
 }
 
 // TestNoMainParams: without fp32_from_fp16_params the fp32 state comes

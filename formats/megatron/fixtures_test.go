@@ -11,7 +11,7 @@ import (
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -34,13 +34,13 @@ func index(t *testing.T, dir string, o Options) *fragment.Table {
 // with real torch; the patterns, the order of the parameters and the
 // carried buffers must match the truth too.
 func TestFixtures(t *testing.T) {
-	truth.ConvertCases(t, "megatron", 15, func(t *testing.T, dir string) *fragment.Table {
+	testkit.ConvertCases(t, "megatron", 15, func(t *testing.T, dir string) *fragment.Table {
 		if !Detect(dir) {
 			t.Error("Detect is false")
 		}
 		return index(t, dir, Options{})
 	}, func(t *testing.T, tbl *fragment.Table, tp string) {
-		tr, err := truth.Load(tp)
+		tr, err := testkit.Load(tp)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +52,7 @@ func TestFixtures(t *testing.T) {
 
 // checkPatterns compares the names (in order), shapes and patterns of the
 // trained parameters with the truth's.
-func checkPatterns(t *testing.T, tbl *fragment.Table, tr *truth.Truth) {
+func checkPatterns(t *testing.T, tbl *fragment.Table, tr *testkit.Truth) {
 	t.Helper()
 	namesV, _ := tr.Root.Get("param_names")
 	want, ok := pyobj.Strings(namesV)
@@ -95,7 +95,7 @@ func checkPatterns(t *testing.T, tbl *fragment.Table, tr *truth.Truth) {
 
 // checkBuffers compares the carried buffers (frozen parameters) with the
 // truth's buffers, by reading the model weights the table points at.
-func checkBuffers(t *testing.T, tbl *fragment.Table, tr *truth.Truth) {
+func checkBuffers(t *testing.T, tbl *fragment.Table, tr *testkit.Truth) {
 	t.Helper()
 	bv, _ := tr.Root.Get("buffers")
 	bd, _ := bv.(*pyobj.Dict)
@@ -153,8 +153,8 @@ func readFrag(t *testing.T, f fragment.Fragment) []byte {
 func TestSameModelTwoLayouts(t *testing.T) {
 	var dsts []string
 	for _, c := range []string{"same_tp2_pp2", "same_tp4_pp1"} {
-		tbl := index(t, truth.Fixture("megatron", c, "checkpoint"), Options{})
-		dsts = append(dsts, truth.Convert(t, tbl, 2))
+		tbl := index(t, testkit.Fixture("megatron", c, "checkpoint"), Options{})
+		dsts = append(dsts, testkit.Convert(t, tbl, 2))
 	}
 	files := func(dst string) []string {
 		m, err := filepath.Glob(filepath.Join(dst, atomic.ZeroDir, "*", "*.pt"))

@@ -86,13 +86,18 @@ func readGroups(path string, i int, inner *pyobj.Dict) ([]*pyobj.Dict, []groupFl
 			}
 			fl.noWD = x == 0
 		} else if w, ok := d.Get("weight_decay"); ok {
-			x, _ := pyobj.Float(w)
+			x, ok := pyobj.Float(w)
+			if !ok {
+				return nil, nil, fmt.Errorf("%s: optimizer[%d] param_groups[%d] weight_decay is %s", path, i, g, pyobj.Repr(w))
+			}
 			fl.noWD = x == 0
 		} else {
 			return nil, nil, fmt.Errorf("%s: optimizer[%d] param_groups[%d] has neither wd_mult nor weight_decay; its parameters cannot be told", path, i, g)
 		}
 		if e, ok := d.Get("is_expert_parallel"); ok {
-			fl.expert, _ = e.(bool)
+			if fl.expert, ok = e.(bool); !ok {
+				return nil, nil, fmt.Errorf("%s: optimizer[%d] param_groups[%d] is_expert_parallel is %s, not a bool", path, i, g, pyobj.Repr(e))
+			}
 		}
 		groups = append(groups, d)
 		flags = append(flags, fl)
@@ -215,7 +220,10 @@ func (f *rankFile) mapFloat16(a *Args, qkWD bool) (notes []string, err error) {
 				}
 				for n := 0; n < sd.Len(); n++ {
 					kv, vv := sd.Item(n)
-					ks, _ := kv.(string)
+					ks, ok := kv.(string)
+					if !ok {
+						return nil, fmt.Errorf("%s: state key %s is %s, not a str", where, pyobj.Repr(kv), pyobj.TypeName(kv))
+					}
 					if ks == fragment.StepState {
 						continue
 					}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // TestMixedRunsRefused: the real ZeRO-3 checkpoint with rank 1's files
@@ -15,20 +15,20 @@ import (
 // files, the ranks and the values.
 func TestMixedRunsRefused(t *testing.T) {
 	const step = "global_step3"
-	real := truth.Fixture("deepspeed-real", "z3_dp2_fp32", "checkpoint")
+	real := testkit.Fixture("deepspeed-real", "z3_dp2_fp32", "checkpoint")
 	tests := []struct {
 		name   string
 		break_ func(t *testing.T, d string)
 		want   []string
 	}{
 		{"rank 1 at step 7", func(t *testing.T, d string) {
-			truth.SetStep(t, filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"), 7, "optimizer_state_dict", "optimizer_state_dict", "state")
+			testkit.SetStep(t, filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"), 7, "optimizer_state_dict", "optimizer_state_dict", "state")
 		}, []string{"different runs", "step of param group 0 differs", "zero_pp_rank_0_mp_rank_00_optim_states.pt (rank dp 0 mp 0) has 3",
 			"zero_pp_rank_1_mp_rank_00_optim_states.pt (rank dp 1 mp 0) has 7"}},
 		{"rank 1 of an fp16 run", func(t *testing.T, d string) {
 			for _, k := range []string{"model", "optim"} {
 				name := "zero_pp_rank_1_mp_rank_00_" + k + "_states.pt"
-				b, err := os.ReadFile(truth.Fixture("zero3", "dp2_fp16", "checkpoint", step, name))
+				b, err := os.ReadFile(testkit.Fixture("zero3", "dp2_fp16", "checkpoint", step, name))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -40,7 +40,7 @@ func TestMixedRunsRefused(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := truth.CopyTree(t, real)
+			d := testkit.CopyTree(t, real)
 			tc.break_(t, d)
 			_, err := Index(context.Background(), d, Options{})
 			if err == nil {

@@ -11,11 +11,11 @@ import (
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 func TestFixtures(t *testing.T) {
-	truth.ConvertCases(t, "zero3", 13, func(t *testing.T, dir string) *fragment.Table {
+	testkit.ConvertCases(t, "zero3", 13, func(t *testing.T, dir string) *fragment.Table {
 		tbl, err := Index(context.Background(), dir, Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -26,7 +26,7 @@ func TestFixtures(t *testing.T) {
 
 // TestPaperPadding: 1024 elements on DP 3 pad to 1026, 342 per rank.
 func TestPaperPadding(t *testing.T) {
-	tbl, err := Index(context.Background(), truth.Fixture("zero3", "paper_1024_dp3", "checkpoint"), Options{})
+	tbl, err := Index(context.Background(), testkit.Fixture("zero3", "paper_1024_dp3", "checkpoint"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,18 +44,18 @@ func TestPaperPadding(t *testing.T) {
 // TestSameStateAsZeRO1: the ZeRO-3 checkpoints tinylm_dp2/dp3 hold the state of the real
 // DeepSpeed ZeRO-1 checkpoint z1_dp2_fp32; both convert to byte-identical atomic files.
 func TestSameStateAsZeRO1(t *testing.T) {
-	z1dir := truth.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint")
+	z1dir := testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint")
 	z1, err := deepspeed.Index(context.Background(), z1dir, deepspeed.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := truth.Convert(t, z1, 2)
+	ref := testkit.Convert(t, z1, 2)
 	for _, c := range []string{"tinylm_dp2", "tinylm_dp3"} {
-		z3, err := Index(context.Background(), truth.Fixture("zero3", c, "checkpoint"), Options{})
+		z3, err := Index(context.Background(), testkit.Fixture("zero3", c, "checkpoint"), Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := truth.Convert(t, z3, 2)
+		got := testkit.Convert(t, z3, 2)
 		for _, p := range z1.Params {
 			for _, st := range []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq} {
 				a, err1 := os.ReadFile(filepath.Join(ref, atomic.StatePath(p.Name, st)))
@@ -72,8 +72,8 @@ func TestSameStateAsZeRO1(t *testing.T) {
 }
 
 func TestMissingGridCell(t *testing.T) {
-	src := truth.Fixture("zero3", "tp2_dp2_bf16", "checkpoint")
-	d := truth.CopyTree(t, src)
+	src := testkit.Fixture("zero3", "tp2_dp2_bf16", "checkpoint")
+	d := testkit.CopyTree(t, src)
 	tag, _ := os.ReadFile(filepath.Join(d, "latest"))
 	victim := filepath.Join(d, strings.TrimSpace(string(tag)), "zero_pp_rank_1_mp_rank_01_model_states.pt")
 	if err := os.Remove(victim); err != nil {

@@ -5,11 +5,11 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 func TestRealZero3Checkpoint(t *testing.T) {
-	dir := truth.Fixture("deepspeed-real", "z3_dp2_fp32")
+	dir := testkit.Fixture("deepspeed-real", "z3_dp2_fp32")
 	if !Detect(filepath.Join(dir, "checkpoint")) {
 		t.Fatal("not detected as ZeRO-3")
 	}
@@ -20,7 +20,7 @@ func TestRealZero3Checkpoint(t *testing.T) {
 	if tbl.Degrees.DP != 2 || tbl.Degrees.ZeRO != 3 || len(tbl.Params) != 18 {
 		t.Fatalf("degrees %+v, %d params", tbl.Degrees, len(tbl.Params))
 	}
-	dst := truth.Convert(t, tbl, 2)
-	truth.Check(t, dst, filepath.Join(dir, "truth.pt"))
-	truth.CheckWithTorch(t, dst, filepath.Join(dir, "truth.pt"))
+	dst := testkit.Convert(t, tbl, 2)
+	testkit.Check(t, dst, filepath.Join(dir, "truth.pt"))
+	testkit.CheckWithTorch(t, dst, filepath.Join(dir, "truth.pt"))
 }

@@ -47,13 +47,13 @@ FIELDS = {
     "v2.2": ["state_dict_metadata", "planner_data", "storage_data"],
     "v2.3": ["state_dict_metadata", "planner_data", "storage_data"],
     "v2.4": ["state_dict_metadata", "planner_data", "storage_data", "storage_meta"],
-    "v2.6": ["state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"],
+    "v2.7": ["state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"],
 }
 PROPS_MODULE = {
     "v2.2": "torch.distributed._shard.sharded_tensor.metadata",
     "v2.3": "torch.distributed.checkpoint.metadata",
     "v2.4": "torch.distributed.checkpoint.metadata",
-    "v2.6": "torch.distributed.checkpoint.metadata",
+    "v2.7": "torch.distributed.checkpoint.metadata",
 }
 
 
@@ -146,7 +146,7 @@ def verify(case, ckpt, truth, producer):
         sm = md.get("storage_meta")
         if sm is not None:
             want_sm = ["checkpoint_id", "save_id", "load_id"] + (
-                ["modules"] if case.layout == "v2.6" else [])
+                ["modules"] if case.layout == "v2.7" else [])
             if list(sm.state) != want_sm:
                 _fail(case, f"StorageMeta fields {list(sm.state)}")
 

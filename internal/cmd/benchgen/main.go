@@ -1,5 +1,6 @@
 // Command benchgen writes the large DeepSpeed checkpoint that 'make bench'
-// converts (see internal/benchgen).
+// converts: a generator imitating DeepSpeed's layout (benchgen.go), not
+// DeepSpeed itself, so it only feeds benchmarks, never truth.
 package main
 
 import (
@@ -7,12 +8,10 @@ import (
 	"fmt"
 	"os"
 	"time"
-
-	"github.com/ucp-project/ucp/internal/benchgen"
 )
 
 func main() {
-	c := benchgen.Default
+	c := Default
 	out := flag.String("out", ".bench/src", "folder to write the checkpoint into")
 	flag.IntVar(&c.Hidden, "hidden", c.Hidden, "hidden size")
 	flag.IntVar(&c.Layers, "layers", c.Layers, "transformer layers")
@@ -24,7 +23,7 @@ func main() {
 		c.TP = 1
 	}
 	start := time.Now()
-	if err := benchgen.Generate(*out, c); err != nil {
+	if err := Generate(*out, c); err != nil {
 		fmt.Fprintln(os.Stderr, "benchgen:", err)
 		os.Exit(1)
 	}

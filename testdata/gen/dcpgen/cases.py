@@ -231,7 +231,7 @@ class Case:
     mesh_names: Tuple[str, ...]
     model: List[P]
     build: Callable
-    layout: str = "v2.6"
+    layout: str = "v2.4"  # what torch 2.4 to 2.6 write
     thread_count: int = 1
     loader: str = "serial"  # "sorted": the GPU writer's ascending-size tensor order
     pinned: bool = False  # an old torch layout: the real path cannot reproduce it
@@ -321,11 +321,11 @@ CASES = [
          "whole), TensorProperties in checkpoint.metadata, no storage_meta", 2, (2,), ("dp",),
          SMALL, build_dsd(), layout="v2.3",
          pinned=True),
-    Case("variant_v24_w2", "torch-2.4-like .metadata: storage_meta without modules, no version",
-         2, (2,), ("dp",), SMALL, build_dsd(), layout="v2.4",
-         pinned=True),
-    Case("variant_v26_w2", "torch-2.6+-like .metadata: version '1.0.0', StorageMeta.modules",
-         2, (2,), ("dp",), SMALL, build_dsd(), layout="v2.6",
+    Case("variant_v24_w2", "torch 2.4-2.6 .metadata: storage_meta without modules, no version",
+         2, (2,), ("dp",), SMALL, build_dsd(), layout="v2.4"),
+    Case("variant_v27_w2", "torch-2.7+-like .metadata: version '1.0.0', StorageMeta.modules "
+         "(torch 2.6 cannot write it: stand-in)",
+         2, (2,), ("dp",), SMALL, build_dsd(), layout="v2.7",
          pinned=True),
     Case("torchtitan_w2", "torchtitan-like: flattened optimizer (optimizer.state.<fqn>.<k>, "
          "optimizer.param_groups.<fqn>.<k>), lr_scheduler, per-rank dataloader keys, "

@@ -56,11 +56,13 @@ LAYOUTS = {
                    "torch ~2.3: TensorProperties/_MEM_FORMAT_ENCODING moved to "
                    "torch.distributed.checkpoint.metadata; no storage_meta yet; <= 2.3 flattening"),
     "v2.4": Layout("v2.4", "2.4", True, None,
-                   "torch ~2.4/2.5: Metadata.storage_meta = StorageMeta(checkpoint_id, save_id, "
-                   "load_id); >= 2.4 flattening; enum members pickled by name"),
-    "v2.6": Layout("v2.6", "2.4", True, "1.0.0",
-                   "torch >= 2.6: Metadata.version = '1.0.0'; StorageMeta.modules; _StorageInfo "
-                   "has transform_descriptors, left out of the pickle when unset"),
+                   "torch 2.4 to 2.6: Metadata.storage_meta = StorageMeta(checkpoint_id, save_id, "
+                   "load_id); >= 2.4 flattening; no version, no StorageMeta.modules (real torch "
+                   "2.6 writes exactly this)"),
+    "v2.7": Layout("v2.7", "2.4", True, "1.0.0",
+                   "torch >= 2.7 (after 2.6; the exact release is not pinned down): "
+                   "Metadata.version = '1.0.0'; StorageMeta.modules; _StorageInfo has "
+                   "transform_descriptors, left out of the pickle when unset"),
 }
 
 

@@ -41,7 +41,7 @@ def unavailable_reason():
 
 def native_layout():
     """The stand-in layout closest to what the installed torch writes."""
-    return "v2.6" if torch_version() >= (2, 6) else "v2.4"
+    return "v2.7" if torch_version() >= (2, 7) else "v2.4"
 
 
 def _dtensor_api():

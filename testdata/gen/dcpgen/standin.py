@@ -111,13 +111,13 @@ class ClassSet:
 
 
 def build_classes(layout):
-    """layout: 'v2.2', 'v2.3', 'v2.4' or 'v2.6' (see engine.LAYOUTS for what each means)."""
+    """layout: 'v2.2', 'v2.3', 'v2.4' or 'v2.7' (see engine.LAYOUTS for what each means)."""
     old_props = layout == "v2.2"
     enum_by_value = layout == "v2.2"  # torch 2.2 era imitated on Python 3.10
-    with_storage_meta = layout in ("v2.4", "v2.6")
-    with_modules = layout == "v2.6"
-    with_version = layout == "v2.6"
-    storage_info_getstate = layout == "v2.6"
+    with_storage_meta = layout in ("v2.4", "v2.7")
+    with_modules = layout == "v2.7"
+    with_version = layout == "v2.7"
+    storage_info_getstate = layout == "v2.7"
 
     if old_props:
         enc = _make_encoding_enum(SHARD_MOD, "MEM_FORMAT_ENCODING", enum_by_value)

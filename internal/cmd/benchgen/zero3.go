@@ -1,4 +1,4 @@
-package benchgen
+package main
 
 import (
 	"fmt"

@@ -1,8 +1,10 @@
-// Package truth compares an atomic checkpoint with the ground truth that a
-// fixture generator saved with torch (truth.pt: dicts from parameter name
-// to full tensors per state), bit for bit, using ucp's own torch reader.
-// Tests of every source format share it.
-package truth
+// Package testkit holds the test helpers every package's tests share, and
+// only those: it compares an atomic checkpoint with the ground truth that
+// a fixture generator saved with torch (truth.pt: dicts from parameter
+// name to full tensors per state), bit for bit, converts tables, runs
+// Python checks under real torch (1.13 and the 2.6 chroot) and finds
+// fixtures. No non-test code may import it.
+package testkit
 
 import (
 	"bytes"

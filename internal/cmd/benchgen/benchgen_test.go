@@ -1,4 +1,4 @@
-package benchgen_test
+package main
 
 import (
 	"context"
@@ -10,8 +10,7 @@ import (
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/formats/zero3"
 	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/internal/benchgen"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // TestGeneratedCheckpointConverts: a small generated checkpoint of each
@@ -21,14 +20,14 @@ import (
 func TestGeneratedCheckpointConverts(t *testing.T) {
 	for _, c := range []struct {
 		name  string
-		cfg   benchgen.Config
+		cfg   Config
 		index func(string) (*fragment.Table, error)
 	}{
-		{"zero2 tp2", benchgen.Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 2, DP: 3, Seed: 7},
+		{"zero2 tp2", Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 2, DP: 3, Seed: 7},
 			func(src string) (*fragment.Table, error) {
 				return deepspeed.Index(context.Background(), src, deepspeed.Options{})
 			}},
-		{"zero3", benchgen.Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 1, DP: 3, Seed: 7, Zero3: true},
+		{"zero3", Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 1, DP: 3, Seed: 7, Zero3: true},
 			func(src string) (*fragment.Table, error) {
 				return zero3.Index(context.Background(), src, zero3.Options{})
 			}},
@@ -36,14 +35,14 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg
 			src := filepath.Join(t.TempDir(), "src")
-			if err := benchgen.Generate(src, cfg); err != nil {
+			if err := Generate(src, cfg); err != nil {
 				t.Fatal(err)
 			}
 			tbl, err := c.index(src)
 			if err != nil {
 				t.Fatal(err)
 			}
-			dst := truth.Convert(t, tbl, 2)
+			dst := testkit.Convert(t, tbl, 2)
 			states := []string{"fp32", "exp_avg", "exp_avg_sq"}
 			padded := (cfg.Vocab + 128*cfg.TP - 1) / (128 * cfg.TP) * (128 * cfg.TP)
 			rows := int64(cfg.Vocab) // Megatron-DeepSpeed's universal info trims the padding
@@ -53,7 +52,7 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 			checked := 0
 			for pi, p := range tbl.Params {
 				for si, st := range states {
-					got, shape, err := truth.ReadAtomic(filepath.Join(dst, atomic.StatePath(p.Name, st)))
+					got, shape, err := testkit.ReadAtomic(filepath.Join(dst, atomic.StatePath(p.Name, st)))
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -61,7 +60,7 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 						t.Fatalf("vocabulary rows %d, want %d", shape[0], rows)
 					}
 					for i, v := range dtype.Float32s(got) {
-						if want := benchgen.Value(cfg.Seed, pi, si, int64(i)); v != want {
+						if want := Value(cfg.Seed, pi, si, int64(i)); v != want {
 							t.Fatalf("%s/%s element %d: %v, want %v", p.Name, st, i, v, want)
 						}
 						checked++

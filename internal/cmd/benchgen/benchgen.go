@@ -1,9 +1,10 @@
-// Package benchgen writes a large GPT-like DeepSpeed checkpoint (ZeRO-2,
-// bf16 optimizer files, Megatron-DeepSpeed tensor parallelism) for
-// benchmarks, with ucp's own torch writer: torch would take minutes at
-// this size. The layout follows DeepSpeed's rules (deepspeed.md §3-§4) so
-// that ucp converts it like any other checkpoint; values are pseudo-random.
-package benchgen
+package main
+
+// Generate writes a large GPT-like DeepSpeed checkpoint (ZeRO-2, bf16
+// optimizer files, Megatron-DeepSpeed tensor parallelism) for benchmarks,
+// with ucp's own torch writer: torch would take minutes at this size. The
+// layout follows DeepSpeed's rules (formats/deepspeed/FORMAT.md) so that
+// ucp converts it like any other checkpoint; values are pseudo-random.
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package truth
+package testkit
 
 import (
 	"path/filepath"
@@ -17,17 +17,7 @@ func Resave(tb testing.TB, path string, edit func(root pyobj.Value) pyobj.Value)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	root, err := pyobj.Rewrite(f.Root, pyobj.DefaultLimits(), func(v pyobj.Value) (pyobj.Value, bool, error) {
-		t, ok := v.(*torchfile.Tensor)
-		if !ok {
-			return nil, false, nil
-		}
-		b, err := f.ReadTensor(t)
-		if err != nil {
-			return nil, false, err
-		}
-		return torchfile.NewBlob(t.DType, t.Shape, b), true, nil
-	})
+	root, err := f.WithBytes(f.Root, pyobj.DefaultLimits(), 0)
 	f.Close()
 	if err != nil {
 		tb.Fatal(err)

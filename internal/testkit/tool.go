@@ -1,4 +1,4 @@
-package truth
+package testkit
 
 import (
 	"os"
