@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/internal/truth"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
 )
@@ -17,8 +17,8 @@ import (
 // universal loader calls .view(-1) on them), still equal to the source;
 // later releases and ZeRO-1/2 sources keep the dict.
 func TestConvertDeepSpeedVersion(t *testing.T) {
-	z3 := truth.Fixture("zero3", "tinylm_dp3", "checkpoint")
-	z1 := truth.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	z3 := testkit.Fixture("zero3", "tinylm_dp3", "checkpoint")
+	z1 := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
 	for _, c := range []struct {
 		src, version string
 		bare         bool
