@@ -40,6 +40,9 @@ CASES = {
     "z2_fp32_dp2_to_z3_dp3": ((2, 2, "fp32", False), (3, 3, "fp32", False)),
     "z3_bf16_dp3_to_dp2": ((3, 3, "bf16", False), (3, 2, "bf16", False)),
     "z3_fp32_dp2_to_z2_dp3": ((3, 2, "fp32", False), (2, 3, "fp32", False)),
+    # Two param groups (weight decay 0.1 on 2-D weights, 0.0 elsewhere) and a frozen parameter (pos.weight).
+    "groups_frozen_z2_bf16_dp2_to_z3_dp3": ((2, 2, "bf16", False), (3, 3, "bf16", False), "groups"),
+    "groups_frozen_z2_fp32_dp3_to_z1_dp2": ((2, 3, "fp32", False), (1, 2, "fp32", False), "groups"),
 }
 # Universal loading (checkpoint.load_universal) of what ucp convert writes, no reshard: ZeRO-3 at a new dp
 # needs --deepspeed-version 0.14 (bare tensors); the default dict layout must fail in v0.14.5 as the issue says.
@@ -230,10 +233,16 @@ def batch(step, rank, dtype_unused=None):
     return torch.randint(0, 37, (2, 7), generator=g)
 
 
-def engine_for(deepspeed, layout, universal=False):
+def engine_for(deepspeed, layout, universal=False, variant=""):
     stage, dp, dtype, bf16opt = layout
     model = tiny_lm()
-    eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+    params = model.parameters()
+    if variant == "groups":
+        model.pos.weight.requires_grad_(False)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        params = [{"params": [p for p in trained if p.dim() == 2], "weight_decay": 0.1},
+                  {"params": [p for p in trained if p.dim() != 2], "weight_decay": 0.0}]
+    eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=params,
                                         config=ds_config(stage, dtype, bf16opt, universal))
     return eng
 
@@ -243,6 +252,8 @@ def full_state(deepspeed, eng):
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     out = {"fp32": {}, "exp_avg": {}, "exp_avg_sq": {}}
     for name, p in eng.module.named_parameters():
+        if not p.requires_grad:
+            continue  # frozen: no optimizer state
         out["fp32"][name] = safe_get_full_fp32_param(p).detach().clone().float()
         for k in ("exp_avg", "exp_avg_sq"):
             out[k][name] = safe_get_full_optimizer_state(p, k).detach().clone().float()
@@ -312,13 +323,14 @@ def rank_main(args):
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     layout = tuple(json.loads(args.layout))
-    eng = engine_for(deepspeed, layout, args.phase == "universal")
+    eng = engine_for(deepspeed, layout, args.phase == "universal", args.variant)
     if args.phase == "train":
         for step in range(3):
             loss = eng(batch(step, rank))
             eng.backward(loss)
             eng.step()
         eng.save_checkpoint(args.ckpt, tag="global_step3")
+        relink(eng)  # with several param groups v0.14.5's accessors miss states linked before the first step
         st = full_state(deepspeed, eng)
         st["lp"] = lp_weights(deepspeed, eng, layout[0])
         if rank == 0:
@@ -376,7 +388,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(args, phase, layout, ckpt, truth, tag=""):
+def launch(args, phase, layout, ckpt, truth, tag="", variant=""):
     n = layout[1]
     port = str(free_port())
     procs = []
@@ -385,7 +397,8 @@ def launch(args, phase, layout, ckpt, truth, tag=""):
                    LOCAL_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
                    DS_BUILD_OPS="0", OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
         cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--ds-src", args.ds_src, "--phase", phase,
-               "--layout", json.dumps(list(layout)), "--ckpt", ckpt, "--truth", truth, "--tag", tag]
+               "--layout", json.dumps(list(layout)), "--ckpt", ckpt, "--truth", truth, "--tag", tag,
+               "--variant", variant]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     ok = True
     outs = []
@@ -448,7 +461,7 @@ def main():
     ap.add_argument("--ckpt")
     ap.add_argument("--truth")
     ap.add_argument("--tag", default="")
-    ap.add_argument("--expect-error", default="")
+    ap.add_argument("--variant", default="")
     args = ap.parse_args()
     args.ds_src = os.path.abspath(args.ds_src)
     if args.rank_main:
@@ -462,12 +475,12 @@ def main():
         if name in UNIVERSAL:
             failed += 0 if universal_case(args, work, name) else 1
             continue
-        a, b = CASES[name]
+        a, b, variant = (CASES[name] + ("",))[:3]
         d = os.path.join(work, name)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         src, truth, atomic, dst = (os.path.join(d, x) for x in ("source", "truth.pt", "atomic", "resharded"))
-        ok, outs = launch(args, "train", a, src, truth)
+        ok, outs = launch(args, "train", a, src, truth, variant=variant)
         if not ok:
             print(f"FAIL {name}: training at {a} failed:\n" + "\n".join(o[-3000:] for o in outs))
             failed += 1
@@ -485,7 +498,7 @@ def main():
             print(f"FAIL {name}: {e}")
             failed += 1
             continue
-        ok, outs = launch(args, "load", b, dst, truth, tag="global_step3")
+        ok, outs = launch(args, "load", b, dst, truth, tag="global_step3", variant=variant)
         lines = [l for o in outs for l in o.splitlines() if l.startswith("rank ") or l.startswith("  rank")]
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {a} -> {b}")
         for l in lines:
