@@ -49,6 +49,9 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 		return nil, err
 	}
 	dst = filepath.Clean(dst)
+	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
+		return nil, err
+	}
 	tag := filepath.Base(dst)
 	if tag == "." || tag == ".." || tag == string(filepath.Separator) {
 		return nil, fmt.Errorf("%s: not a tag folder name", dst)

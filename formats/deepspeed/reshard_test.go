@@ -183,6 +183,19 @@ func TestReshardBadTarget(t *testing.T) {
 		{"bf16 optimizer at fp32", tiny, ReshardOptions{DP: 1, TP: 1, Zero: 1, BF16Optimizer: true}, "--bf16-optimizer needs --dtype bfloat16"},
 		{"bf16 optimizer at stage 2", meg, ReshardOptions{DP: 1, TP: 1, Zero: 2, BF16Optimizer: true}, "--bf16-optimizer needs --dtype bfloat16 and --zero 1"},
 	}
+	r, err := atomic.OpenReader(tiny, atomic.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []string{tiny, filepath.Join(tiny, "zero", "tag"), filepath.Dir(tiny)} {
+		_, err := Reshard(context.Background(), r, dst, ReshardOptions{DP: 2, TP: 1, Zero: 1, Force: true})
+		if err == nil || !strings.Contains(err.Error(), "refusing to write") {
+			t.Errorf("reshard into %s: %v, want a refusal", dst, err)
+		}
+	}
+	if _, err := atomic.ReadManifest(tiny); err != nil {
+		t.Fatalf("the source was damaged: %v", err)
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r, err := atomic.OpenReader(c.atomic, atomic.ReaderOptions{})
