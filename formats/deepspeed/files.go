@@ -2,7 +2,8 @@
 // checkpoints, including Megatron-DeepSpeed tensor and pipeline
 // parallelism, into a fragment table. It parses pickles only; no tensor
 // bytes are read. Reshard writes an atomic checkpoint back as a native
-// DeepSpeed checkpoint of another parallelism (FORMAT.md).
+// DeepSpeed checkpoint of another parallelism. FORMAT.md documents both
+// directions; NOTES.md the differences between DeepSpeed releases.
 package deepspeed
 
 import (
@@ -17,7 +18,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
-// File name patterns (deepspeed.md §2.2). DeepSpeed sorts some of these
+// File name patterns (FORMAT.md, "Finding the files"). DeepSpeed sorts some of these
 // lexicographically; ucp parses the ranks and sorts by number.
 var (
 	reModelStates = regexp.MustCompile(`^mp_rank_(\d+)_model_states\.pt$`)

@@ -373,7 +373,7 @@ func perGroupInts(v pyobj.Dec, n int) []int64 {
 	return ints
 }
 
-// degrees infers tensor and pipeline parallelism (deepspeed.md §2.3).
+// degrees infers tensor and pipeline parallelism (FORMAT.md, "Degrees").
 func degrees(files *Files, models []*modelState) (T, P int, err error) {
 	M := len(models)
 	ms0 := models[0]
@@ -417,7 +417,7 @@ func degrees(files *Files, models []*modelState) (T, P int, err error) {
 	return T, P, nil
 }
 
-// universalOptimizerState is zero/optimizer_state.pt (deepspeed.md §5.3):
+// universalOptimizerState is zero/optimizer_state.pt (FORMAT.md, "What is written for this source"):
 // rank 0's optimizer state without its tensors, paddings zeroed, partition
 // counts set, param_groups last.
 func universalOptimizerState(o *optimState, D int) (*pyobj.Dict, error) {

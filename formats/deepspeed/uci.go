@@ -12,7 +12,7 @@ import (
 )
 
 // Rules are the parameter classification lists of a checkpoint's
-// universal_checkpoint_info (deepspeed.md §3.9), compiled.
+// universal_checkpoint_info (FORMAT.md), compiled.
 type Rules struct {
 	version       float64
 	vocabSize     int64
@@ -197,7 +197,7 @@ func (pl *Placement) Param(name string, shape []int64) *fragment.Param {
 	return &fragment.Param{Name: name, Shape: shape, Average: pl.Average, Info: pl.Info}
 }
 
-// Classify applies the first matching rule of §6.3 to a parameter whose
+// Classify applies the first matching rule (FORMAT.md, universal_checkpoint_info) to a parameter whose
 // tensor-parallel shards have the given shapes.
 func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	T := len(shapes)
@@ -381,7 +381,10 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 		}
 		switch x := e.(type) {
 		case pyobj.Tuple:
-			ints, _ := pyobj.Ints(x)
+			ints, ok := pyobj.Ints(x)
+			if !ok {
+				return fmt.Errorf("parameter %s: sub-parameter shape entry %s is not a tuple of ints", name, pyobj.Repr(x))
+			}
 			for _, v := range ints {
 				logical[d] += v
 			}

@@ -5,7 +5,8 @@
 // multiple of the data-parallel degree D and split evenly, Pn = ceil(n/D)
 // elements per rank, the padding at the end of the last rank(s). Each
 // rank's flat fp32 partition of a sub-group is the concatenation of its
-// Pn-element pieces of the sub-group's parameters (deepspeed.md §4.3).
+// Pn-element pieces of the sub-group's parameters (FORMAT.md, "Partitions",
+// documents what is read).
 package zero3
 
 import (
