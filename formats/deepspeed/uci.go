@@ -29,6 +29,7 @@ type Rules struct {
 	present       bool
 	inferred      []string // parameters placed from their shard shapes alone
 	matched       map[*pattern]bool
+	split         bool // some parameter had several tensor-parallel shards
 	allPatterns   []*pattern
 	patternByText map[string]*pattern
 }
@@ -155,8 +156,13 @@ func (r *Rules) matchSubParams(name string) *subParamRule {
 	return nil
 }
 
-// Unmatched lists patterns that matched no parameter.
+// Unmatched lists patterns that matched no parameter. At tensor-parallel
+// size 1 no parameter is matched against them (a single shard is the
+// whole tensor), so none is listed.
 func (r *Rules) Unmatched() []string {
+	if !r.split {
+		return nil
+	}
 	var out []string
 	for _, p := range r.allPatterns {
 		if !r.matched[p] {
@@ -211,6 +217,7 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	for t := 1; t < T; t++ {
 		sameShapes = sameShapes && torchfile.SameShape(shapes[t], shapes[0])
 	}
+	r.split = r.split || T > 1
 	if T == 1 {
 		pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
 	} else if !r.present {
