@@ -18,6 +18,7 @@ import (
 	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/dcp"
 	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/formats/dslayout"
 	"github.com/ucp-project/ucp/formats/hf"
 	"github.com/ucp-project/ucp/formats/megatron"
 	"github.com/ucp-project/ucp/formats/zero3"
@@ -193,8 +194,8 @@ func partlyClaimed(path string) []string {
 		m, err := filepath.Glob(filepath.Join(path, pattern))
 		return err == nil && len(m) > 0
 	}
-	if dir, tag, err := deepspeed.ResolveTag(path, ""); err == nil {
-		if f, err := deepspeed.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
+	if dir, tag, err := dslayout.ResolveTag(path, ""); err == nil {
+		if f, err := dslayout.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
 			out = append(out, "zero3")
 		} else {
 			out = append(out, "deepspeed")

@@ -1,4 +1,4 @@
-package deepspeed
+package dslayout
 
 import (
 	"strings"

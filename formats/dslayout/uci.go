@@ -1,4 +1,4 @@
-package deepspeed
+package dslayout
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 )
 
 // Rules are the parameter classification lists of a checkpoint's
-// universal_checkpoint_info (FORMAT.md), compiled.
+// universal_checkpoint_info (formats/deepspeed/FORMAT.md), compiled.
 type Rules struct {
 	version       float64
 	vocabSize     int64
@@ -203,7 +203,7 @@ func (pl *Placement) Param(name string, shape []int64) *fragment.Param {
 	return &fragment.Param{Name: name, Shape: shape, Average: pl.Average, Info: pl.Info}
 }
 
-// Classify applies the first matching rule (FORMAT.md, universal_checkpoint_info) to a parameter whose
+// Classify applies the first matching rule (formats/deepspeed/FORMAT.md, universal_checkpoint_info) to a parameter whose
 // tensor-parallel shards have the given shapes.
 func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	T := len(shapes)
@@ -512,3 +512,16 @@ func subparamShapeObject(sp *subParamRule, sizes []int64) pyobj.Value {
 }
 
 func clone(s []int64) []int64 { return append([]int64(nil), s...) }
+
+// Present reports whether the model state had universal_checkpoint_info.
+func (r *Rules) Present() bool { return r.present }
+
+// Unsupported returns autotp_unsupported_parameter_patterns (nil: none).
+func (r *Rules) Unsupported() map[string]string { return r.unsupported }
+
+// PipeReplicated reports whether name matches a
+// pipeline_replicated_parameter_patterns entry.
+func (r *Rules) PipeReplicated(name string) (bool, error) {
+	pat, err := r.match(r.pipeReplica, name)
+	return pat != nil, err
+}
