@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed
+.PHONY: all build demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures
 
 all: build
 
@@ -81,6 +81,13 @@ dcp-fixtures:
 check-deepspeed: build
 	@test -n "$(DS_SRC)" || { echo "usage: make check-deepspeed DS_SRC=/path/to/DeepSpeed-v0.14.5"; exit 2; }
 	./scripts/check-deepspeed.sh "$(DS_SRC)" $(BIN)
+
+# Regenerates the Megatron torch_dist fixtures with real megatron-core (a Megatron-LM release
+# tag's tree, e.g. core_v0.19.0) on CPU in the torch 2.6 chroot; run once per core version.
+# Not part of CI: the fixtures are committed.
+megatron-fixtures:
+	@test -n "$(MEGATRON_SRC)" || { echo "usage: make megatron-fixtures MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
+	./scripts/megatron-fixtures.sh $(MEGATRON_SRC)
 
 bench: build
 	./scripts/bench.sh

@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -327,14 +328,16 @@ func stepValue(s *fragment.Step) (float64, error) {
 	if s.Tensor.Numel() != 1 {
 		return 0, fmt.Errorf("%s: step tensor has %d elements, want 1", s.Tensor.Path, s.Tensor.Numel())
 	}
-	f, err := torchfile.Open(s.Tensor.Path)
+	// Storage offsets are absolute in the file, which need not be one
+	// torch.save zip (a DCP item lies inside a .distcp file): read by range.
+	f, err := os.Open(s.Tensor.Path)
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
 	dt := s.Tensor.DType()
 	raw := make([]byte, dt.Size())
-	if err := torchfile.ReadRange(f.ReaderAt(), s.Tensor.T, 0, 1, raw); err != nil {
+	if err := torchfile.ReadRange(f, s.Tensor.T, 0, 1, raw); err != nil {
 		return 0, fmt.Errorf("%s: %w", s.Tensor.Path, err)
 	}
 	if dt == dtype.Int64 {

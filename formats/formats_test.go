@@ -60,7 +60,7 @@ func TestMegatronDistNotReadAsDCP(t *testing.T) {
 	}{
 		{"iter folder, generic reader refused", torchDist, false, "dcp", `sharded_backend "torch_dist"), not a plain DCP checkpoint; read it with --from torch_dist`},
 		{"save folder, generic reader refused", torchDist, true, "dcp", "no .metadata"},
-		{"detected, not read yet", torchDist, true, "", "a Megatron-LM torch_dist checkpoint, which ucp does not read yet"},
+		{"detected, no common state", torchDist, true, "", `neither common.pt nor a "common_state/shard_0_1" item`},
 		{"zarr backend", `{"sharded_backend": "zarr"}`, false, "", `sharded_backend "zarr", which ucp does not read`},
 		{"metadata.json without a backend", `{"format": 1}`, false, "", "no sharded_backend"},
 		{"metadata.json that does not parse", `{`, false, "dcp", "not Megatron's dist_checkpointing metadata"},

@@ -289,7 +289,7 @@ func TestTPShardSemantics(t *testing.T) {
 }
 
 func TestPieces(t *testing.T) {
-	// deepspeed.md §4.1 example: A=1026, B=10, D=3: S=346, rank 2 holds
+	// The example of formats/deepspeed/FORMAT.md, "Partitions": A=1026, B=10, D=3: S=346, rank 2 holds
 	// A[692:1026] at 0 and B at 334.
 	ps, S, _ := gpuload.Zero12Pieces([]int64{1026, 10}, 3, 2)
 	if S != 346 || len(ps) != 2 || ps[0] != (gpuload.Piece{Param: 0, Local: 692, N: 334, At: 0}) || ps[1] != (gpuload.Piece{Param: 1, Local: 0, N: 10, At: 334}) {

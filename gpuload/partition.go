@@ -13,7 +13,7 @@ type Piece struct {
 }
 
 // Zero12Pieces lays out one ZeRO-1/2 parameter group over D ranks as
-// DeepSpeed does (deepspeed.md §4.1): the group's shards flattened in
+// DeepSpeed does (formats/deepspeed/FORMAT.md, "Partitions"): the group's shards flattened in
 // order, padded at the end to a multiple of 2*D, split evenly. It returns
 // rank r's pieces and the partition size; the rest of the partition is
 // padding (zeros).
@@ -39,8 +39,8 @@ func Zero12Pieces(numels []int64, D, r int) ([]Piece, int64, error) {
 	return out, S, nil
 }
 
-// Zero3Pieces lays out one ZeRO-3 sub-group over D ranks (deepspeed.md
-// §4.3): each parameter on its own, padded to D*ceil(n/D) and split
+// Zero3Pieces lays out one ZeRO-3 sub-group over D ranks
+// (formats/zero3/FORMAT.md, "Partitions"): each parameter on its own, padded to D*ceil(n/D) and split
 // evenly, rank r's parts concatenated. It returns rank r's pieces and the
 // partition size; each parameter's padding stays zero.
 func Zero3Pieces(numels []int64, D, r int) ([]Piece, int64, error) {

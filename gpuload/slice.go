@@ -76,7 +76,7 @@ func ReadMeta(path string) (Meta, error) {
 
 // TPShard returns the shard that tensor-parallel rank t of T holds of a
 // parameter whose atomic tensor has shape full, cut as DeepSpeed's
-// universal loader cuts it (deepspeed.md §7.2 step 2): whole when it has no
+// universal loader cuts it (its load_hp_checkpoint_state): whole when it has no
 // cat_dim or when T is 1; a vocabulary zero-padded to localRows*T rows
 // (localRows from the target model, or ceil(rows/T) when 0) and split
 // evenly; sub-parameters each cut with torch.chunk semantics; anything

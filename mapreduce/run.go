@@ -172,7 +172,6 @@ type reducer struct {
 	out     []byte
 	tmp     []byte
 	raw     []byte
-	f32     []byte
 	windows map[string]*window
 	uses    int64
 	copier  fsutil.Copier // its buffer is reused by every copy task
@@ -354,12 +353,14 @@ func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, star
 		return fmt.Errorf("%s: %w", f.Src.Path, err)
 	}
 	t1 := time.Now()
-	red.f32 = grow(red.f32, 4*n)
-	if err := dtype.ToFloat32(red.f32, red.raw, dt); err != nil {
-		return fmt.Errorf("%s: %w", f.Src.Path, err)
-	}
+	// Each run is converted straight to its place in out: no intermediate
+	// float32 buffer and no second copy (for float32 sources split across
+	// rows, the conversion is the one copy).
+	es := int64(dt.Size())
 	for _, rn := range runs {
-		copy(out[4*(rn.full-start):4*(rn.full-start+rn.n)], red.f32[4*(rn.local-lo):4*(rn.local-lo+rn.n)])
+		if err := dtype.ToFloat32(out[4*(rn.full-start):4*(rn.full-start+rn.n)], red.raw[es*(rn.local-lo):es*(rn.local-lo+rn.n)], dt); err != nil {
+			return fmt.Errorf("%s: %w", f.Src.Path, err)
+		}
 	}
 	red.account(t1.Sub(t0), time.Since(t1), n*int64(dt.Size()))
 	return nil

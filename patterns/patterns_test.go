@@ -26,7 +26,8 @@ func rowsOf(t *testing.T, s fragment.Shard, full []int64) []int64 {
 }
 
 func TestSubParamsGQA(t *testing.T) {
-	// deepspeed.md §6.3 rule 4 (test_merge_tp_slices_uses_uneven_sub_param_widths):
+	// GQA with uneven shards (formats/deepspeed/FORMAT.md, sub_param_shard_widths; as DeepSpeed's
+	// test_merge_tp_slices_uses_uneven_sub_param_widths):
 	// shape [(6,3,3), 2], widths [[4,2],[2,1],[2,1]].
 	p := SubParams{Dim: 0, Widths: [][]int64{{4, 2}, {2, 1}, {2, 1}}}
 	full := []int64{12, 2}
@@ -46,7 +47,7 @@ func TestSubParamsGQA(t *testing.T) {
 }
 
 func TestSwiGLU(t *testing.T) {
-	// megatron.md A.4 / deepspeed.md §6.3 rule 3: T=2, ffn=4: rank0 [g0 g1 | u0 u1], rank1 [g2 g3 | u2 u3];
+	// SwiGLU (formats/megatron/NOTES.md, formats/deepspeed/FORMAT.md): T=2, ffn=4: rank0 [g0 g1 | u0 u1], rank1 [g2 g3 | u2 u3];
 	// full = [g0 g1 g2 g3 u0 u1 u2 u3].
 	p, err := EqualSubParams(0, 2, 8, 2)
 	if err != nil {

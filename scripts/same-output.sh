@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# same-output.sh [BASE]: converts every committed fixture (testdata/fixtures/*/*/checkpoint) with the ucp
-# built from git revision BASE (default: main) and with the ucp built from the working tree, then compares
+# same-output.sh [BASE [HEAD]]: converts every committed fixture (testdata/fixtures/*/*/checkpoint) with the ucp
+# built from git revision BASE (default: main) and with the ucp built from revision HEAD (default: the working
+# tree; the fixtures are always the working tree's), then compares
 # the output trees byte for byte (every file, ucp.json included, and the list of folders). Each fixture is
 # converted by one process and by two nodes (--num-nodes 2, small chunks so that files are shared between
 # nodes and finished by the finalizer); each single-process result is exported to dcp (2 shards), torch
@@ -8,6 +9,7 @@
 # -buildvcs=false so the manifest's tool string is the same. Exit 0 when everything is identical.
 set -euo pipefail
 base=${1:-main}
+head=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/ucp-same-output.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -15,7 +17,13 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src-base" "$work/base" "$work/head"
 git -C "$root" archive "$base" | tar -x -C "$work/src-base"
 (cd "$work/src-base" && go build -buildvcs=false -o "$work/ucp-base" ./cmd/ucp)
-(cd "$root" && go build -buildvcs=false -o "$work/ucp-head" ./cmd/ucp)
+if [ -n "$head" ]; then
+	mkdir -p "$work/src-head"
+	git -C "$root" archive "$head" | tar -x -C "$work/src-head"
+	(cd "$work/src-head" && go build -buildvcs=false -o "$work/ucp-head" ./cmd/ucp)
+else
+	(cd "$root" && go build -buildvcs=false -o "$work/ucp-head" ./cmd/ucp)
+fi
 
 # run SIDE NAME ARGS...: runs one side's binary in its own folder (same relative paths on both sides)
 # and keeps its exit status and stderr, with durations masked.
@@ -57,7 +65,7 @@ files=$(cd "$work/head" && find out -type f | wc -l)
 bad=$(cat "$work"/head/*.rc | grep -vc '^0$' || true)
 echo "$n fixtures, $files output files compared ($bad commands failed, the same way on both sides)"
 if [ $fail -ne 0 ]; then
-	echo "DIFFERENT: the output of $base and of the working tree differ"
+	echo "DIFFERENT: the output of $base and of ${head:-the working tree} differ"
 	exit 1
 fi
-echo "IDENTICAL: the output of $base and of the working tree are byte for byte the same"
+echo "IDENTICAL: the output of $base and of ${head:-the working tree} are byte for byte the same"

@@ -131,13 +131,13 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	debug.SetMemoryLimit(memory + 100<<20)
 	start := time.Now()
 	t, err := formats.Index(ctx, src, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize})
+	if ce := (*formats.CoverageError)(nil); errors.As(err, &ce) {
+		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, ce.Err)
+	}
 	if err != nil {
 		return sourceError(src, opts.Tag, err)
 	}
 	defer t.Close()
-	if err := t.Validate(); err != nil {
-		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, err)
-	}
 	bare, err := bareStates(t, opts.DSVersion)
 	if err != nil {
 		return err

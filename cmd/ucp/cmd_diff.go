@@ -127,15 +127,7 @@ func diffSide(ctx context.Context, path string, opts diffOptions) (*fragment.Tab
 	if opts.From == "" && diff.IsUniversal(path) {
 		return diff.IndexUniversal(ctx, path, opts.Workers)
 	}
-	t, err := formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers})
-	if err != nil {
-		return nil, err
-	}
-	if err := t.Validate(); err != nil {
-		t.Close()
-		return nil, fmt.Errorf("%s: coverage check failed: %w", path, err)
-	}
-	return t, nil
+	return formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers})
 }
 
 func printDiff(out io.Writer, ta, tb *fragment.Table, res *diff.Result, opts diffOptions) error {

@@ -189,3 +189,30 @@ func TestDiffDeepSpeedUniversal(t *testing.T) {
 		})
 	}
 }
+
+// TestDiffDCP: DCP sources (steps are items inside .distcp files, zstd
+// items are decoded to a scratch folder) equal their conversion and each
+// other, and the hf layouts equal each other; no decoded item is left.
+func TestDiffDCP(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	plain := testkit.Fixture("dcp", "fsdp2_train_w2", "checkpoint")
+	zstd := testkit.Fixture("dcp", "zstd_w2", "checkpoint")
+	atomicDir := filepath.Join(tmp, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", "--workers", "2", zstd, atomicDir); r.code != 0 {
+		t.Fatalf("convert: %s", r.stderr)
+	}
+	for _, args := range [][]string{
+		{plain, atomicDir},
+		{zstd, plain},
+		{testkit.Fixture("dcp_hf", "sharded_w2", "checkpoint"), testkit.Fixture("dcp_hf", "consolidated", "checkpoint")},
+	} {
+		r := ucp(t, nil, append([]string{"diff", "--workers", "2"}, args...)...)
+		if r.code != 0 || !strings.Contains(r.stdout, "A and B equal") {
+			t.Errorf("diff %v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "ucp-dcp-decoded-*")); len(left) != 0 {
+		t.Errorf("decoded items left behind: %v", left)
+	}
+}

@@ -4,14 +4,19 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"regexp"
 	"runtime"
+	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/formats/dcp"
+	"github.com/ucp-project/ucp/formats"
+	"github.com/ucp-project/ucp/formats/hf"
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
@@ -58,14 +63,13 @@ split) and writes config.json; --params REGEX exports a subset.`,
   ucp export --to hf --arch llama --dtype bfloat16 atomic/ hf/`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.DTypeSet = cmd.Flags().Changed("dtype")
 			return runExport(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.To, "to", "", "target format (dcp, hf, torch)")
+	f.StringVar(&opts.To, "to", "", "target format ("+strings.Join(formats.ExportTargets(), ", ")+")")
 	f.IntVar(&opts.Shards, "shards", 1, "chunks per tensor along dim 0, one rank file each")
-	f.StringVar(&opts.DType, "dtype", "float32", "dtype of the written weights and optimizer states (float32, bfloat16, float16)")
+	f.StringVar(&opts.DType, "dtype", "", "dtype of the written weights and optimizer states (float32, bfloat16, float16; default: float32 for dcp, the training dtype for hf and torch)")
 	f.StringVar(&opts.ModelKey, "model-key", "model", "top-level key of the model state dict")
 	f.StringVar(&opts.OptimKey, "optim-key", "", "top-level key of the optimizer state dict (default: a DCP source's own, else optim)")
 	f.IntVar(&opts.Workers, "workers", runtime.NumCPU(), "rank files written at once")
@@ -77,47 +81,79 @@ split) and writes config.json; --params REGEX exports a subset.`,
 }
 
 func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportOptions) error {
-	switch opts.To {
-	case "dcp":
-	case "hf", "torch":
-		return runExportHF(ctx, out, src, dst, opts)
-	case "":
-		return fmt.Errorf("--to is required (one of: dcp, hf, torch)")
-	default:
-		return fmt.Errorf("unknown target format %q (known: dcp, hf, torch)", opts.To)
+	if opts.To == "" {
+		return fmt.Errorf("--to is required (one of: %s)", strings.Join(formats.ExportTargets(), ", "))
 	}
-	if opts.Shards <= 0 {
-		return fmt.Errorf("--shards must be at least 1")
+	tg, err := formats.LookupExport(opts.To)
+	if err != nil {
+		return err
+	}
+	o := formats.ExportOptions{Shards: opts.Shards, ModelKey: opts.ModelKey, OptimKey: opts.OptimKey, Arch: opts.Arch,
+		Force: opts.Force, Workers: opts.Workers}
+	if tg.Check != nil {
+		if err := tg.Check(o); err != nil {
+			return err
+		}
 	}
 	if opts.Workers <= 0 {
 		return fmt.Errorf("--workers must be at least 1")
 	}
-	dt, err := dtype.Parse(opts.DType)
-	if err != nil {
-		return fmt.Errorf("--dtype: %w", err)
+	if opts.DType != "" {
+		if o.DType, err = dtype.Parse(opts.DType); err != nil {
+			return fmt.Errorf("--dtype: %w", err)
+		}
 	}
+	if opts.MaxShard != "" {
+		if o.MaxShard, err = hf.ParseSize(opts.MaxShard); err != nil {
+			return fmt.Errorf("--max-shard-size: %w", err)
+		}
+	}
+	if opts.Params != "" {
+		if o.Params, err = regexp.Compile(opts.Params); err != nil {
+			return fmt.Errorf("--params: %w", err)
+		}
+	}
+	o.Memory = min(defaultMemory(), 1<<30)
+	if opts.Memory != "" {
+		if o.Memory, err = parseBytes(opts.Memory); err != nil {
+			return fmt.Errorf("--memory: %w", err)
+		}
+	}
+	if tg.Memory {
+		debug.SetMemoryLimit(o.Memory + 100<<20)
+	}
+	start := time.Now()
 	if err := atomicCheck(src); err != nil {
 		return err
 	}
 	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix); err != nil {
 		return err
 	}
-	start := time.Now()
 	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})
 	if err != nil {
 		return err
 	}
-	st, err := dcp.Export(ctx, r, dst, dcp.ExportOptions{Shards: opts.Shards, DType: dt, ModelKey: opts.ModelKey,
-		OptimKey: opts.OptimKey, Force: opts.Force, Workers: opts.Workers})
+	var bar *progress
+	o.Progress = func(total, read, written int64) {
+		if bar == nil {
+			bar = newProgress(os.Stderr, "exporting", total, opts.Quiet)
+			return
+		}
+		bar.add(read, written)
+	}
+	st, err := tg.Export(ctx, r, dst, o)
+	if bar != nil {
+		bar.finish()
+	}
 	if err != nil {
 		return err
 	}
 	if opts.Quiet {
 		return nil
 	}
-	fmt.Fprintf(out, "exported %s -> %s (dcp)\n", src, dst)
-	fmt.Fprintf(out, "  %d tensors and %d values in %d rank files, %s in %s\n",
-		st.Tensors, st.Values, st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
+	label, line := tg.Summary(st, humanBytes)
+	fmt.Fprintf(out, "exported %s -> %s (%s)\n", src, dst, label)
+	fmt.Fprintf(out, "  %s in %s\n", line, fmtDuration(time.Since(start)))
 	for _, n := range st.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}

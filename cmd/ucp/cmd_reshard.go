@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -69,7 +70,7 @@ written as DST.partial and renamed when complete.`,
 
 func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshardOptions) error {
 	if opts.To == "" {
-		return fmt.Errorf("--to is required (one of: deepspeed)")
+		return fmt.Errorf("--to is required (one of: %s)", strings.Join(formats.ReshardTargets(), ", "))
 	}
 	tg, err := formats.LookupTarget(opts.To)
 	if err != nil {

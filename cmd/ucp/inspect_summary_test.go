@@ -134,3 +134,14 @@ func arrowRows(t *testing.T, path string) int {
 	}
 	return n
 }
+
+// ucp inspect of a Megatron torch_dist folder (written by real megatron-core)
+// shows its format, TP/PP/DP degrees and each parameter's pattern.
+func TestInspectTorchDistGolden(t *testing.T) {
+	src := testkit.Fixture("megatron_dist", "core0_19_tp2_pp2_tied_bf16_dprs", "checkpoint")
+	r := ucp(t, nil, "inspect", "--all", src)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	golden(t, "inspect/torch_dist.golden", r.stdout, src, "SRC")
+}

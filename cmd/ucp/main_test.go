@@ -246,7 +246,7 @@ func TestReport(t *testing.T) {
 	}
 	// The terminal summary names the straggler and the slowest tasks.
 	if !regexp.MustCompile(`(?m)^  stragglers: worker [01] finished last at .*, the median worker at `).MatchString(r.stdout) ||
-		!regexp.MustCompile(`(?m)^  slowest tasks: \S+ \S+ \(\d.*, worker [01]\), `).MatchString(r.stdout) {
+		!regexp.MustCompile(`(?m)^  slowest tasks: (copy )?\S+ \S+ \(\d.*, worker [01]\), `).MatchString(r.stdout) {
 		t.Errorf("no straggler summary:\n%s", r.stdout)
 	}
 	b, err := os.ReadFile(rep)

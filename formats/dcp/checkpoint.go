@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -22,6 +23,10 @@ import (
 // Options configure Open and Index.
 type Options struct {
 	Workers int // items decoded at once (0: all cores)
+	// PadSizes reads a chunk whose sizes have fewer dims than its offsets
+	// as if the missing leading sizes were 1: Megatron's prepended axes
+	// (layer, expert) seen recorded in the offsets only. Plain DCP refuses it.
+	PadSizes bool
 }
 
 // Checkpoint is a DCP folder with its metadata checked and every item
@@ -234,6 +239,9 @@ func Open(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 				return nil, fmt.Errorf("%s: %q is %v%v here but %v%v in %s", path, e.Key, e.DType, e.Size, t.DType, t.Size, names[0])
 			}
 			for ci, ch := range e.Chunks {
+				if opt.PadSizes && len(ch.Offsets) == len(t.Size) && len(ch.Sizes) < len(ch.Offsets) {
+					ch.Sizes = append(slices.Repeat([]int64{1}, len(ch.Offsets)-len(ch.Sizes)), ch.Sizes...)
+				}
 				if err := checkChunk(t.Size, ch); err != nil {
 					return nil, fmt.Errorf("%s: %q chunk %d: %w", path, e.Key, ci, err)
 				}

@@ -29,6 +29,7 @@ func convertDir(t *testing.T, src string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { tbl.Close() })
 	return testkit.Convert(t, tbl, 2)
 }
 

@@ -50,6 +50,7 @@ func TestFixturesConvertToTruth(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { tbl.Close() })
 			names, _ := pyobj.Strings(mustGet(t, tr.Root, "param_names"))
 			buffers := truthDict(t, tr, "buffers")
 			if got, want := len(tbl.Params), len(names)+buffers.Len(); got != want {
@@ -298,6 +299,7 @@ func TestFixturePatterns(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { ck.Close() })
 			tbl, err := ck.Table()
 			if err != nil {
 				t.Fatal(err)
@@ -430,6 +432,7 @@ func TestParamGroups(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { tbl.Close() })
 			pg, err := pyobj.Path(tbl.Optimizer, "param_groups")
 			if err != nil {
 				t.Fatal(err)

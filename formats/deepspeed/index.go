@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/ucp-project/ucp/formats/dslayout"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/patterns"
 	"github.com/ucp-project/ucp/pyobj"
@@ -23,29 +24,7 @@ type modelState struct {
 	path   string
 	dec    pyobj.Dec // the root, for strict reads
 	root   *pyobj.Dict
-	shapes []GroupShapes // param_shapes, per group
-}
-
-// GroupShapes is param_shapes[g] of a model state: parameter names in
-// flat-buffer order and their shapes.
-type GroupShapes struct {
-	Names []string
-	Shape map[string][]int64
-}
-
-// ParamShapes reads param_shapes (a list of dicts of name -> torch.Size);
-// failures are recorded in v.
-func ParamShapes(v pyobj.Dec) []GroupShapes {
-	var out []GroupShapes
-	for _, g := range v.AsList() {
-		gs := GroupShapes{Shape: map[string][]int64{}}
-		for _, it := range g.Items() {
-			gs.Names = append(gs.Names, it.Key)
-			gs.Shape[it.Key] = it.AsInts()
-		}
-		out = append(out, gs)
-	}
-	return out
+	shapes []dslayout.GroupShapes // param_shapes, per group
 }
 
 // optimState is one ZeRO-1/2 or BF16_Optimizer optimizer file.
@@ -73,11 +52,11 @@ type group struct {
 // Index builds the fragment table of a DeepSpeed ZeRO-1/2 checkpoint at
 // path (a save folder with 'latest', or a tag folder).
 func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
-	dir, tag, err := ResolveTag(path, opt.Tag)
+	dir, tag, err := dslayout.ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := ListFiles(dir, tag)
+	files, err := dslayout.ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +106,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	for dp := 0; dp < D; dp++ {
 		for mp := 0; mp < M; mp++ {
 			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
-				return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel x %d model-parallel ranks)", dir, files.optimName(dp, mp), D, M)
+				return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel x %d model-parallel ranks)", dir, files.OptimName(dp, mp), D, M)
 			}
 		}
 	}
@@ -168,12 +147,12 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err != nil {
 		return nil, err
 	}
-	r, err := ReadRules(models[0].dec)
+	r, err := dslayout.ReadRules(models[0].dec)
 	if err != nil {
 		return nil, err
 	}
-	if len(r.unsupported) > 0 {
-		return nil, fmt.Errorf("%s: the checkpoint marks parameters as unsupported for universal conversion: %v", models[0].path, r.unsupported)
+	if len(r.Unsupported()) > 0 {
+		return nil, fmt.Errorf("%s: the checkpoint marks parameters as unsupported for universal conversion: %v", models[0].path, r.Unsupported())
 	}
 	b := &builder{T: T, P: P, D: D, models: models, optims: optims, rules: r,
 		table: &fragment.Table{Format: "deepspeed", Source: dir, Tag: tag}}
@@ -198,7 +177,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	}
 	for mp := 0; mp < M; mp++ {
 		name := filepath.Base(files.Model[mp])
-		if !r.present {
+		if !r.Present() {
 			// DeepSpeed's universal loader expects the model states to
 			// carry universal info, as ds_to_universal --inject_missing_state
 			// gives them: write them again with it, tensors streamed.
@@ -220,7 +199,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if um := r.Unmatched(); len(um) > 0 {
 		b.table.Notes = append(b.table.Notes, fmt.Sprintf("universal_checkpoint_info patterns that match no parameter: %v", um))
 	}
-	if !r.present {
+	if !r.Present() {
 		b.table.Notes = append(b.table.Notes, "the checkpoint has no universal_checkpoint_info (plain DeepSpeed): its model states are written with {'universal_checkpoint_version': 0.2} added")
 	}
 	if inf := r.Inferred(); len(inf) > 0 {
@@ -239,7 +218,7 @@ func parseModelState(f *torchfile.File) (*modelState, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: no param_shapes (not a ZeRO checkpoint, or BF16 without ZeRO); ucp needs them to place fragments", f.Name)
 	}
-	ms.shapes = ParamShapes(groups)
+	ms.shapes = dslayout.ParamShapes(groups)
 	if err := dec.Err(); err != nil {
 		return nil, err
 	}
@@ -258,7 +237,7 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	o := &optimState{path: f.Name, dp: dp, mp: mp, root: root.AsDict(), osd: osd.AsDict(), stage: 1}
 	if osd.Has("zero_stage") {
 		zs := osd.Key("zero_stage")
-		o.stage = ZeroStage(zs.Value())
+		o.stage = dslayout.ZeroStage(zs.Value())
 		if o.stage == 3 {
 			return fail("a ZeRO-3 optimizer file; ZeRO-3 checkpoints are read by the zero3 reader")
 		}
@@ -329,29 +308,6 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	return o, nil
 }
 
-// ZeroStage reads ZeroStageEnum pickled by name or by value (-1 when
-// it is neither).
-func ZeroStage(v pyobj.Value) int {
-	switch x := v.(type) {
-	case pyobj.Enum:
-		if x.ByName {
-			return map[string]int{"disabled": 0, "optimizer_states": 1, "gradients": 2, "weights": 3, "max_stage": 3}[x.Name]
-		}
-		n, _ := pyobj.Int(x.Value)
-		return int(n)
-	case *pyobj.Object:
-		if len(x.Args) == 1 {
-			n, _ := pyobj.Int(x.Args[0])
-			return int(n)
-		}
-	}
-	n, ok := pyobj.Int(v)
-	if !ok {
-		return -1
-	}
-	return int(n)
-}
-
 // perGroupInts reads one int per group: a list of at least n ints, or a
 // single int for every group.
 func perGroupInts(v pyobj.Dec, n int) []int64 {
@@ -373,8 +329,8 @@ func perGroupInts(v pyobj.Dec, n int) []int64 {
 	return ints
 }
 
-// degrees infers tensor and pipeline parallelism (deepspeed.md §2.3).
-func degrees(files *Files, models []*modelState) (T, P int, err error) {
+// degrees infers tensor and pipeline parallelism (FORMAT.md, "Degrees").
+func degrees(files *dslayout.Files, models []*modelState) (T, P int, err error) {
 	M := len(models)
 	ms0 := models[0]
 	if d, ok := ms0.dec.OptDict("checkpoint_parallel_dimensions"); ok {
@@ -417,7 +373,7 @@ func degrees(files *Files, models []*modelState) (T, P int, err error) {
 	return T, P, nil
 }
 
-// universalOptimizerState is zero/optimizer_state.pt (deepspeed.md §5.3):
+// universalOptimizerState is zero/optimizer_state.pt (FORMAT.md, "What is written for this source"):
 // rank 0's optimizer state without its tensors, paddings zeroed, partition
 // counts set, param_groups last.
 func universalOptimizerState(o *optimState, D int) (*pyobj.Dict, error) {
@@ -449,7 +405,7 @@ type builder struct {
 	T, P, D int
 	models  []*modelState
 	optims  map[[2]int]*optimState
-	rules   *Rules
+	rules   *dslayout.Rules
 	table   *fragment.Table
 }
 
@@ -477,9 +433,9 @@ func (b *builder) build() error {
 	for _, name := range names {
 		locs := where[name]
 		if len(locs) > 1 {
-			if pat, err := b.rules.match(b.rules.pipeReplica, name); err != nil {
+			if rep, err := b.rules.PipeReplicated(name); err != nil {
 				return err
-			} else if pat == nil {
+			} else if !rep {
 				b.table.Notes = append(b.table.Notes, fmt.Sprintf("%s is held by %d pipeline stages; the first stage's copy is used", name, len(locs)))
 			}
 			if err := b.sameShapes(name, locs); err != nil {
@@ -638,7 +594,7 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
 	gr := o.groups[g]
-	names, srcs := FlatStates(gr.fp32, gr.state, gr.size)
+	names, srcs := dslayout.FlatStates(gr.fp32, gr.state, gr.size)
 	if err := gr.state.Err(); err != nil {
 		return err
 	}
@@ -663,26 +619,6 @@ func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optim
 		}
 	}
 	return nil
-}
-
-// FlatStates returns the states of one flat optimizer partition in
-// standard order: fp32 (the master partition) and every tensor of the
-// torch optimizer state with the partition's size (exp_avg, exp_avg_sq,
-// or another optimizer's), the step excepted. A key that is not a string
-// is a failure of state (check state.Err()).
-func FlatStates(fp32 *torchfile.Tensor, state pyobj.Dec, size int64) ([]string, map[string]*torchfile.Tensor) {
-	srcs := map[string]*torchfile.Tensor{fragment.FP32: fp32}
-	for _, it := range state.Items() {
-		// Other values (a step, an optimizer's scalars) are not flat states.
-		if tt, ok := it.Value().(*torchfile.Tensor); ok && it.Key != fragment.StepState && tt.Numel() == size {
-			srcs[it.Key] = tt
-		}
-	}
-	var names []string
-	for k := range srcs {
-		names = append(names, k)
-	}
-	return fragment.StateOrder(names), srcs
 }
 
 // extras adds frozen parameters and buffers from the model states, and the
@@ -778,10 +714,10 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 	for t, tt := range tensors {
 		shapes[t] = tt.Shape
 	}
-	var pl *Placement
+	var pl *dslayout.Placement
 	var err error
 	if buffer && b.T > 1 {
-		pl = &Placement{Pattern: patterns.Replicated{}, Full: clone(shapes[0]), Info: fragment.Info{CatDim: -1}}
+		pl = &dslayout.Placement{Pattern: patterns.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
 	} else if pl, err = b.rules.Classify(name, shapes); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ucp-project/ucp/atomic"
 	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/formats/dslayout"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/gpuload"
 	"github.com/ucp-project/ucp/internal/fsutil"
@@ -197,10 +198,10 @@ func (p *plan) templates() error {
 	byMP := map[int]string{}
 	for _, f := range p.r.Manifest.Files {
 		name := filepath.Base(f.Path)
-		if m := reModelStates.FindStringSubmatch(name); m != nil {
-			byMP[atoi(m[1])] = f.Path
-		} else if m := reZero3Model.FindStringSubmatch(name); m != nil && atoi(m[1]) == 0 {
-			byMP[atoi(m[2])] = f.Path
+		if m := dslayout.ModelStatesFile.FindStringSubmatch(name); m != nil {
+			byMP[dslayout.Atoi(m[1])] = f.Path
+		} else if m := dslayout.Zero3ModelFile.FindStringSubmatch(name); m != nil && dslayout.Atoi(m[1]) == 0 {
+			byMP[dslayout.Atoi(m[2])] = f.Path
 		}
 	}
 	if len(byMP) == 0 {
@@ -511,7 +512,7 @@ func (p *plan) write(ctx context.Context, dir string, st *ReshardStats) error {
 }
 
 // optimName is a ZeRO optimizer file name as DeepSpeed gives it.
-func (p *plan) optimName(t, r int) string {
+func (p *plan) OptimName(t, r int) string {
 	prefix := ""
 	if p.dt == dtype.BFloat16 {
 		prefix = "bf16_"
@@ -729,7 +730,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		osd.Set("param_slice_mappings", &mappings)
 	}
 	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", WriteVersion)
-	return p.writeFile(filepath.Join(dir, p.optimName(t, r)), root, fills, st)
+	return p.writeFile(filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
 }
 
 func withState(ps []fillPiece, state string) []fillPiece {

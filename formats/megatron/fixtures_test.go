@@ -19,7 +19,14 @@ import (
 
 func index(t *testing.T, dir string, o Options) *fragment.Table {
 	t.Helper()
-	tbl, err := Index(context.Background(), dir, o)
+	return validated(t, Index, dir, o)
+}
+
+// validated indexes dir with one of the package's readers and runs the
+// coverage check.
+func validated(t *testing.T, read func(context.Context, string, Options) (*fragment.Table, error), dir string, o Options) *fragment.Table {
+	t.Helper()
+	tbl, err := read(context.Background(), dir, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,8 @@ func TestComputeLayout(t *testing.T) {
 		unpadded []int64
 	}{
 		{
-			// megatron.md §B.3 worked example: A [4,8], B [10], C [3,8].
+			// A [4,8], B [10], C [3,8] in one bucket: laid out in reverse order, each
+			// start aligned to 64 elements (NOTES.md, distributed optimizer).
 			name:   "aligned",
 			params: []layoutParam{{numel: 32}, {numel: 10}, {numel: 24}},
 			rules:  rulesHead, buckets: []int{0, 0, 0}, starts: []int64{128, 64, 0}, unpadded: []int64{160},

@@ -4,12 +4,12 @@ import (
 	"fmt"
 
 	"github.com/ucp-project/ucp/formats/agree"
-	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/formats/dslayout"
 )
 
 // checkRanks refuses rank files of different runs: all files agree on the
 // DeepSpeed config and version and what the optimizer files share
-// (deepspeed.OptimizerFields), and the ranks of one tensor-parallel
+// (dslayout.OptimizerFields), and the ranks of one tensor-parallel
 // column on the names and shapes of the parameters.
 func checkRanks(dir string, grid [][]*rank) error {
 	r := &agree.Ranks{Dir: dir}
@@ -26,7 +26,7 @@ func checkRanks(dir string, grid [][]*rank) error {
 			if err := r.Field(rk.mpath, label, fmt.Sprintf("param_shapes (names and shapes of model-parallel rank %d)", tp), shapes); err != nil {
 				return err
 			}
-			if err := deepspeed.OptimizerFields(r, rk.opath, label, rk.oroot); err != nil {
+			if err := dslayout.OptimizerFields(r, rk.opath, label, rk.oroot); err != nil {
 				return err
 			}
 		}

@@ -5,7 +5,8 @@
 // multiple of the data-parallel degree D and split evenly, Pn = ceil(n/D)
 // elements per rank, the padding at the end of the last rank(s). Each
 // rank's flat fp32 partition of a sub-group is the concatenation of its
-// Pn-element pieces of the sub-group's parameters (deepspeed.md §4.3).
+// Pn-element pieces of the sub-group's parameters (FORMAT.md, "Partitions",
+// documents what is read).
 package zero3
 
 import (
@@ -13,7 +14,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/ucp-project/ucp/formats/deepspeed"
+	"github.com/ucp-project/ucp/formats/dslayout"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/pyobj"
 	"github.com/ucp-project/ucp/torchfile"
@@ -28,21 +29,21 @@ type Options struct {
 // Detect reports whether path holds a ZeRO-3 checkpoint: per-rank
 // zero_pp_rank_*_model_states.pt files and no mp_rank_* model states.
 func Detect(path string) bool {
-	dir, tag, err := deepspeed.ResolveTag(path, "")
+	dir, tag, err := dslayout.ResolveTag(path, "")
 	if err != nil {
 		return false
 	}
-	f, err := deepspeed.ListFiles(dir, tag)
+	f, err := dslayout.ListFiles(dir, tag)
 	return err == nil && len(f.Zero3) > 0 && len(f.Model) == 0
 }
 
 // rank is one (tp, dp) cell of the grid.
 type rank struct {
 	tp, dp int
-	model  pyobj.Dec               // the model state's root, a dict
-	shapes []deepspeed.GroupShapes // param_shapes per sub-group
-	oroot  *pyobj.Dict             // the optimizer file's root
-	osd    *pyobj.Dict             // optimizer_state_dict
+	model  pyobj.Dec              // the model state's root, a dict
+	shapes []dslayout.GroupShapes // param_shapes per sub-group
+	oroot  *pyobj.Dict            // the optimizer file's root
+	osd    *pyobj.Dict            // optimizer_state_dict
 	flat   []*torchfile.Tensor
 	states []pyobj.Dec // torch optimizer state per sub-group, dicts
 	count  []int64     // partition count per sub-group
@@ -53,11 +54,11 @@ type rank struct {
 
 // Index builds the fragment table of the ZeRO-3 checkpoint at path.
 func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
-	dir, tag, err := deepspeed.ResolveTag(path, opt.Tag)
+	dir, tag, err := dslayout.ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := deepspeed.ListFiles(dir, tag)
+	files, err := dslayout.ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +115,7 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	if !ok && r.model.Err() == nil {
 		return nil, fmt.Errorf("%s: no param_shapes list", mf.Name)
 	}
-	r.shapes = deepspeed.ParamShapes(sv)
+	r.shapes = dslayout.ParamShapes(sv)
 	if err := r.model.Err(); err != nil {
 		return nil, err
 	}
@@ -125,7 +126,7 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	}
 	r.osd, r.oroot = osd.AsDict(), root.AsDict()
 	zs, _ := r.osd.Get("zero_stage")
-	if deepspeed.ZeroStage(zs) != 3 {
+	if dslayout.ZeroStage(zs) != 3 {
 		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
 	}
 	flats, ok := osd.Opt("fp32_flat_groups")
@@ -186,7 +187,7 @@ type piece struct {
 func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	T, D := len(grid), len(grid[0])
 	r00 := grid[0][0]
-	rules, err := deepspeed.ReadRules(r00.model)
+	rules, err := dslayout.ReadRules(r00.model)
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +287,7 @@ func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc 
 			p.Info.Padding = c*pn - n
 		}
 		st := r.states[pc.sub]
-		names, srcs := deepspeed.FlatStates(r.flat[pc.sub], st, r.flat[pc.sub].Numel())
+		names, srcs := dslayout.FlatStates(r.flat[pc.sub], st, r.flat[pc.sub].Numel())
 		if err := st.Err(); err != nil {
 			return err
 		}
@@ -335,7 +336,7 @@ func addAliases(t *fragment.Table, model pyobj.Dec) error {
 
 // addFrozen adds frozen parameters (each rank holds its ZeRO-3 partition
 // in frozen_param_fragments) and buffers (full in every rank's module).
-func addFrozen(t *fragment.Table, grid [][]*rank, rules *deepspeed.Rules) error {
+func addFrozen(t *fragment.Table, grid [][]*rank, rules *dslayout.Rules) error {
 	T := len(grid)
 	r00 := grid[0][0]
 	// frozen returns rank r's frozen_param_<what>[name], ok false when the

@@ -9,7 +9,7 @@ Deterministic: running it twice gives identical bytes.
 
 --check re-reads every written case and rebuilds the full tensors with an independent reader
 (z3gen/check.py); --compare-real also compares tinylm_dp2 with DeepSpeed's own
-/work/shared/fixtures/deepspeed-real/z3_dp2_fp32 (they must agree bit for bit, data.pkl included, except
+testdata/fixtures/deepspeed-real/z3_dp2_fp32 (they must agree bit for bit, data.pkl included, except
 for the fp32 padding garbage); --oracle GIT_DIR runs DeepSpeed's own zero_to_fp32.py and
 ds_to_universal.py, read from a DeepSpeed git mirror, on the output (z3gen/oracle.py).
 """

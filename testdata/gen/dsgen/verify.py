@@ -7,7 +7,7 @@ param_shapes, fragments are cut with param_slice_mappings and merged with the ru
 ds_to_universal.merge_tp_slices (first match wins: replicated, average, 2 sub-params, sub-params,
 default/row; then vocab truncation). Also checked: padding/partition invariants (spec §4), views
 and storage sizes, module tensors as views into the padded bit16 buffer, frozen params and
-buffers, zero_to_fp32-style reassembly, and -- when /work/shared/fixtures/deepspeed-real exists --
+buffers, zero_to_fp32-style reassembly, and -- with testdata/fixtures/deepspeed-real --
 pickle GLOBALs and key orders against real DeepSpeed-written files of the same kind.
 """
 import io
@@ -22,7 +22,7 @@ import torch
 
 from . import stubs
 
-REAL = "/work/shared/fixtures/deepspeed-real"
+REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "deepspeed-real")
 
 ALLOWED_GLOBALS = {
     "torch._utils _rebuild_tensor_v2", "collections OrderedDict", "torch Size", "__builtin__ set",

@@ -208,7 +208,7 @@ def _same(a, b, path, skip_fp32_padding=None):
         _require(a == b, f"{path}: {a!r} != {b!r}")
 
 
-def compare_real(out_root, real="/work/shared/fixtures/deepspeed-real/z3_dp2_fp32/checkpoint"):
+def compare_real(out_root, real=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "deepspeed-real", "z3_dp2_fp32", "checkpoint")):
     """tinylm_dp2 must equal DeepSpeed's own z3_dp2_fp32 except for the fp32 padding garbage."""
     stubs.register()
     ours = os.path.join(out_root, "tinylm_dp2", "checkpoint")

@@ -4,7 +4,7 @@ DeepSpeed sets `ds_id` (a str "first_last") on every ZeRO-3 `fp32_flat_groups` t
 (stage3.py `_create_fp32_partitions`). torch >= 2.0's Tensor.__reduce_ex__ sees the non-empty
 instance state and pickles such a tensor as
     torch._tensor._rebuild_from_type_v2(torch._utils._rebuild_tensor_v2, torch.Tensor, args, {'ds_id': ...})
-whereas torch 1.13 (installed here, and the version that wrote /work/shared/fixtures/deepspeed-real)
+whereas torch 1.13 (installed here, and the version that wrote testdata/fixtures/deepspeed-real)
 takes its fast path for plain Tensors and drops the attribute. This Pickler reproduces the torch 2
 form through `reducer_override`; torch.save still supplies the storage persistent ids (they are
 handled before reducer_override is consulted), so everything else is byte-for-byte torch 1.13.

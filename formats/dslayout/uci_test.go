@@ -1,4 +1,4 @@
-package deepspeed
+package dslayout
 
 import (
 	"strings"
@@ -45,5 +45,34 @@ func TestClassifyWithoutInfo(t *testing.T) {
 	}
 	if len(r.Inferred()) != 2 {
 		t.Errorf("inferred %v", r.Inferred())
+	}
+}
+
+// TestUnmatchedAtTP1: a checkpoint saved at tensor-parallel size 1 keeps
+// its universal_checkpoint_info, but no parameter is matched against it:
+// its patterns are not reported as matching nothing. With TP shards, an
+// unused pattern is.
+func TestUnmatchedAtTP1(t *testing.T) {
+	model := pyobj.DictOf("universal_checkpoint_info", pyobj.DictOf(
+		"universal_checkpoint_version", 0.2,
+		"tp_replicated_parameter_patterns", &pyobj.List{Items: []pyobj.Value{`.*layernorm\.weight`, `unused\.bias`}},
+	))
+	for _, tc := range []struct {
+		shapes [][]int64
+		want   string
+	}{
+		{[][]int64{{4}}, ""},
+		{[][]int64{{4}, {4}}, `unused\.bias`},
+	} {
+		r, err := ReadRules(pyobj.NewDec("mp_rank_00_model_states.pt", model))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Classify("final_layernorm.weight", tc.shapes); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(r.Unmatched(), ","); got != tc.want {
+			t.Errorf("TP %d: unmatched %q, want %q", len(tc.shapes), got, tc.want)
+		}
 	}
 }

@@ -1,9 +1,4 @@
-// Package deepspeed indexes DeepSpeed ZeRO-1/2 (and BF16_Optimizer)
-// checkpoints, including Megatron-DeepSpeed tensor and pipeline
-// parallelism, into a fragment table. It parses pickles only; no tensor
-// bytes are read. Reshard writes an atomic checkpoint back as a native
-// DeepSpeed checkpoint of another parallelism (FORMAT.md).
-package deepspeed
+package dslayout
 
 import (
 	"fmt"
@@ -17,14 +12,16 @@ import (
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
-// File name patterns (deepspeed.md §2.2). DeepSpeed sorts some of these
-// lexicographically; ucp parses the ranks and sorts by number.
+// File name patterns (formats/deepspeed/FORMAT.md, "Finding the files").
+// DeepSpeed sorts some of these lexicographically; ucp parses the ranks and
+// sorts by number. ModelStatesFile and Zero3ModelFile name model-state
+// files (mp rank; dp and mp rank).
 var (
-	reModelStates = regexp.MustCompile(`^mp_rank_(\d+)_model_states\.pt$`)
-	reOptimStates = regexp.MustCompile(`^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$`)
-	reZero3Model  = regexp.MustCompile(`^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$`)
-	reLayer       = regexp.MustCompile(`^layer_(\d+)-model_(\d+)-model_states\.pt$`)
-	reLayerNoTP   = regexp.MustCompile(`^layer_(\d+)-model_states\.pt$`)
+	ModelStatesFile = regexp.MustCompile(`^mp_rank_(\d+)_model_states\.pt$`)
+	reOptimStates   = regexp.MustCompile(`^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$`)
+	Zero3ModelFile  = regexp.MustCompile(`^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$`)
+	reLayer         = regexp.MustCompile(`^layer_(\d+)-model_(\d+)-model_states\.pt$`)
+	reLayerNoTP     = regexp.MustCompile(`^layer_(\d+)-model_states\.pt$`)
 )
 
 // Files are the checkpoint files of one tag folder, by rank.
@@ -54,7 +51,7 @@ func ResolveTag(path, tag string) (dir, name string, err error) {
 		}
 		return dir, tag, nil
 	}
-	if hasRankFiles(path) {
+	if HasRankFiles(path) {
 		return path, filepath.Base(path), nil
 	}
 	b, err := fsutil.ReadFile(filepath.Join(path, "latest"))
@@ -72,29 +69,19 @@ func ResolveTag(path, tag string) (dir, name string, err error) {
 	return dir, tag, nil
 }
 
-func hasRankFiles(dir string) bool {
+// HasRankFiles reports whether dir holds DeepSpeed rank files.
+func HasRankFiles(dir string) bool {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return false
 	}
 	for _, e := range ents {
 		n := e.Name()
-		if reModelStates.MatchString(n) || reOptimStates.MatchString(n) || reZero3Model.MatchString(n) {
+		if ModelStatesFile.MatchString(n) || reOptimStates.MatchString(n) || Zero3ModelFile.MatchString(n) {
 			return true
 		}
 	}
 	return false
-}
-
-// Detect reports whether path looks like a DeepSpeed ZeRO-0/1/2 checkpoint
-// (a save folder with 'latest' or a tag folder with mp_rank model states).
-func Detect(path string) bool {
-	dir, tag, err := ResolveTag(path, "")
-	if err != nil {
-		return false
-	}
-	f, err := ListFiles(dir, tag)
-	return err == nil && len(f.Model) > 0
 }
 
 // ListFiles classifies the rank files of a tag folder. Two files for the
@@ -118,24 +105,24 @@ func ListFiles(dir, tag string) (*Files, error) {
 		n := e.Name()
 		var err error
 		switch {
-		case reModelStates.MatchString(n):
-			mp := atoi(reModelStates.FindStringSubmatch(n)[1])
+		case ModelStatesFile.MatchString(n):
+			mp := Atoi(ModelStatesFile.FindStringSubmatch(n)[1])
 			if prev, dup := f.Model[mp]; dup {
 				err = fmt.Errorf("%s: duplicated rank file: %s and %s are the same rank", dir, filepath.Base(prev), n)
 			}
 			f.Model[mp] = filepath.Join(dir, n)
 		case reOptimStates.MatchString(n):
 			m := reOptimStates.FindStringSubmatch(n)
-			err = put(f.Optim, [2]int{atoi(m[2]), atoi(m[3])}, n)
-		case reZero3Model.MatchString(n):
-			m := reZero3Model.FindStringSubmatch(n)
-			err = put(f.Zero3, [2]int{atoi(m[1]), atoi(m[2])}, n)
+			err = put(f.Optim, [2]int{Atoi(m[2]), Atoi(m[3])}, n)
+		case Zero3ModelFile.MatchString(n):
+			m := Zero3ModelFile.FindStringSubmatch(n)
+			err = put(f.Zero3, [2]int{Atoi(m[1]), Atoi(m[2])}, n)
 		case reLayer.MatchString(n):
 			m := reLayer.FindStringSubmatch(n)
-			err = put(f.Layers, [2]int{atoi(m[1]), atoi(m[2])}, n)
+			err = put(f.Layers, [2]int{Atoi(m[1]), Atoi(m[2])}, n)
 		case reLayerNoTP.MatchString(n):
 			m := reLayerNoTP.FindStringSubmatch(n)
-			err = put(f.Layers, [2]int{atoi(m[1]), 0}, n)
+			err = put(f.Layers, [2]int{Atoi(m[1]), 0}, n)
 		}
 		if err != nil {
 			return nil, err
@@ -144,13 +131,14 @@ func ListFiles(dir, tag string) (*Files, error) {
 	return f, nil
 }
 
-func atoi(s string) int {
+// Atoi parses a rank number the file-name patterns matched.
+func Atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
 }
 
-// sortedKeys returns the map's int keys in order.
-func sortedKeys(m map[int]string) []int {
+// SortedKeys returns the map's int keys in order.
+func SortedKeys(m map[int]string) []int {
 	ks := make([]int, 0, len(m))
 	for k := range m {
 		ks = append(ks, k)
@@ -159,9 +147,9 @@ func sortedKeys(m map[int]string) []int {
 	return ks
 }
 
-// optimName is the name DeepSpeed gives the optimizer file of a rank, for
+// OptimName is the name DeepSpeed gives the optimizer file of a rank, for
 // "missing file" errors.
-func (f *Files) optimName(dp, mp int) string {
+func (f *Files) OptimName(dp, mp int) string {
 	prefix := ""
 	for _, p := range f.Optim {
 		if strings.HasPrefix(filepath.Base(p), "bf16_") {

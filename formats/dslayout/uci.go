@@ -1,4 +1,4 @@
-package deepspeed
+package dslayout
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 )
 
 // Rules are the parameter classification lists of a checkpoint's
-// universal_checkpoint_info (deepspeed.md §3.9), compiled.
+// universal_checkpoint_info (formats/deepspeed/FORMAT.md), compiled.
 type Rules struct {
 	version       float64
 	vocabSize     int64
@@ -29,6 +29,7 @@ type Rules struct {
 	present       bool
 	inferred      []string // parameters placed from their shard shapes alone
 	matched       map[*pattern]bool
+	split         bool // some parameter had several tensor-parallel shards
 	allPatterns   []*pattern
 	patternByText map[string]*pattern
 }
@@ -155,8 +156,13 @@ func (r *Rules) matchSubParams(name string) *subParamRule {
 	return nil
 }
 
-// Unmatched lists patterns that matched no parameter.
+// Unmatched lists patterns that matched no parameter. At tensor-parallel
+// size 1 no parameter is matched against them (a single shard is the
+// whole tensor), so none is listed.
 func (r *Rules) Unmatched() []string {
+	if !r.split {
+		return nil
+	}
 	var out []string
 	for _, p := range r.allPatterns {
 		if !r.matched[p] {
@@ -197,7 +203,7 @@ func (pl *Placement) Param(name string, shape []int64) *fragment.Param {
 	return &fragment.Param{Name: name, Shape: shape, Average: pl.Average, Info: pl.Info}
 }
 
-// Classify applies the first matching rule of §6.3 to a parameter whose
+// Classify applies the first matching rule (formats/deepspeed/FORMAT.md, universal_checkpoint_info) to a parameter whose
 // tensor-parallel shards have the given shapes.
 func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	T := len(shapes)
@@ -211,6 +217,7 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	for t := 1; t < T; t++ {
 		sameShapes = sameShapes && torchfile.SameShape(shapes[t], shapes[0])
 	}
+	r.split = r.split || T > 1
 	if T == 1 {
 		pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
 	} else if !r.present {
@@ -381,7 +388,10 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 		}
 		switch x := e.(type) {
 		case pyobj.Tuple:
-			ints, _ := pyobj.Ints(x)
+			ints, ok := pyobj.Ints(x)
+			if !ok {
+				return fmt.Errorf("parameter %s: sub-parameter shape entry %s is not a tuple of ints", name, pyobj.Repr(x))
+			}
 			for _, v := range ints {
 				logical[d] += v
 			}
@@ -502,3 +512,16 @@ func subparamShapeObject(sp *subParamRule, sizes []int64) pyobj.Value {
 }
 
 func clone(s []int64) []int64 { return append([]int64(nil), s...) }
+
+// Present reports whether the model state had universal_checkpoint_info.
+func (r *Rules) Present() bool { return r.present }
+
+// Unsupported returns autotp_unsupported_parameter_patterns (nil: none).
+func (r *Rules) Unsupported() map[string]string { return r.unsupported }
+
+// PipeReplicated reports whether name matches a
+// pipeline_replicated_parameter_patterns entry.
+func (r *Rules) PipeReplicated(name string) (bool, error) {
+	pat, err := r.match(r.pipeReplica, name)
+	return pat != nil, err
+}

@@ -1,0 +1,472 @@
+"""Writes Megatron-LM torch_dist fixtures with real megatron-core on CPU.
+
+    python3 megatron_dist_fixtures.py MEGATRON_SRC OUT_DIR [CASE ...]
+
+MEGATRON_SRC is a folder holding megatron-core's `megatron/` package (a release
+tag of github:NVIDIA/Megatron-LM); run inside the Debian 13 chroot of
+scripts/torch2-chroot.sh (torch 2.6), as `make megatron-fixtures` does. Not run
+by CI: the fixtures are committed.
+
+Each case builds a GPTModel (local spec, SwiGLU, GQA) with megatron-core at the
+case's TP x PP x DP on gloo (one process per rank), wraps it in Megatron's DDP
+with the distributed optimizer, runs optimizer steps on seeded synthetic
+gradients (Megatron's DistributedOptimizer.step; forward/backward is not run,
+as pipeline schedules need CUDA), and saves with Megatron's own
+dist_checkpointing.save of {args, iteration, model.sharded_state_dict(),
+optimizer.sharded_state_dict(...)}, as the training loop does.
+
+Truth (truth.pt, written by rank 0) is gathered from the live run, never read
+back from the files: each rank's TP-local model parameters, and its slice of
+the fp32 main parameter and Adam moments that the distributed optimizer owns
+(`_get_model_param_range_map`, `_get_main_param_and_optimizer_states`), are
+gathered to rank 0 and merged over TP with the partition dim Megatron set on the
+parameter (SwiGLU fc1: each rank's [gate_r; up_r] halves). Names are the
+parameter names with global layer numbers, mapped through the layer's own
+sharded_state_dict_keys_map (local-spec norms are saved under TE names).
+Vocabulary rows are cut to the true vocabulary.
+
+The CUDA calls megatron-core makes are shimmed to CPU in this driver
+(Megatron's files are not changed): see install_shims.
+"""
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+CASES = {
+    # name: tp, pp, dp, dtype, sharding type, tied, vocab, padded vocab, args recorded
+    "tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True),
+    "tp2_dp2_bf16_dprs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="dp_reshardable", tied=False, args=True),
+    "tp2_dp2_bf16_fullrs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True),
+    "tp2_pp2_tied_bf16_dprs": dict(tp=2, pp=2, dp=1, dtype="bf16", sharding="dp_reshardable", tied=True, args=False),
+    "tp2_pp2_tied_bf16_fullrs": dict(tp=2, pp=2, dp=1, dtype="bf16", sharding="fully_reshardable", tied=True, args=False),
+    # MoE (SequentialMLP, 4 experts, top-2): experts TP-split at EP 1, whole experts over EP 2.
+    "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
+    "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
+}
+
+# Model geometry: GQA (4 heads, 2 query groups, head dim 4 with hidden 12, so
+# np*hn != H), SwiGLU (ffn 8 -> fc1 16 rows), 2 layers, vocab 50 padded to 64.
+NUM_LAYERS = 2
+HIDDEN = 12
+HEADS = 4
+GROUPS = 2
+KV_CHANNELS = 4
+FFN = 8
+VOCAB = 50
+PADDED_VOCAB = 64  # Megatron pads to a multiple of make_vocab_size_divisible_by (32) x TP (2)
+SEQ = 8
+STEPS = 2
+
+
+def install_shims():
+    """Run megatron-core's CUDA code paths on CPU."""
+    # 0.18/0.19 import triton unconditionally in moe/{,ops/}paged_stash.py:
+    # serve a stub to those files only (torch's compiler probes triton too).
+    class Any:
+        """Stands for any triton attribute: decorators return the function."""
+
+        def __call__(self, *a, **k):
+            return a[0] if len(a) == 1 and callable(a[0]) and not k else Any()
+
+        def __getattr__(self, name):
+            return Any()
+
+    tri = types.ModuleType("triton")
+    tri.__path__ = []
+    tri.__version__ = "0.0.0"  # 0.18's ssm ops parse it once paged_stash has loaded the stub
+    tri.__getattr__ = lambda name: Any()
+    tl = types.ModuleType("triton.language")
+    tl.__getattr__ = lambda name: Any()
+    tri.language = tl
+    stubs = {"triton": tri, "triton.language": tl}
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name not in stubs:
+                return None
+            f = sys._getframe(1)
+            while f is not None:
+                if f.f_code.co_filename.endswith("paged_stash.py"):
+                    return importlib.machinery.ModuleSpec(name, self, is_package=name == "triton")
+                f = f.f_back
+            return None
+
+        def create_module(self, spec):
+            return stubs[spec.name]
+
+        def exec_module(self, module):
+            pass
+
+    sys.meta_path.insert(0, Finder())
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.dist_checkpointing  # noqa: F401
+    for n in stubs:
+        if sys.modules.get(n) is stubs[n]:
+            del sys.modules[n]
+
+    torch.cuda.current_device = lambda: "cpu"
+
+    def on_cpu(fn):
+        def wrapped(*a, **k):
+            d = k.get("device")
+            if d is not None and "cuda" in str(d):
+                k["device"] = "cpu"
+            return fn(*a, **k)
+        return wrapped
+
+    for f in ("tensor", "zeros", "ones", "empty", "full", "arange", "randn", "rand", "zeros_like",
+              "empty_like", "ones_like", "full_like", "as_tensor"):
+        setattr(torch, f, on_cpu(getattr(torch, f)))
+    orig_to = torch.Tensor.to
+
+    def tensor_to(self, *a, **k):
+        if a and "cuda" in str(a[0]):
+            a = ("cpu",) + a[1:]
+        if "cuda" in str(k.get("device", "")):
+            k["device"] = "cpu"
+        return orig_to(self, *a, **k)
+
+    torch.Tensor.to = tensor_to
+    torch.Tensor.cuda = lambda self, *a, **k: self
+
+    orig_type = torch.Tensor.type
+
+    def tensor_type(self, dtype=None, **kw):
+        if dtype is None and not kw:
+            return orig_type(self).replace("torch.", "torch.cuda.", 1)
+        return orig_type(self, dtype, **kw)
+
+    torch.Tensor.type = tensor_type
+
+    class Stream:
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_stream(self, *a):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def record_event(self, *a):
+            return Event()
+
+        def wait_event(self, *a):
+            pass
+
+    class Event:
+        def __init__(self, *a, **k):
+            pass
+
+        def record(self, *a):
+            pass
+
+        def wait(self, *a):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def query(self):
+            return True
+
+    class StreamCtx:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    torch.cuda.Stream = Stream
+    torch.cuda.Event = Event
+    torch.cuda.current_stream = lambda *a, **k: Stream()
+    torch.cuda.default_stream = lambda *a, **k: Stream()
+    torch.cuda.stream = StreamCtx
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda s, *a, **k: torch.set_rng_state(s)
+    torch.cuda.manual_seed = lambda s: None
+    torch.cuda.manual_seed_all = lambda s: None
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.set_device = lambda *a: None
+    import numpy
+
+    if not hasattr(numpy, "product"):
+        numpy.product = numpy.prod  # core 0.15
+
+
+def build(case, rank, world):
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.distributed import DistributedDataParallel as DDP, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    experts, ep = case.get("experts"), case.get("ep", 1)
+    ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep)
+    bf16 = case["dtype"] == "bf16"
+    dt = torch.bfloat16 if bf16 else torch.float32
+    cfg = TransformerConfig(
+        num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
+        kv_channels=KV_CHANNELS, ffn_hidden_size=FFN, gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False,
+        tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
+        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True,
+        **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=FFN, expert_model_parallel_size=ep)
+           if experts else {}),
+    )
+    torch.manual_seed(42)
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    model = GPTModel(
+        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=experts), vocab_size=PADDED_VOCAB,
+        max_sequence_length=SEQ, pre_process=pp_rank == 0, post_process=pp_rank == case["pp"] - 1,
+        share_embeddings_and_output_weights=case["tied"], position_embedding_type="rope",
+    )
+    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
+                                            overlap_grad_reduce=False, bucket_size=None)
+    ddp = DDP(config=cfg, ddp_config=ddp_cfg, module=model)
+    ocfg = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, bf16=bf16, params_dtype=dt,
+                           use_distributed_optimizer=True)
+    opt = get_megatron_optimizer(ocfg, [ddp])
+    return cfg, ddp, model, opt
+
+
+def global_name(model, name):
+    """The parameter name with the global layer number and the names
+    sharded_state_dict gives it (the layer's sharded_state_dict_keys_map)."""
+    parts = name.split(".")
+    if parts[:2] == ["decoder", "layers"]:
+        local = int(parts[2])
+        layer = model.decoder.layers[local]
+        rest = ".".join(parts[3:])
+        for old, new in layer.submodules_config.sharded_state_dict_keys_map.items():
+            if rest.startswith(old):
+                rest = new + rest[len(old):]
+        m = re.match(r"mlp\.experts\.local_experts\.(\d+)\.(.*)", rest)
+        if m:
+            # Local expert j of EP rank e is global expert e * E/EP + j (moe/experts.py).
+            from megatron.core import parallel_state as ps
+
+            j = int(m.group(1)) + ps.get_expert_model_parallel_rank() * len(layer.mlp.experts.local_experts)
+            rest = f"mlp.experts.local_experts.{j}.{m.group(2)}"
+        return f"decoder.layers.{layer.layer_number - 1}.{rest}"
+    return name
+
+
+def synthetic_step(ddp, model, opt, step):
+    """Seeded gradients for every parameter (equal on DP replicas and TP
+    replicas of replicated parameters), then Megatron's optimizer step."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_rank()
+    ddp.zero_grad_buffer()
+    for name, p in model.named_parameters():
+        seed = f"{global_name(model, name)}/{step}/{tp if getattr(p, 'tensor_model_parallel', False) else -1}"
+        g = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
+        p.main_grad.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    ok, _, _ = opt.step()
+    assert ok, "optimizer step skipped"
+
+
+def local_truth(model, opt):
+    """This rank's pieces: model params (TP-local, full) and the owned flat
+    ranges of the optimizer's fp32 state."""
+    from megatron.core import parallel_state as ps
+
+    out = []
+    for name, p in model.named_parameters():
+        entry = dict(name=global_name(model, name), tp=ps.get_tensor_model_parallel_rank(),
+                     dp=ps.get_data_parallel_rank(), pp=ps.get_pipeline_model_parallel_rank(),
+                     tp_split=bool(getattr(p, "tensor_model_parallel", False)),
+                     dim=getattr(p, "partition_dim", -1), shape=tuple(p.shape), weight=p.detach().float().clone(),
+                     tied_copy=(name == "output_layer.weight" and getattr(p, "shared", False)))
+        # The sub-optimizer (ChainedOptimizer) that owns a slice of p on this DP rank.
+        owner = [o for o in getattr(opt, "chained_optimizers", [opt]) if p in o.model_param_group_index_map]
+        assert len(owner) <= 1, name
+        if owner:
+            o = owner[0]
+            gi, dt, bi = o.model_param_gbuf_map[p]
+            rng = o.gbuf_ranges[gi][dt][bi]["param_map"][p]["param"]
+            st = o._get_main_param_and_optimizer_states(p)
+            entry["range"] = (rng.start, rng.end)
+            entry["states"] = {k: v.detach().float().clone().view(-1) for k, v in st.items()}
+        out.append(entry)
+    return out
+
+
+def merge(entries, tp):
+    """rank-0 merge of every rank's pieces into full tensors."""
+    by = {}
+    for e in entries:
+        if e["tied_copy"]:
+            continue
+        by.setdefault(e["name"], []).append(e)
+    full = {}
+    for name, es in by.items():
+        shape = es[0]["shape"]
+        per_tp = {}
+        for e in es:
+            d = per_tp.setdefault(e["tp"], {"fp32": None, "exp_avg": None, "exp_avg_sq": None, "weight": e["weight"]})
+            if "range" in e:
+                for k, src in (("fp32", "param"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
+                    if d[k] is None:
+                        d[k] = torch.full((int(torch.tensor(shape).prod()),), float("nan"))
+                    lo, hi = e["range"]
+                    d[k][lo:hi] = e["states"][src]
+        e0 = es[0]
+        states = {}
+        for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):
+            locs = []
+            for r in range(tp if e0["tp_split"] else 1):
+                v = per_tp[r][k] if r in per_tp else per_tp[min(per_tp)][k]
+                v = v.view(shape)
+                assert not torch.isnan(v).any(), (name, k, "not covered")
+                locs.append(v)
+            if e0["tp_split"] and tp > 1:
+                if name.endswith("linear_fc1.weight"):
+                    g = [x.chunk(2, dim=0) for x in locs]
+                    t = torch.cat([x[0] for x in g] + [x[1] for x in g], dim=0)
+                else:
+                    t = torch.cat(locs, dim=e0["dim"])
+            else:
+                t = locs[0]
+            if "word_embeddings" in name or name == "output_layer.weight":
+                t = t[:VOCAB]
+            states[k] = t.contiguous()
+        # The save-time placement from Megatron's partition attributes.
+        if tp == 1:
+            states["pattern"] = "Unique"
+        elif not e0["tp_split"]:
+            states["pattern"] = "Replicate"
+        elif name.endswith("linear_fc1.weight"):
+            states["pattern"] = "Shard-NC"
+        else:
+            states["pattern"] = "Shard-V" if e0["dim"] == 0 else "Shard-H"
+        full[name] = states
+    return full
+
+
+def worker(rank, world, case_name, out, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
+    install_shims()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    case = CASES[case_name]
+    from megatron.core import dist_checkpointing
+
+    cfg, ddp, model, opt = build(case, rank, world)
+    for s in range(STEPS):
+        synthetic_step(ddp, model, opt, s)
+    ckpt = os.path.join(out, case_name, "checkpoint")
+    it = os.path.join(ckpt, "iter_%07d" % STEPS)
+    model_sd = model.sharded_state_dict()
+    state = {"checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
+             "optimizer": opt.sharded_state_dict(model_sd, metadata={"distrib_optim_sharding_type": case["sharding"]})}
+    if case["args"]:
+        state["args"] = argparse.Namespace(
+            tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
+            virtual_pipeline_model_parallel_size=None, data_parallel_size=case["dp"], world_size=world,
+            num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
+            group_query_attention=True, kv_channels=KV_CHANNELS, ffn_hidden_size=FFN, swiglu=True,
+            vocab_size=VOCAB, padded_vocab_size=PADDED_VOCAB, make_vocab_size_divisible_by=32,
+            untie_embeddings_and_output_weights=not case["tied"], bf16=case["dtype"] == "bf16", fp16=False,
+            use_distributed_optimizer=True, ckpt_format="torch_dist",
+            num_experts=case.get("experts"), expert_model_parallel_size=case.get("ep", 1))
+    if rank == 0:
+        os.makedirs(it, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(state, it)
+    pieces = [None] * world
+    dist.all_gather_object(pieces, local_truth(model, opt))
+    if rank == 0:
+        with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(STEPS))
+        entries = [e for p in pieces for e in p]
+        full = merge(entries, case["tp"])
+        step = None
+        for o in getattr(opt, "chained_optimizers", [opt]):
+            for g in o.optimizer.param_groups:
+                step = g.get("step", step)
+        truth = {"param_names": list(full), "step": step, "vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
+                 "degrees": dict(tp=case["tp"], pp=case["pp"], dp=case["dp"]),
+                 "sharding": case["sharding"], "dtype": case["dtype"]}
+        for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):
+            truth[k] = {n: st[k] for n, st in full.items()}
+        truth["patterns"] = {n: st["pattern"] for n, st in full.items()}
+        torch.save(truth,
+                   os.path.join(out, case_name, "truth.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def core_version(src):
+    """megatron-core's version of the source tree ("0.19.0" -> "0_19")."""
+    path = os.path.join(src, "megatron", "core", "package_info.py")
+    info = {"__file__": path}
+    with open(path) as f:
+        exec(f.read(), info)
+    major, minor = info["MAJOR"], info["MINOR"]
+    return f"{major}_{minor}"
+
+
+def main():
+    src, out = sys.argv[1], sys.argv[2]
+    names = sys.argv[3:] or list(CASES)
+    sys.path.insert(0, src)
+    version = core_version(src)
+    if os.environ.get("UCP_ONE_CASE"):
+        c = CASES[names[0]]
+        world = c["tp"] * c["pp"] * c["dp"]
+        mp.spawn(worker, args=(world, names[0], out, 29500 + list(CASES).index(names[0])), nprocs=world, join=True)
+        return
+    # One process tree per case under a watchdog: on a busy machine a rank can
+    # vanish and leave its peers blocked in a collective; retry then.
+    failed = []
+    for name in names:
+        if version == "0_15" and CASES[name]["sharding"] == "dp_reshardable":
+            # 0.15's dp_reshardable asserts every optimizer state is a flat
+            # slice, but torch.optim.Adam (no Apex/TE on CPU) keeps a 0-dim
+            # step per parameter.
+            print(f"{name}: skipped on core 0.15 (dp_reshardable needs a fused Adam)", flush=True)
+            continue
+        for attempt in range(3):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+            final = os.path.join(out, f"core{version}_{name}")
+            try:
+                r = subprocess.run([sys.executable, __file__, src, out, name], env=dict(os.environ, UCP_ONE_CASE="1"),
+                                   timeout=300, start_new_session=True)
+                if r.returncode == 0:
+                    shutil.rmtree(final, ignore_errors=True)
+                    os.rename(os.path.join(out, name), final)
+                    print("wrote", final, flush=True)
+                    break
+                print(f"{name}: exit {r.returncode}, attempt {attempt + 1}", flush=True)
+            except subprocess.TimeoutExpired:
+                print(f"{name}: timed out, attempt {attempt + 1}", flush=True)
+        else:
+            failed.append(name)
+    if failed:
+        sys.exit(f"failed 3 times: {failed}")
+
+
+if __name__ == "__main__":
+    main()
