@@ -89,6 +89,15 @@ megatron-fixtures:
 	@test -n "$(MEGATRON_SRC)" || { echo "usage: make megatron-fixtures MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
 	./scripts/megatron-fixtures.sh $(MEGATRON_SRC)
 
+# The kill -9 loop (cmd/ucp TestKillResume): a generated ~2.2 GB DeepSpeed checkpoint is converted, killed
+# right after each phase and after 10 random delays, resumed with --resume and compared file by file with a
+# clean run. Needs about 7 GB free in KILLTEST_DIR.
+KILLTEST_DIR ?= .killtest
+.PHONY: killtest
+killtest:
+	mkdir -p $(KILLTEST_DIR)
+	UCP_KILLTEST=1 UCP_KILLTEST_DIR=$(abspath $(KILLTEST_DIR)) $(GO) test -count=1 -timeout 60m -run '^TestKillResume$$' -v ./cmd/ucp
+
 bench: build
 	./scripts/bench.sh
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/torchfile"
 )
 
@@ -60,18 +61,27 @@ func (w *Writer) FinishNode() (bool, error) {
 	return true, nil
 }
 
-// Lock elects the finalizing node: it creates the lock file exclusively,
-// and fails with ErrFinalizing when another node got there first.
+// Lock elects the finalizing node: it takes an exclusive flock on
+// finalize.lock, held until the process ends, and fails with
+// ErrFinalizing while another live process holds it. A finalizer that
+// died released its lock, so a rerun takes over (a lock file that merely
+// exists proves nothing).
 func (w *Writer) Lock() error {
-	f, err := os.OpenFile(filepath.Join(w.tmp, nodesDir, "finalize.lock"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-	if errors.Is(err, os.ErrExist) {
-		return ErrFinalizing
-	}
+	f, err := os.OpenFile(filepath.Join(w.tmp, nodesDir, "finalize.lock"), os.O_CREATE|os.O_WRONLY, 0o666)
 	if err != nil {
 		return err
 	}
+	ok, err := flock(f, false)
+	if err != nil || !ok {
+		f.Close()
+		if err == nil {
+			err = ErrFinalizing
+		}
+		return err
+	}
 	fmt.Fprintf(f, "node %d\n", w.opt.Node)
-	return f.Close()
+	w.finLock = f
+	return nil
 }
 
 // readRecords loads every node's record, checks they belong to one plan
@@ -80,7 +90,7 @@ func (w *Writer) readRecords() (*Records, error) {
 	out := &Records{Files: map[string]FileEntry{}, Pieces: map[string][]torchfile.Piece{}}
 	for n := 0; n < w.opt.Nodes; n++ {
 		path := w.recordPath(n)
-		b, err := os.ReadFile(path)
+		b, err := fsutil.ReadFile(path)
 		if err != nil {
 			if os.IsNotExist(err) {
 				return nil, fmt.Errorf("node %d of %d has not finished (no %s); rerun it, then finalize", n, w.opt.Nodes, path)

@@ -76,6 +76,14 @@ type Options struct {
 	FinalizeOnly bool
 	// Dirs are the folders (relative to DST) to create before any file.
 	Dirs []string
+	// Resume keeps the files a killed run of the same plan completed in
+	// DST.partial (listed in its journal, size and CRC-32 checked) instead
+	// of starting from an empty folder.
+	Resume bool
+	// AfterPhase, if set, is called after each step of the commit
+	// ("synced", "manifest", "renamed"), for tests that kill the process
+	// there.
+	AfterPhase func(phase string)
 }
 
 // Writer builds an atomic checkpoint, alone or as one node of several. It
@@ -90,6 +98,14 @@ type Writer struct {
 
 	fin      sync.Mutex // guards finished
 	finished bool
+
+	// Warnings are problems after DST was complete, for the user to see.
+	Warnings []string
+
+	lock    *os.File             // DST.partial, flocked for the run
+	finLock *os.File             // finalize.lock, flocked by the finalizer
+	journal *os.File             // this node's journal of completed files
+	done    map[string]FileEntry // files reused by a resumed run
 }
 
 // Create starts the checkpoint in DST.partial. A single process starts
@@ -111,28 +127,57 @@ func Create(dst string, opt Options) (*Writer, error) {
 		if _, err := os.Stat(filepath.Join(tmp, nodesDir)); err != nil {
 			return nil, fmt.Errorf("%s: nothing to finalize: %w", tmp, err)
 		}
-	} else if opt.Nodes == 1 {
-		if err := os.RemoveAll(tmp); err != nil {
-			return nil, err
+	}
+	lock, err := lockPartial(tmp, opt.Nodes > 1)
+	if err != nil {
+		return nil, err
+	}
+	w := &Writer{Dst: dst, tmp: tmp, opt: opt, lock: lock, done: map[string]FileEntry{},
+		rec: nodeRecord{Node: opt.Node, Nodes: opt.Nodes, Plan: opt.PlanID}}
+	if err := w.start(); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// start prepares the locked DST.partial: emptied for a fresh single
+// process, the verified files of the killed run kept with Resume, the
+// folders made and this node's journal opened.
+func (w *Writer) start() error {
+	tmp, opt := w.tmp, w.opt
+	if opt.Nodes == 1 && !opt.Resume && !opt.FinalizeOnly {
+		if err := clearDir(tmp); err != nil {
+			return err
 		}
 	}
+	var keep []FileEntry
+	if opt.Resume && !opt.FinalizeOnly {
+		var err error
+		if keep, err = w.resume(); err != nil {
+			return err
+		}
+		for _, e := range keep {
+			w.done[e.Path] = e
+		}
+		w.rec.Files = append(w.rec.Files, keep...)
+	}
 	if err := os.MkdirAll(filepath.Join(tmp, nodesDir), 0o755); err != nil {
-		return nil, err
+		return err
 	}
 	for _, d := range opt.Dirs {
 		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	w := &Writer{Dst: dst, tmp: tmp, opt: opt,
-		rec: nodeRecord{Node: opt.Node, Nodes: opt.Nodes, Plan: opt.PlanID}}
+	if opt.FinalizeOnly {
+		return nil
+	}
 	// A rerun of this node replaces its old record, which no longer holds.
-	if !opt.FinalizeOnly {
-		if err := os.Remove(w.recordPath(opt.Node)); err != nil && !os.IsNotExist(err) {
-			return nil, err
-		}
+	if err := os.Remove(w.recordPath(opt.Node)); err != nil && !os.IsNotExist(err) {
+		return err
 	}
-	return w, nil
+	return w.openJournal(keep)
 }
 
 // Dir returns the folder being written (DST.partial).
@@ -205,16 +250,16 @@ func (f *File) Commit() (FileEntry, error) {
 		return FileEntry{}, err
 	}
 	f.closed = true
-	return f.w.recordFile(f.rel, f.tw.Layout.Size(), f.tw.CRC32()), nil
+	return f.w.recordFile(f.rel, f.tw.Layout.Size(), f.tw.CRC32())
 }
 
-// recordFile adds a finished file to this node's record.
-func (w *Writer) recordFile(rel string, size int64, crc uint32) FileEntry {
+// recordFile adds a finished file to this node's record and journal.
+func (w *Writer) recordFile(rel string, size int64, crc uint32) (FileEntry, error) {
 	e := FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.rec.Files = append(w.rec.Files, e)
-	w.mu.Unlock()
-	return e
+	return e, w.journalAdd(e)
 }
 
 // Abort removes this node's unfinished file.
@@ -317,7 +362,7 @@ func (t *CopyTarget) Commit() (FileEntry, error) {
 		os.Remove(t.f.Name())
 		return FileEntry{}, err
 	}
-	return t.w.recordFile(t.rel, t.size, crc), nil
+	return t.w.recordFile(t.rel, t.size, crc)
 }
 
 // Abort removes the unfinished copy.
@@ -375,33 +420,86 @@ func (w *Writer) Finalize(complete func(*Records) (*Manifest, error)) (*Manifest
 	return m, w.syncDir(filepath.Dir(w.Dst))
 }
 
+// OldSuffix names the old DST while --force replaces it: DST is renamed
+// to DST.ucp-old, DST.partial to DST, and only then DST.ucp-old removed,
+// so a folder named DST is always a complete checkpoint.
+const OldSuffix = ".ucp-old"
+
 // commit writes the manifest last and renames DST.partial to DST.
 func (w *Writer) commit(m *Manifest) error {
-	if err := os.RemoveAll(filepath.Join(w.tmp, nodesDir)); err != nil {
-		return err
-	}
 	// Everything must be on disk before the manifest says it is complete.
 	if !w.opt.NoSync {
 		if err := syncTree(w.tmp); err != nil {
 			return fmt.Errorf("%s: %w", w.tmp, err)
 		}
 	}
+	w.phase("synced")
 	if err := writeJSON(filepath.Join(w.tmp, ManifestName), m); err != nil {
+		return err
+	}
+	w.phase("manifest")
+	// The records and journals go only now: a run killed before this
+	// point can still be resumed from them.
+	if w.journal != nil {
+		w.journal.Close()
+		w.journal = nil
+	}
+	if err := os.RemoveAll(filepath.Join(w.tmp, nodesDir)); err != nil {
 		return err
 	}
 	if err := w.syncDir(w.tmp); err != nil {
 		return err
 	}
+	old := w.Dst + OldSuffix
+	replaced := false
 	if w.opt.Force {
-		if err := os.RemoveAll(w.Dst); err != nil {
-			return err
+		if _, err := os.Lstat(w.Dst); err == nil {
+			// A DST.ucp-old left by a run killed here was already replaced.
+			if err := os.RemoveAll(old); err != nil {
+				return err
+			}
+			if err := os.Rename(w.Dst, old); err != nil {
+				return err
+			}
+			replaced = true
 		}
 	}
 	if err := os.Rename(w.tmp, w.Dst); err != nil {
+		if replaced {
+			os.Rename(old, w.Dst) // put the old checkpoint back
+		}
 		return err
 	}
+	w.phase("renamed")
+	if replaced {
+		if err := os.RemoveAll(old); err != nil {
+			w.Warnings = append(w.Warnings, fmt.Sprintf("%s is complete, but the checkpoint it replaced is left in %s: %v", w.Dst, old, err))
+		}
+	}
+	// DST is complete now: failing to write the pointer beside it (a full
+	// disk) is a warning, not a failed conversion.
 	parent := filepath.Dir(w.Dst)
-	return fsutil.WriteFileAtomic(filepath.Join(parent, LatestUniversal), []byte(filepath.Base(w.Dst)), w.opt.NoSync)
+	if err := fsutil.WriteFileAtomic(filepath.Join(parent, LatestUniversal), []byte(filepath.Base(w.Dst)), w.opt.NoSync); err != nil {
+		w.Warnings = append(w.Warnings, fmt.Sprintf("%s is complete, but %s was not updated to name it: %v", w.Dst, LatestUniversal, err))
+	}
+	w.release()
+	return nil
+}
+
+func (w *Writer) phase(name string) {
+	if w.opt.AfterPhase != nil {
+		w.opt.AfterPhase(name)
+	}
+}
+
+// release drops the locks (the process exiting would too).
+func (w *Writer) release() {
+	for _, f := range []**os.File{&w.journal, &w.finLock, &w.lock} {
+		if *f != nil {
+			(*f).Close()
+			*f = nil
+		}
+	}
 }
 
 func (w *Writer) syncDir(dir string) error {
@@ -411,9 +509,10 @@ func (w *Writer) syncDir(dir string) error {
 	return fsutil.SyncDir(dir)
 }
 
-// Abort removes DST.partial.
+// Abort removes DST.partial, then releases its lock.
 func (w *Writer) Abort() {
 	os.RemoveAll(w.tmp)
+	w.release()
 }
 
 func writeJSON(path string, v any) error {

@@ -34,11 +34,15 @@ type Options struct {
 
 // Stats report what a run did.
 type Stats struct {
-	Tasks        int           `json:"tasks"`
-	BytesRead    int64         `json:"bytes_read"`
-	BytesWritten int64         `json:"bytes_written"`
-	Elapsed      time.Duration `json:"elapsed_ns"`
-	Workers      []WorkerStats `json:"workers"`
+	Tasks        int   `json:"tasks"`
+	BytesRead    int64 `json:"bytes_read"`
+	BytesWritten int64 `json:"bytes_written"`
+	// ReusedFiles and ReusedBytes are what a resumed run took over from
+	// the killed one; BytesRead and BytesWritten count this run only.
+	ReusedFiles int           `json:"reused_files"`
+	ReusedBytes int64         `json:"reused_bytes"`
+	Elapsed     time.Duration `json:"elapsed_ns"`
+	Workers     []WorkerStats `json:"workers"`
 }
 
 // WorkerStats are one reducer's phase timings and its tasks on a timeline.
@@ -100,7 +104,13 @@ func Run(ctx context.Context, plan *Plan, w *ucpatomic.Writer, opt Options) (*St
 	if workers <= 0 {
 		workers = runtime.NumCPU()
 	}
-	tasks := plan.NodeTasks(opt.Node)
+	var tasks []Task
+	for _, tk := range plan.NodeTasks(opt.Node) {
+		// A resumed run reuses the files the killed one completed.
+		if _, done := w.Done(plan.Outputs[tk.Output].Path); !done {
+			tasks = append(tasks, tk)
+		}
+	}
 	r := &runner{t: plan.t, plan: plan, w: w, opt: opt, src: newSources(), files: map[int]*outFile{}, start: time.Now()}
 	defer r.src.close()
 	for _, tk := range tasks {
@@ -113,6 +123,7 @@ func Run(ctx context.Context, plan *Plan, w *ucpatomic.Writer, opt Options) (*St
 		r.files[tk.Output].pending++
 	}
 	stats := &Stats{Tasks: len(tasks), Workers: make([]WorkerStats, workers)}
+	stats.ReusedFiles, stats.ReusedBytes = w.Reused()
 	var next atomic.Int64
 	g, ctx := errgroup.WithContext(ctx)
 	for wi := 0; wi < workers; wi++ {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -41,6 +42,7 @@ type convertOptions struct {
 	ChunkElems    int64
 	NoSync        bool
 	DSVersion     string
+	Resume        bool
 }
 
 func newConvertCommand() *cobra.Command {
@@ -101,6 +103,7 @@ rerun alone.`,
 	f.Int64Var(&opts.ChunkElems, "chunk-elems", 0, "largest task in elements (default: from the memory budget and the balance)")
 	f.MarkHidden("chunk-elems")
 	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the output to disk before writing the manifest")
+	f.BoolVar(&opts.Resume, "resume", false, "reuse the files a killed or failed run completed in DST.partial (checked against their CRC-32) and do only the rest")
 	return cmd
 }
 
@@ -114,8 +117,13 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err := sourceCheck(src, opts.From); err != nil {
 		return err
 	}
-	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix); err != nil {
+	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix, atomic.OldSuffix); err != nil {
 		return err
+	}
+	if opts.Resume && !opts.Force && isAtomic(dst) {
+		if _, err := os.Stat(dst + atomic.PartialSuffix); os.IsNotExist(err) {
+			return resumeComplete(out, dst, opts.NoSync, opts.Quiet)
+		}
 	}
 	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
 	if err != nil {
@@ -148,6 +156,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return err
 	}
 	indexed := time.Since(start)
+	stopAfter("indexed")
 	if opts.DryRun {
 		if err := printPlan(out, t, plan); err != nil || opts.Arrow == "" {
 			return err
@@ -163,14 +172,15 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		}
 	}
 	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes,
-		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync})
+		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync, Resume: opts.Resume, AfterPhase: stopAfter})
 	if err != nil {
 		return err
 	}
+	stopAfter("created")
 	if opts.Finalize {
-		return finalize(out, w, plan, start, opts.Quiet)
+		return finalize(out, errOut, w, plan, start, opts.Quiet)
 	}
-	bar := newProgress(errOut, "converting", progressTotal(plan, node), opts.Quiet)
+	bar := newProgress(errOut, "converting", progressTotal(plan, node, w), opts.Quiet)
 	stats, err := mapreduce.Run(ctx, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
 		Progress: bar.add})
 	bar.finish()
@@ -186,18 +196,21 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		}
 		return err
 	}
+	stopAfter("converted")
+	all, err := w.FinishNode()
+	if err != nil {
+		return err
+	}
+	stopAfter("node-done")
 	if nodes == 1 {
-		m, err := mapreduce.Finish(plan, w)
+		m, err := mapreduce.Finalize(plan, w)
 		if err != nil {
 			w.Abort()
 			return err
 		}
-		summary(out, opts, t, src, dst, m, stats, start, indexed)
+		warn(errOut, w)
+		summary(out, opts, t, src, dst, m, stats, w, start, indexed)
 		return nil
-	}
-	all, err := w.FinishNode()
-	if err != nil {
-		return err
 	}
 	if !opts.Quiet {
 		fmt.Fprintf(out, "node %d of %d (from %s) done: %s\n", node, nodes, from,
@@ -212,17 +225,49 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	if err := w.Lock(); err != nil {
 		if errors.Is(err, atomic.ErrFinalizing) {
-			return nil // another node finished at the same moment and finalizes
+			// Another node finished at the same moment and finalizes.
+			if !opts.Quiet {
+				fmt.Fprintln(out, "another node (a live process) is writing the manifest")
+			}
+			return nil
 		}
 		return err
 	}
-	return finalize(out, w, plan, start, opts.Quiet)
+	stopAfter("finalize-locked")
+	return finalize(out, errOut, w, plan, start, opts.Quiet)
 }
 
-func finalize(out io.Writer, w *atomic.Writer, plan *mapreduce.Plan, start time.Time, quiet bool) error {
+// resumeComplete answers --resume when DST is already complete (the
+// killed run got as far as the rename): nothing to convert, but the
+// latest_universal pointer may still be missing.
+func resumeComplete(out io.Writer, dst string, noSync, quiet bool) error {
+	p := filepath.Join(filepath.Dir(filepath.Clean(dst)), atomic.LatestUniversal)
+	if b, err := os.ReadFile(p); err != nil || string(b) != filepath.Base(filepath.Clean(dst)) {
+		if err := fsutil.WriteFileAtomic(p, []byte(filepath.Base(filepath.Clean(dst))), noSync); err != nil {
+			return err
+		}
+	}
+	if !quiet {
+		fmt.Fprintf(out, "%s is already complete (it has %s): nothing to resume; 'ucp verify %s' checks it\n", dst, atomic.ManifestName, dst)
+	}
+	return nil
+}
+
+// warn prints the writer's warnings: problems that left DST complete.
+func warn(errOut io.Writer, w *atomic.Writer) {
+	for _, m := range w.Warnings {
+		fmt.Fprintln(errOut, "ucp: warning:", m)
+	}
+}
+
+func finalize(out, errOut io.Writer, w *atomic.Writer, plan *mapreduce.Plan, start time.Time, quiet bool) error {
 	m, err := mapreduce.Finalize(plan, w)
-	if err != nil || quiet {
+	if err != nil {
 		return err
+	}
+	warn(errOut, w)
+	if quiet {
+		return nil
 	}
 	fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %s\n", w.Dst, len(m.Params), fmtDuration(time.Since(start)))
 	return nil
@@ -230,24 +275,34 @@ func finalize(out io.Writer, w *atomic.Writer, plan *mapreduce.Plan, start time.
 
 // progressTotal is what the bar counts to: the bytes this node's tasks
 // read and write, as the reducers report them (a task's weight is its
-// reads plus its writes).
-func progressTotal(plan *mapreduce.Plan, node int) int64 {
+// reads plus its writes), less the files a resumed run reuses (w may be
+// nil).
+func progressTotal(plan *mapreduce.Plan, node int, w *atomic.Writer) int64 {
 	var n int64
 	for _, tk := range plan.Tasks {
-		if tk.Node == node {
-			n += tk.Bytes
+		if tk.Node != node {
+			continue
 		}
+		if w != nil {
+			if _, done := w.Done(plan.Outputs[tk.Output].Path); done {
+				continue
+			}
+		}
+		n += tk.Bytes
 	}
 	return n
 }
 
-func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst string, m *atomic.Manifest, stats *mapreduce.Stats, start time.Time, indexed time.Duration) {
+func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst string, m *atomic.Manifest, stats *mapreduce.Stats, w *atomic.Writer, start time.Time, indexed time.Duration) {
 	if opts.Quiet {
 		return
 	}
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
 	fmt.Fprintf(out, "  %d parameters, %d files, %s\n", len(m.Params), len(m.AllFiles()),
 		transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
+	if n, b := w.Reused(); opts.Resume {
+		fmt.Fprintf(out, "  resumed: %d files (%s) reused from %s%s, the rest converted this time\n", n, humanBytes(b), filepath.Base(dst), atomic.PartialSuffix)
+	}
 	stragglers(out, stats)
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)

@@ -28,7 +28,7 @@ func TestProgressTotal(t *testing.T) {
 		}
 		var all int64
 		for n := 0; n < nodes; n++ {
-			got := progressTotal(plan, n)
+			got := progressTotal(plan, n, nil)
 			if got != plan.NodeBytes[n] || got <= 0 {
 				t.Errorf("%d nodes: node %d bar total %d, its tasks move %d", nodes, n, got, plan.NodeBytes[n])
 			}
@@ -59,7 +59,7 @@ func TestProgressTotal(t *testing.T) {
 		Progress: func(r, wr int64) { moved.Add(r + wr) }}); err != nil {
 		t.Fatal(err)
 	}
-	total := progressTotal(plan, 0)
+	total := progressTotal(plan, 0, nil)
 	if d := total - moved.Load(); d < 0 || d > int64(len(plan.Tasks)) {
 		t.Errorf("bar total %d, the reducers reported %d bytes", total, moved.Load())
 	}

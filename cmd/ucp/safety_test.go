@@ -1,3 +1,5 @@
+//go:build unix
+
 package main
 
 import (
@@ -261,5 +263,22 @@ func TestInspectEscapesControlChars(t *testing.T) {
 	}
 	if !strings.Contains(r.stdout, `a\x1b[2J\x1b[31mb`) {
 		t.Errorf("names not shown escaped:\n%s", r.stdout)
+	}
+}
+
+// TestLatestUniversalFailureIsWarning (fault 12): when latest_universal
+// cannot be written after DST is complete, convert warns and exits 0.
+func TestLatestUniversalFailureIsWarning(t *testing.T) {
+	dir := t.TempDir()
+	// A non-empty folder where the pointer goes: the rename onto it fails,
+	// as a write on a full disk would.
+	writeFile(t, filepath.Join(dir, atomic.LatestUniversal, "x"), nil)
+	dst := filepath.Join(dir, "atomic")
+	r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst)
+	if r.code != 0 || !strings.Contains(r.stderr, "warning:") || !strings.Contains(r.stderr, "is complete, but latest_universal was not updated") {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := ucp(t, nil, "verify", dst); r.code != 0 {
+		t.Fatalf("verify: %s", r.stdout)
 	}
 }

@@ -2,6 +2,7 @@ package megatron
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -299,7 +300,7 @@ func (r *distReader) dpReshardable() error {
 		}
 		gi, _ := strconv.Atoi(m[1])
 		g := get(gi)
-		g.where[m[2]] = v.Item
+		g.where[m[2]] = filepath.Join(r.dir, v.Item) // the file and byte range of the item
 		switch m[2] {
 		case "per_bucket_numel_unpadded":
 			g.unpadded = unwrapList(v.V)

@@ -162,6 +162,7 @@ func TestDistBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
+			t.Log(err)
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not say %q", err, w)

@@ -92,7 +92,9 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err := b.build(); err != nil {
 		return nil, err
 	}
-	b.globals()
+	if err := b.globals(); err != nil {
+		return nil, err
+	}
 	b.table.Args = fragment.ScalarArgs(a.ns)
 	b.table.DType = fragment.TrainingDType(b.table.Args)
 	return b.table, nil
@@ -389,7 +391,7 @@ func stateNames(srcs []source) []string {
 // globals fills the degrees, the global optimizer state (param groups
 // without their ids, the grad scaler) and the training state carried to
 // extra_state.pt.
-func (b *builder) globals() {
+func (b *builder) globals() error {
 	a, f0 := b.a, b.files[0]
 	d := fragment.Degrees{TP: a.TP, PP: a.PP, DP: max(a.DP, 1), EP: a.EP, VPP: a.VPP}
 	if f0.rd.distrib != "" {
@@ -401,20 +403,24 @@ func (b *builder) globals() {
 	for i, sub := range f0.subs {
 		inner, err := innerOptimizer(f0.rd.model, i, sub)
 		if err != nil {
-			continue
+			return err
 		}
-		gv, _ := inner.Get("param_groups")
-		items, _ := pyobj.Seq(gv)
-		for _, it := range items {
-			if g, ok := it.(*pyobj.Dict); ok {
-				g = g.Clone()
-				g.Delete("params")
-				groups = append(groups, g)
-			}
+		gs, _, err := readGroups(f0.rd.model, i, inner)
+		if err != nil {
+			return err
 		}
-		if gs, ok := sub.Get("grad_scaler"); ok {
+		for _, g := range gs {
+			g = g.Clone()
+			g.Delete("params")
+			groups = append(groups, g)
+		}
+		if sv, ok := sub.Get("grad_scaler"); ok {
 			if _, done := opt.Get("grad_scaler"); !done {
-				opt.Set("grad_scaler", carry(f0.rd.model, gs, 0))
+				v, err := fragment.RefTree(f0.rd.model, sv, pyobj.DefaultLimits())
+				if err != nil {
+					return fmt.Errorf("%s: grad_scaler: %w", f0.rd.model, err)
+				}
+				opt.Set("grad_scaler", v)
 			}
 		}
 	}
@@ -423,45 +429,13 @@ func (b *builder) globals() {
 	extra := pyobj.NewDict(pyobj.PlainDict)
 	for _, k := range []string{"args", "checkpoint_version", "iteration", "opt_param_scheduler", "lr_scheduler", "num_floating_point_operations_so_far"} {
 		if v, ok := f0.root.Get(k); ok {
-			extra.Set(k, carry(f0.rd.model, v, 0))
+			cv, err := fragment.RefTree(f0.rd.model, v, pyobj.DefaultLimits())
+			if err != nil {
+				return fmt.Errorf("%s: %s: %w", f0.rd.model, k, err)
+			}
+			extra.Set(k, cv)
 		}
 	}
 	b.table.Extra = extra
-}
-
-// carry returns v with its tensors (a grad scaler's scale) replaced by
-// references that the writer reads again.
-func carry(path string, v pyobj.Value, depth int) pyobj.Value {
-	if depth > 32 {
-		return v
-	}
-	switch x := v.(type) {
-	case *torchfile.Tensor:
-		ref := fragment.Ref(path, x, 0)
-		return &ref
-	case *pyobj.Dict:
-		out := x.Clone()
-		for i := 0; i < x.Len(); i++ {
-			k, val := x.Item(i)
-			out.Set(k, carry(path, val, depth+1))
-		}
-		return out
-	case *pyobj.List:
-		items := make([]pyobj.Value, len(x.Items))
-		for i, it := range x.Items {
-			items[i] = carry(path, it, depth+1)
-		}
-		return &pyobj.List{Items: items}
-	case pyobj.Tuple:
-		items := make(pyobj.Tuple, len(x))
-		for i, it := range x {
-			items[i] = carry(path, it, depth+1)
-		}
-		return items
-	case *pyobj.Object:
-		o := *x
-		o.State = carry(path, x.State, depth+1)
-		return &o
-	}
-	return v
+	return nil
 }

@@ -365,6 +365,24 @@ def merge(entries, tp):
     return full
 
 
+def model_order(names):
+    """Parameters in the order of the model with all experts local (EP 1):
+    first appearance over the ranks' named_parameters (rank order), a
+    layer's experts together by global number."""
+    rank0 = list(names)
+    pos = {n: i for i, n in enumerate(rank0)}
+
+    def key(n):
+        m = re.match(r"(.*\.mlp\.experts\.local_experts\.)(\d+)\.(.*)", n)
+        if not m:
+            return (pos[n], -1, 0)
+        first = min(i for r, i in pos.items() if r.startswith(m.group(1)))
+        canon = [r for r in rank0 if r.startswith(m.group(1)) and r.endswith("." + m.group(3))][0]
+        return (first, int(m.group(2)), pos[canon])
+
+    return sorted(names, key=key)
+
+
 def worker(rank, world, case_name, out, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
@@ -406,7 +424,7 @@ def worker(rank, world, case_name, out, port):
         for o in getattr(opt, "chained_optimizers", [opt]):
             for g in o.optimizer.param_groups:
                 step = g.get("step", step)
-        truth = {"param_names": list(full), "step": step, "vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
+        truth = {"param_names": model_order(list(full)), "step": step, "vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
                  "degrees": dict(tp=case["tp"], pp=case["pp"], dp=case["dp"]),
                  "sharding": case["sharding"], "dtype": case["dtype"]}
         for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):

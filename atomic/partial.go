@@ -1,0 +1,184 @@
+package atomic
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ucp-project/ucp/internal/fsutil"
+)
+
+// lockPartial creates DST.partial if needed and locks the folder itself
+// (its inode, so the lock moves with the rename to DST): exclusively for a
+// single-process conversion, shared for the nodes of a multi-node one, so
+// that two conversions never write into one DST.partial. It retries when
+// the folder it locked was renamed or removed meanwhile.
+func lockPartial(tmp string, shared bool) (*os.File, error) {
+	for range 10 {
+		if err := os.MkdirAll(tmp, 0o755); err != nil {
+			return nil, err
+		}
+		d, err := os.Open(tmp)
+		if err != nil {
+			if os.IsNotExist(err) {
+				continue
+			}
+			return nil, err
+		}
+		ok, err := flock(d, shared)
+		if err != nil || !ok {
+			d.Close()
+			if err == nil {
+				err = fmt.Errorf("another ucp convert is writing %s (a live process holds its lock); wait for it to finish or stop it, then rerun",
+					tmp)
+			}
+			return nil, err
+		}
+		// The folder locked must still be the one named tmp.
+		a, err1 := d.Stat()
+		b, err2 := os.Stat(tmp)
+		if err1 == nil && err2 == nil && os.SameFile(a, b) {
+			return d, nil
+		}
+		d.Close()
+	}
+	return nil, fmt.Errorf("%s keeps changing under this process; is another conversion starting and stopping?", tmp)
+}
+
+// clearDir removes everything inside dir but dir itself (whose inode
+// carries the lock).
+func clearDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The journal (.ucp-nodes/done-<node>.jsonl) lets --resume reuse the files
+// a killed run completed. It is append-only JSON lines: first
+// {"plan": "<plan id>"}, then one FileEntry {"path", "bytes", "crc32"} per
+// file written whole or copied, appended after the file was renamed into
+// place. Lines are not synced: --resume reads every listed file again and
+// reuses it only if its size and CRC-32 match its line (a torn last line,
+// a file lost with the page cache, or one changed since, is redone).
+func (w *Writer) journalPath() string {
+	return filepath.Join(w.tmp, nodesDir, fmt.Sprintf("done-%d.jsonl", w.opt.Node))
+}
+
+type journalHead struct {
+	Plan string `json:"plan"`
+}
+
+// openJournal starts this node's journal, keeping the entries given (the
+// verified ones of a resumed run).
+func (w *Writer) openJournal(keep []FileEntry) error {
+	f, err := os.OpenFile(w.journalPath()+".new", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o666)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(f)
+	err = enc.Encode(journalHead{Plan: w.opt.PlanID})
+	for _, e := range keep {
+		if err == nil {
+			err = enc.Encode(e)
+		}
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(w.journalPath()+".new", w.journalPath())
+	}
+	if err != nil {
+		return err
+	}
+	w.journal, err = os.OpenFile(w.journalPath(), os.O_WRONLY|os.O_APPEND, 0)
+	return err
+}
+
+// journalAdd records a completed file (one write, so a kill leaves at
+// most a torn last line).
+func (w *Writer) journalAdd(e FileEntry) error {
+	if w.journal == nil {
+		return nil
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	_, err = w.journal.Write(append(b, '\n'))
+	return err
+}
+
+// resume verifies the files the journal of a killed run lists and keeps
+// those whose size and CRC-32 match; the others, and temporary files of
+// unfinished writes, are removed.
+func (w *Writer) resume() ([]FileEntry, error) {
+	f, err := fsutil.Open(w.journalPath())
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var head journalHead
+	if !sc.Scan() || json.Unmarshal(sc.Bytes(), &head) != nil {
+		return nil, nil // not even the head: nothing to reuse
+	}
+	if head.Plan != w.opt.PlanID {
+		return nil, fmt.Errorf("%s holds a conversion of another plan (%s, this one is %s: another source, tag or options); rerun without --resume to start over",
+			w.tmp, head.Plan, w.opt.PlanID)
+	}
+	var keep []FileEntry
+	seen := map[string]bool{}
+	for sc.Scan() {
+		var e FileEntry
+		if json.Unmarshal(sc.Bytes(), &e) != nil || CheckPath(w.tmp, e.Path) != nil || seen[e.Path] {
+			continue
+		}
+		seen[e.Path] = true
+		p := filepath.Join(w.tmp, filepath.FromSlash(e.Path))
+		if err := VerifyFile(p, e); err != nil {
+			os.Remove(p)
+			continue
+		}
+		keep = append(keep, e)
+	}
+	// Temporary files of writes the kill interrupted.
+	filepath.WalkDir(w.tmp, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), ".") && strings.Contains(d.Name(), ".tmp-") {
+			os.Remove(p)
+		}
+		return nil
+	})
+	return keep, nil
+}
+
+// Done returns the entry of a file a resumed run reuses.
+func (w *Writer) Done(rel string) (FileEntry, bool) {
+	e, ok := w.done[filepath.ToSlash(rel)]
+	return e, ok
+}
+
+// Reused returns how many files, and bytes, the run reuses from the
+// killed run's DST.partial.
+func (w *Writer) Reused() (files int, bytes int64) {
+	for _, e := range w.done {
+		files++
+		bytes += e.Bytes
+	}
+	return files, bytes
+}
