@@ -545,7 +545,11 @@ func (p *plan) dsConfig() (*pyobj.Dict, error) {
 		cfg.Set(key, d)
 		return d
 	}
-	sub("zero_optimization").Set("stage", int64(p.o.Zero))
+	zo := sub("zero_optimization")
+	zo.Set("stage", int64(p.o.Zero))
+	if _, ok := zo.Get("round_robin_gradients"); ok {
+		zo.Set("round_robin_gradients", false) // the flat order written is the plain one
+	}
 	for _, k := range []string{"bf16", "fp16"} {
 		want := (k == "bf16" && p.dt == dtype.BFloat16) || (k == "fp16" && p.dt == dtype.Float16)
 		if _, has := cfg.Get(k); has || want {
