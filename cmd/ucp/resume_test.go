@@ -124,10 +124,10 @@ func TestForceReplaceNeverHalf(t *testing.T) {
 	}
 }
 
-// TestStaleFinalizeLock (fault 11): a finalize.lock left by a finalizing
-// node that died no longer blocks: the rerun takes the lock (a flock held
-// by no live process) and writes DST.
-func TestStaleFinalizeLock(t *testing.T) {
+// nodeZeroDone runs node 0 of a 2-node conversion and returns DST and the
+// arguments of node n.
+func nodeZeroDone(t *testing.T) (string, func(n string) []string) {
+	t.Helper()
 	src := testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
 	dst := filepath.Join(t.TempDir(), "atomic")
 	args := func(n string) []string {
@@ -136,6 +136,14 @@ func TestStaleFinalizeLock(t *testing.T) {
 	if r := ucp(t, nil, args("0")...); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
+	return dst, args
+}
+
+// TestStaleFinalizeLock (fault 11): a finalize.lock left by a finalizing
+// node that died no longer blocks: the rerun takes the lock (a flock held
+// by no live process) and writes DST.
+func TestStaleFinalizeLock(t *testing.T) {
+	dst, args := nodeZeroDone(t)
 	// Node 1 takes the finalize lock and dies there.
 	stopped(t, "finalize-locked", args("1")...)()
 	if _, err := os.Stat(filepath.Join(dst+atomic.PartialSuffix, ".ucp-nodes", "finalize.lock")); err != nil {
@@ -154,14 +162,7 @@ func TestStaleFinalizeLock(t *testing.T) {
 // TestStaleFinalizeLockFile (fault 11): the same with the lock file as a
 // dead process leaves it, written by hand: the file exists, nobody holds it.
 func TestStaleFinalizeLockFile(t *testing.T) {
-	src := testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
-	dst := filepath.Join(t.TempDir(), "atomic")
-	args := func(n string) []string {
-		return []string{"convert", "--quiet", "--num-nodes", "2", "--node-rank", n, "--workers", "1", src, dst}
-	}
-	if r := ucp(t, nil, args("0")...); r.code != 0 {
-		t.Fatal(r.stderr)
-	}
+	dst, args := nodeZeroDone(t)
 	writeFile(t, filepath.Join(dst+atomic.PartialSuffix, ".ucp-nodes", "finalize.lock"), []byte("node 1\n"))
 	if r := ucp(t, nil, args("1")...); r.code != 0 {
 		t.Fatal(r.stderr)
