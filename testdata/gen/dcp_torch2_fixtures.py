@@ -196,11 +196,8 @@ def worker(rank, work, init_file):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     import torch.distributed.checkpoint.filesystem as dcp_fs
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     os.chdir(work)
     cpu_streams_for_fsdp2()
@@ -228,22 +225,7 @@ def worker(rank, work, init_file):
         state = {"model": msd, "optim": osd, "lr_scheduler": sched.state_dict(), "step": 2}
 
         # truth from the live run: every flattened value, full tensors gathered
-        flat, mappings = flatten_state_dict(state)
-        tensors, extra, boxes, placements = {}, {}, {}, {}
-        for k, v in flat.items():
-            if isinstance(v, DTensor):
-                tensors[k] = v.full_tensor().detach().clone()
-                shape, off = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
-                boxes[k] = (tuple(off), tuple(shape))
-                placements[k] = [str(p) for p in v.placements]
-            elif isinstance(v, torch.Tensor):
-                tensors[k] = v.detach().clone()
-                boxes[k] = (tuple(0 for _ in v.shape), tuple(v.shape))
-                placements[k] = "plain"
-            else:
-                extra[k] = v
-        all_boxes = [None] * WORLD
-        dist.all_gather_object(all_boxes, boxes)
+        live = gather_live(state, WORLD)
 
         dcp_fs._generate_uuid = lambda: SAVE_ID
         dcp.save(state, storage_writer=dcp_fs.FileSystemWriter(TRAIN_ID))
@@ -256,11 +238,9 @@ def worker(rank, work, init_file):
         dist.barrier()
 
         if rank == 0:
-            out = {"tensors": tensors, "extra": extra, "paths": {k: mappings[k] for k in flat},
-                   "boxes": all_boxes, "placements": placements, "msd": list(msd),
-                   "params": [n for n, _ in model.named_parameters()],
-                   "buffers": [n for n, _ in model.named_buffers()], "mapping": mapping}
-            torch.save(out, os.path.join(work, "live.pt"))
+            live.update({"msd": list(msd), "params": [n for n, _ in model.named_parameters()],
+                         "buffers": [n for n, _ in model.named_buffers()], "mapping": mapping})
+            torch.save(live, os.path.join(work, "live.pt"))
     finally:
         dist.destroy_process_group()
 
