@@ -275,9 +275,11 @@ func (r *distReader) dpReshardable() error {
 		if m == nil {
 			return fmt.Errorf("%s: %q: an optimizer.distributed key ucp does not know", r.dir, t.Key)
 		}
-		gi, _ := strconv.Atoi(m[1])
-		gb, _ := strconv.Atoi(m[2])
-		bi, _ := strconv.Atoi(m[4])
+		nums, err := atois(m[1], m[2], m[4])
+		if err != nil {
+			return fmt.Errorf("%s: %q: %w", r.dir, t.Key, err)
+		}
+		gi, gb, bi := nums[0], nums[1], nums[2]
 		if len(t.Size) != 1 {
 			return fmt.Errorf("%s: %q has shape %v; bucket state is 1-D", r.dir, t.Key, t.Size)
 		}
@@ -301,8 +303,11 @@ func (r *distReader) dpReshardable() error {
 		if m == nil || sub > 1 {
 			continue
 		}
-		gi, _ := strconv.Atoi(m[1])
-		g := get(max(sub, 0), gi)
+		nums, err := atois(m[1])
+		if err != nil {
+			return fmt.Errorf("%s: %q: %w", r.dir, v.Key, err)
+		}
+		g := get(max(sub, 0), nums[0])
 		g.where[m[2]] = filepath.Join(r.dir, v.Item) // the file and byte range of the item
 		switch m[2] {
 		case "per_bucket_numel_unpadded":
@@ -367,6 +372,19 @@ func (r *distReader) dpReshardable() error {
 		}
 	}
 	return nil
+}
+
+// atois parses the numbers of a key (dp_group_idx_G, gbuf_idx_i ...).
+func atois(ss ...string) ([]int, error) {
+	out := make([]int, len(ss))
+	for i, s := range ss {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return nil, fmt.Errorf("index %q: %w", s, err)
+		}
+		out[i] = n
+	}
+	return out, nil
 }
 
 // expertOf returns the global expert number of an expert parameter, or -1.
