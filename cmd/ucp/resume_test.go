@@ -280,3 +280,46 @@ func TestResume(t *testing.T) {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
 }
+
+// TestTwoConversionsAtOnce (fault 2, without test hooks): two conversions
+// into one DST started a few milliseconds apart. Whatever the timing,
+// a run that exits 0 leaves a DST that verifies, and the other is
+// refused (the lock, or DST already exists).
+func TestTwoConversionsAtOnce(t *testing.T) {
+	src := testkit.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
+	rng := rand.New(rand.NewPCG(3, 3))
+	for i := range 12 {
+		dst := filepath.Join(t.TempDir(), "atomic")
+		var cmds [2]*exec.Cmd
+		var errs [2]error
+		done := make(chan int, 2)
+		for k := range cmds {
+			cmds[k] = exec.Command(os.Args[0], "convert", "--quiet", "--workers", "1", src, dst)
+			cmds[k].Env = append(os.Environ(), "UCP_TEST_AS_MAIN=1")
+			if err := cmds[k].Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { errs[k] = cmds[k].Wait(); done <- k }()
+			if k == 0 {
+				time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond)
+			}
+		}
+		<-done
+		<-done
+		ok := 0
+		for _, err := range errs {
+			if err == nil {
+				ok++
+			}
+		}
+		if ok == 0 {
+			t.Fatalf("attempt %d: neither conversion succeeded: %v", i, errs)
+		}
+		if ok == 2 {
+			t.Fatalf("attempt %d: both conversions into one DST exited 0", i)
+		}
+		if r := ucp(t, nil, "verify", dst); r.code != 0 {
+			t.Fatalf("attempt %d: one conversion exited 0 but DST does not verify:\n%s%s", i, r.stdout, r.stderr)
+		}
+	}
+}
