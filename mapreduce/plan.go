@@ -375,9 +375,6 @@ func (p *Plan) markShared() {
 	}
 }
 
-// Table returns the fragment table the plan was made from.
-func (p *Plan) Table() *fragment.Table { return p.t }
-
 // Label names a task for the timeline and errors.
 func (p *Plan) Label(tk Task) string {
 	o := &p.Outputs[tk.Output]

@@ -124,3 +124,17 @@ func TestRewriteErrors(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+func TestWalkLimits(t *testing.T) {
+	var deep Value = int64(1)
+	for i := 0; i < 20; i++ {
+		deep = &List{Items: []Value{deep}}
+	}
+	visit := func([]Value, Value) error { return nil }
+	if err := Walk(deep, Limits{MaxDepth: 10}, visit); err == nil || !strings.Contains(err.Error(), "deeper than 10") {
+		t.Errorf("Walk past MaxDepth 10: %v", err)
+	}
+	if err := Walk(deep, Limits{MaxDepth: 30}, visit); err != nil {
+		t.Errorf("Walk within MaxDepth 30: %v", err)
+	}
+}

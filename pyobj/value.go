@@ -5,6 +5,11 @@
 // A Value is one of: nil (None), bool, int64, *big.Int, float64, string,
 // Bytes, Tuple, *List, *Dict, *Set, *Global, *Object, Enum, Size, DType,
 // or a type that a Hooks resolver produced (torch tensors, see torchfile).
+//
+// Readers take typed values out of a decoded pickle with Dec, which records
+// the first missing or mistyped value with its file and key path (checked
+// once with Err); Walk visits a value tree and Rewrite replaces values in
+// it, both within the Limits their caller passes.
 package pyobj
 
 import (

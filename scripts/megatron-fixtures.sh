@@ -16,8 +16,13 @@ work=$(mktemp -d /var/tmp/ucp-megatron-fixtures.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src" "$work/out"
 cp -r "$src/megatron" "$work/src/"
-cp "$here/testdata/gen/megatron_dist_fixtures.py" "$work/"
+cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_dist_verify.py" "$work/"
 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_dist_fixtures.py src out "$@"
+# Megatron itself loads each checkpoint back at TP 1 / PP 1 and must give the truth's weights.
+for d in "$work"/out/*/; do
+  name=$(basename "$d")
+  "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_dist_verify.py src "out/$name" "$(echo "$name" | sed 's/^core[0-9]*_[0-9]*_//')"
+done
 dst=$here/testdata/fixtures/megatron_dist
 mkdir -p "$dst"
 for d in "$work"/out/*/; do

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -32,7 +33,7 @@ import (
 //
 //	UCP_KILLTEST_DIR     where the checkpoint and outputs go (default: a test temp folder)
 //	UCP_KILLTEST_LAYERS  transformer layers of the generated model (default 1: about 2.2 GB)
-//	UCP_KILLTEST_RANDOM  kills after random delays (default 10)
+//	UCP_KILLTEST_RANDOM  conversions interrupted after random delays (default 10)
 //	UCP_KILLTEST_SEED    seed of the delays (default 1)
 func TestKillResume(t *testing.T) {
 	if os.Getenv("UCP_KILLTEST") != "1" {
@@ -59,7 +60,7 @@ func TestKillResume(t *testing.T) {
 			t.Fatalf("benchgen: %v\n%s", err, out)
 		}
 	}
-	srcBytes := treeBytes(t, src)
+	srcBytes := fsutil.DiskUsage(src)
 	if srcBytes < 2e9 {
 		t.Fatalf("the source is %d bytes; the kill test wants a multi-GB checkpoint", srcBytes)
 	}
@@ -73,27 +74,20 @@ func TestKillResume(t *testing.T) {
 	cleanTime := time.Since(t0)
 	want := treeHashes(t, clean)
 	t.Logf("source %.2f GB, clean conversion %s, %d output files, %.2f GB", float64(srcBytes)/1e9, cleanTime.Round(time.Millisecond),
-		len(want), float64(treeBytes(t, clean))/1e9)
+		len(want), float64(fsutil.DiskUsage(clean))/1e9)
 
-	type point struct {
-		phase string
-		delay time.Duration
-	}
-	var points []point
-	for _, ph := range killPhases {
-		points = append(points, point{phase: ph})
-	}
-	rng := rand.New(rand.NewPCG(uint64(envInt("UCP_KILLTEST_SEED", 1)), 0))
-	for range envInt("UCP_KILLTEST_RANDOM", 10) {
-		points = append(points, point{delay: time.Duration(rng.Int64N(int64(cleanTime)))})
-	}
 	dst := filepath.Join(dir, "out", "atomic")
-	for i, p := range points {
+	// trial kills one conversion (after phase, or after delay) and resumes
+	// it; it reports false when the conversion finished before the kill.
+	trial := func(i int, phase string, delay time.Duration) bool {
 		os.RemoveAll(filepath.Dir(dst))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		killedAt := killConvert(t, append(args, src, dst), p.phase, p.delay)
+		killedAt, finished := killConvert(t, append(args, src, dst), phase, delay)
+		if finished {
+			return false
+		}
 		rep := filepath.Join(dir, "resume.json")
 		t1 := time.Now()
 		r := ucp(t, nil, append(append([]string{}, args...), "--resume", "--report", rep, src, dst)...)
@@ -101,7 +95,10 @@ func TestKillResume(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("point %d (%s): the resumed run failed: %s", i, killedAt, r.stderr)
 		}
-		read, written := reportBytes(t, rep)
+		did := "DST was complete, nothing to redo"
+		if read, written := reportBytes(t, rep); read >= 0 {
+			did = fmt.Sprintf("read %.2f GB, wrote %.2f GB", float64(read)/1e9, float64(written)/1e9)
+		}
 		got := treeHashes(t, dst)
 		if len(got) != len(want) {
 			t.Errorf("point %d (%s): %d files, the clean run has %d", i, killedAt, len(got), len(want))
@@ -117,8 +114,32 @@ func TestKillResume(t *testing.T) {
 		if r := ucp(t, nil, "verify", dst); r.code != 0 {
 			t.Errorf("point %d (%s): verify: %s", i, killedAt, r.stdout)
 		}
-		t.Logf("point %2d: killed %-28s resumed in %-8s read %6.2f GB, wrote %6.2f GB: all %d files identical to the clean run",
-			i, killedAt, took.Round(time.Millisecond), float64(read)/1e9, float64(written)/1e9, len(got))
+		t.Logf("point %2d: killed %-24s resumed in %-8s %s; all %d files identical to the clean run",
+			i, killedAt, took.Round(time.Millisecond), did, len(got))
+		return true
+	}
+	n := 0
+	for _, ph := range killPhases {
+		if !trial(n, ph, 0) {
+			t.Fatalf("the conversion finished though it was to stop after %s", ph)
+		}
+		n++
+	}
+	// Random delays until that many conversions were really interrupted; a
+	// run that finished first (a warm page cache is faster) shortens the
+	// range.
+	rng := rand.New(rand.NewPCG(uint64(envInt("UCP_KILLTEST_SEED", 1)), 0))
+	maxDelay, kills := cleanTime, 0
+	for attempt := 0; kills < envInt("UCP_KILLTEST_RANDOM", 10) && attempt < 50; attempt++ {
+		if trial(n, "", time.Duration(rng.Int64N(int64(maxDelay)))) {
+			kills++
+			n++
+		} else {
+			maxDelay = maxDelay * 3 / 4
+		}
+	}
+	if kills < envInt("UCP_KILLTEST_RANDOM", 10) {
+		t.Errorf("only %d conversions were interrupted by a random kill", kills)
 	}
 }
 
@@ -126,8 +147,9 @@ func TestKillResume(t *testing.T) {
 var killPhases = []string{"indexed", "created", "converted", "node-done", "synced", "manifest", "renamed"}
 
 // killConvert starts ucp convert and kills it with SIGKILL after delay,
-// or once it stops itself after phase; it says where it was killed.
-func killConvert(t *testing.T, args []string, phase string, delay time.Duration) string {
+// or once it stops itself after phase; it says where it was killed, and
+// whether the conversion had finished by then.
+func killConvert(t *testing.T, args []string, phase string, delay time.Duration) (string, bool) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "UCP_TEST_AS_MAIN=1")
@@ -156,23 +178,7 @@ func killConvert(t *testing.T, args []string, phase string, delay time.Duration)
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	err = cmd.Wait()
-	if err == nil {
-		return where + " (had finished)"
-	}
-	return where
-}
-
-func treeBytes(t *testing.T, dir string) int64 {
-	var n int64
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if st, err := d.Info(); err == nil {
-				n += st.Size()
-			}
-		}
-		return err
-	})
-	return n
+	return where, err == nil
 }
 
 // treeHashes hashes every file under dir but the manifest (its timings

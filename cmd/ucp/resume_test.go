@@ -124,10 +124,10 @@ func TestForceReplaceNeverHalf(t *testing.T) {
 	}
 }
 
-// TestStaleFinalizeLock (fault 11): a finalize.lock left by a finalizing
-// node that died no longer blocks: the rerun takes the lock (a flock held
-// by no live process) and writes DST.
-func TestStaleFinalizeLock(t *testing.T) {
+// nodeZeroDone runs node 0 of a 2-node conversion and returns DST and the
+// arguments of node n.
+func nodeZeroDone(t *testing.T) (string, func(n string) []string) {
+	t.Helper()
 	src := testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
 	dst := filepath.Join(t.TempDir(), "atomic")
 	args := func(n string) []string {
@@ -136,6 +136,14 @@ func TestStaleFinalizeLock(t *testing.T) {
 	if r := ucp(t, nil, args("0")...); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
+	return dst, args
+}
+
+// TestStaleFinalizeLock (fault 11): a finalize.lock left by a finalizing
+// node that died no longer blocks: the rerun takes the lock (a flock held
+// by no live process) and writes DST.
+func TestStaleFinalizeLock(t *testing.T) {
+	dst, args := nodeZeroDone(t)
 	// Node 1 takes the finalize lock and dies there.
 	stopped(t, "finalize-locked", args("1")...)()
 	if _, err := os.Stat(filepath.Join(dst+atomic.PartialSuffix, ".ucp-nodes", "finalize.lock")); err != nil {
@@ -154,14 +162,7 @@ func TestStaleFinalizeLock(t *testing.T) {
 // TestStaleFinalizeLockFile (fault 11): the same with the lock file as a
 // dead process leaves it, written by hand: the file exists, nobody holds it.
 func TestStaleFinalizeLockFile(t *testing.T) {
-	src := testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
-	dst := filepath.Join(t.TempDir(), "atomic")
-	args := func(n string) []string {
-		return []string{"convert", "--quiet", "--num-nodes", "2", "--node-rank", n, "--workers", "1", src, dst}
-	}
-	if r := ucp(t, nil, args("0")...); r.code != 0 {
-		t.Fatal(r.stderr)
-	}
+	dst, args := nodeZeroDone(t)
 	writeFile(t, filepath.Join(dst+atomic.PartialSuffix, ".ucp-nodes", "finalize.lock"), []byte("node 1\n"))
 	if r := ucp(t, nil, args("1")...); r.code != 0 {
 		t.Fatal(r.stderr)
@@ -277,5 +278,48 @@ func TestResume(t *testing.T) {
 	stopped(t, "converted", "convert", "--quiet", src, dst)()
 	if r := ucp(t, nil, "convert", "--resume", "--chunk-elems", "64", src, dst); r.code == 0 || !strings.Contains(r.stderr, "another plan") {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+}
+
+// TestTwoConversionsAtOnce (fault 2, without test hooks): two conversions
+// into one DST started a few milliseconds apart. Whatever the timing,
+// a run that exits 0 leaves a DST that verifies, and the other is
+// refused (the lock, or DST already exists).
+func TestTwoConversionsAtOnce(t *testing.T) {
+	src := testkit.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
+	rng := rand.New(rand.NewPCG(3, 3))
+	for i := range 12 {
+		dst := filepath.Join(t.TempDir(), "atomic")
+		var cmds [2]*exec.Cmd
+		var errs [2]error
+		done := make(chan int, 2)
+		for k := range cmds {
+			cmds[k] = exec.Command(os.Args[0], "convert", "--quiet", "--workers", "1", src, dst)
+			cmds[k].Env = append(os.Environ(), "UCP_TEST_AS_MAIN=1")
+			if err := cmds[k].Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { errs[k] = cmds[k].Wait(); done <- k }()
+			if k == 0 {
+				time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond)
+			}
+		}
+		<-done
+		<-done
+		ok := 0
+		for _, err := range errs {
+			if err == nil {
+				ok++
+			}
+		}
+		if ok == 0 {
+			t.Fatalf("attempt %d: neither conversion succeeded: %v", i, errs)
+		}
+		if ok == 2 {
+			t.Fatalf("attempt %d: both conversions into one DST exited 0", i)
+		}
+		if r := ucp(t, nil, "verify", dst); r.code != 0 {
+			t.Fatalf("attempt %d: one conversion exited 0 but DST does not verify:\n%s%s", i, r.stdout, r.stderr)
+		}
 	}
 }

@@ -56,6 +56,12 @@ func writeShards(ctx context.Context, r *ucpatomic.Reader, dir string, shards []
 	var names []string
 	weightMap := map[string]string{}
 	var total int64
+	// One pair of buffers per worker, reused by every tensor: fresh
+	// multi-megabyte buffers per tensor cost page faults and zeroing.
+	bufs := make(chan *tensorBufs, opt.Workers)
+	for range opt.Workers {
+		bufs <- &tensorBufs{}
+	}
 	for i, shard := range shards {
 		name := shardName(opt.Torch, i, len(shards))
 		names = append(names, name)
@@ -69,7 +75,9 @@ func writeShards(ctx context.Context, r *ucpatomic.Reader, dir string, shards []
 			weightMap[t.Name] = name
 			total += t.NBytes()
 			g.Go(func() error {
-				return writeTensor(gctx, r, w, index[j], t, chunkElems(opt, t.DType), func(read, written int64) {
+				b := <-bufs
+				defer func() { bufs <- b }()
+				return writeTensor(gctx, r, w, b, index[j], t, chunkElems(opt, t.DType), func(read, written int64) {
 					if opt.Progress != nil {
 						opt.Progress(0, read, written)
 					}
@@ -162,12 +170,23 @@ func chunkElems(opt Options, dt dtype.DType) int64 {
 	return max(4096, min(n, 16<<20))
 }
 
+// tensorBufs are one worker's float32 input and cast output buffers.
+type tensorBufs struct{ in, out []byte }
+
+func growBuf(b []byte, n int64) []byte {
+	if int64(cap(b)) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
+
 // writeTensor streams one tensor: ranged float32 reads of each piece, cast
 // to the tensor's dtype, written at their offsets.
-func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, i int, t *Tensor, chunk int64, progress func(read, written int64)) error {
+func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs, i int, t *Tensor, chunk int64, progress func(read, written int64)) error {
 	es := int64(t.DType.Size())
-	in := make([]byte, 4*min(chunk, numel(t.Shape)))
-	out := make([]byte, es*min(chunk, numel(t.Shape)))
+	b.in = growBuf(b.in, 4*min(chunk, numel(t.Shape)))
+	b.out = growBuf(b.out, es*min(chunk, numel(t.Shape)))
+	in, out := b.in, b.out
 	var at int64 // output element
 	for _, p := range t.Pieces {
 		st, err := r.OpenState(p.Param, "fp32")

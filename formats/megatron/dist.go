@@ -49,6 +49,7 @@ type distReader struct {
 	common *pyobj.Dict
 	args   *pyobj.Object // nil: saved outside Megatron's training loop
 	tp, pp int
+	ep     int // expert parallel: from the bucketed expert optimizer state, else args, else 1
 	swiglu bool
 	vocab  int64 // true vocabulary rows (0: keep the padding)
 	table  *fragment.Table
@@ -246,6 +247,11 @@ func (r *distReader) geometry() error {
 		return err
 	}
 	r.pp = int(pp)
+	ep, err := r.argInt("expert_model_parallel_size", 1)
+	if err != nil {
+		return err
+	}
+	r.ep = int(max(ep, 1))
 	if sw, ok, err := r.argBool("swiglu"); err != nil {
 		return err
 	} else if ok {
@@ -578,7 +584,7 @@ func (r *distReader) finish(opType string) error {
 		}
 		r.table.Params = append(r.table.Params, fp)
 	}
-	d := fragment.Degrees{TP: r.tp, PP: r.pp, DP: 0, EP: 1}
+	d := fragment.Degrees{TP: r.tp, PP: r.pp, DP: 0, EP: r.ep}
 	if dp, err := r.argInt("data_parallel_size", 0); err != nil {
 		return err
 	} else if dp > 0 {

@@ -242,6 +242,7 @@ type bucketTensor struct {
 // dpGroup is the bucketed state of one model-parallel rank (TP x PP
 // domain): buckets by gbuf and bucket index.
 type dpGroup struct {
+	sub      int // sub-optimizer: 0 dense (or all), 1 expert-parallel
 	idx      int
 	gbufs    map[int]map[int][]bucketTensor
 	dtypes   map[int]dtype.DType // gbuf -> param dtype, from the key's "(param dtype, grad dtype)"
@@ -253,32 +254,36 @@ type dpGroup struct {
 // dpReshardable reads the per-bucket flat tensors of the distributed
 // optimizer and re-derives DDP's parameter layout per bucket.
 func (r *distReader) dpReshardable() error {
-	groups := map[int]*dpGroup{}
-	get := func(i int) *dpGroup {
-		if groups[i] == nil {
-			groups[i] = &dpGroup{idx: i, gbufs: map[int]map[int][]bucketTensor{}, dtypes: map[int]dtype.DType{}, where: map[string]string{}}
+	// Sub-optimizer 0 (or the only one) holds the dense parameters, 1 the
+	// expert-parallel ones (MoE with EP > 1), each keyed by its own domains.
+	subs := []map[int]*dpGroup{{}, {}}
+	get := func(sub, i int) *dpGroup {
+		if subs[sub][i] == nil {
+			subs[sub][i] = &dpGroup{sub: sub, idx: i, gbufs: map[int]map[int][]bucketTensor{}, dtypes: map[int]dtype.DType{}, where: map[string]string{}}
 		}
-		return groups[i]
+		return subs[sub][i]
 	}
 	for _, t := range r.c.Tensors {
 		sub, key, _ := optKey(t.Key)
 		if !strings.HasPrefix(key, bucketsPre) {
 			continue
 		}
-		if sub > 0 {
-			return fmt.Errorf("%s: %q: bucketed state of a second sub-optimizer (MoE expert-parallel parameters), which ucp does not read yet; save with fully_reshardable", r.dir, t.Key)
+		if sub > 1 {
+			return fmt.Errorf("%s: %q: bucketed state of a third sub-optimizer, which ucp does not read", r.dir, t.Key)
 		}
 		m := reBucket.FindStringSubmatch(key)
 		if m == nil {
 			return fmt.Errorf("%s: %q: an optimizer.distributed key ucp does not know", r.dir, t.Key)
 		}
-		gi, _ := strconv.Atoi(m[1])
-		gb, _ := strconv.Atoi(m[2])
-		bi, _ := strconv.Atoi(m[4])
+		nums, err := atois(m[1], m[2], m[4])
+		if err != nil {
+			return fmt.Errorf("%s: %q: %w", r.dir, t.Key, err)
+		}
+		gi, gb, bi := nums[0], nums[1], nums[2]
 		if len(t.Size) != 1 {
 			return fmt.Errorf("%s: %q has shape %v; bucket state is 1-D", r.dir, t.Key, t.Size)
 		}
-		g := get(gi)
+		g := get(max(sub, 0), gi)
 		pd, ok := bucketDType(m[3])
 		if !ok {
 			return fmt.Errorf("%s: %q: dtype key %q is not \"(torch.<param dtype>, torch.<grad dtype>)\"", r.dir, t.Key, m[3])
@@ -293,13 +298,16 @@ func (r *distReader) dpReshardable() error {
 		g.gbufs[gb][bi] = append(g.gbufs[gb][bi], bucketTensor{t: t, state: m[5]})
 	}
 	for _, v := range r.c.Values {
-		_, key, _ := optKey(v.Key)
+		sub, key, _ := optKey(v.Key)
 		m := reGroupV.FindStringSubmatch(key)
-		if m == nil {
+		if m == nil || sub > 1 {
 			continue
 		}
-		gi, _ := strconv.Atoi(m[1])
-		g := get(gi)
+		nums, err := atois(m[1])
+		if err != nil {
+			return fmt.Errorf("%s: %q: %w", r.dir, v.Key, err)
+		}
+		g := get(max(sub, 0), nums[0])
 		g.where[m[2]] = filepath.Join(r.dir, v.Item) // the file and byte range of the item
 		switch m[2] {
 		case "per_bucket_numel_unpadded":
@@ -308,7 +316,7 @@ func (r *distReader) dpReshardable() error {
 			g.optim = unwrapList(v.V)
 		}
 	}
-	n := len(groups)
+	n := len(subs[0])
 	if n%r.tp != 0 {
 		return fmt.Errorf("%s: %d dp_group_idx domains do not split over tensor parallel %d", r.dir, n, r.tp)
 	}
@@ -317,26 +325,46 @@ func (r *distReader) dpReshardable() error {
 		return fmt.Errorf("%s: args.pipeline_model_parallel_size is %d but the optimizer state has %d = TP %d x PP %d domains", r.dir, r.pp, n, r.tp, pp)
 	}
 	r.pp = pp
-	idx := make([]int, 0, n)
-	for i := range groups {
-		idx = append(idx, i)
+	// Expert domains are the ranks of the TP x EP x PP group.
+	if m := len(subs[1]); m > 0 {
+		if m%(r.tp*pp) != 0 {
+			return fmt.Errorf("%s: %d expert dp_group_idx domains do not split over TP %d x PP %d", r.dir, m, r.tp, pp)
+		}
+		if ep := m / (r.tp * pp); r.ep > 1 && ep != r.ep {
+			return fmt.Errorf("%s: args.expert_model_parallel_size is %d but the expert optimizer state has %d = TP %d x EP %d x PP %d domains", r.dir, r.ep, m, r.tp, ep, pp)
+		} else {
+			r.ep = ep
+		}
+	} else if r.ep > 1 {
+		return fmt.Errorf("%s: args.expert_model_parallel_size is %d but no bucketed state of an expert optimizer (chained_1) is saved", r.dir, r.ep)
 	}
-	sort.Ints(idx)
-	for want, i := range idx {
-		if i != want {
-			return fmt.Errorf("%s: optimizer state of dp_group_idx_%d is missing", r.dir, want)
+	var optims []pyobj.Value
+	for sub, groups := range subs {
+		idx := make([]int, 0, len(groups))
+		for i := range groups {
+			idx = append(idx, i)
+		}
+		sort.Ints(idx)
+		for want, i := range idx {
+			if i != want {
+				return fmt.Errorf("%s: optimizer state of sub-optimizer %d's dp_group_idx_%d is missing", r.dir, sub, want)
+			}
+		}
+		if len(idx) == 0 {
+			continue
+		}
+		if groups[0].optim == nil {
+			return fmt.Errorf("%s: no dp_group_idx_0.optimizer item (param groups, step) for sub-optimizer %d", r.dir, sub)
+		}
+		optims = append(optims, groups[0].optim)
+		for _, i := range idx {
+			if err := r.mapGroup(groups[i]); err != nil {
+				return err
+			}
 		}
 	}
-	if groups[0].optim == nil {
-		return fmt.Errorf("%s: no optimizer.distributed.dp_group_idx_0.optimizer item (param groups, step)", r.dir)
-	}
-	if err := r.groupsStep(groups[0].where["optimizer"], groups[0].optim); err != nil {
+	if err := r.groupsStep(r.dir+" dp_group_idx_0.optimizer", optims...); err != nil {
 		return err
-	}
-	for _, i := range idx {
-		if err := r.mapGroup(groups[i]); err != nil {
-			return err
-		}
 	}
 	for _, name := range r.order {
 		if p := r.params[name]; len(p.states) == 0 {
@@ -344,6 +372,42 @@ func (r *distReader) dpReshardable() error {
 		}
 	}
 	return nil
+}
+
+// atois parses the numbers of a key (dp_group_idx_G, gbuf_idx_i ...).
+func atois(ss ...string) ([]int, error) {
+	out := make([]int, len(ss))
+	for i, s := range ss {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return nil, fmt.Errorf("index %q: %w", s, err)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// expertOf returns the global expert number of an expert parameter, or -1.
+func expertOf(name string) int {
+	_, after, ok := strings.Cut(name, expertName)
+	if !ok {
+		return -1
+	}
+	num, _, _ := strings.Cut(after, ".")
+	e, err := strconv.Atoi(num)
+	if err != nil {
+		return -1
+	}
+	return e
+}
+
+// numExperts is the number of experts per layer (0 without MoE).
+func (r *distReader) numExperts() int {
+	n := 0
+	for _, name := range r.order {
+		n = max(n, expertOf(name)+1)
+	}
+	return n
 }
 
 // stageParam is one parameter of a pipeline stage in named_parameters order.
@@ -629,6 +693,27 @@ func (r *distReader) mapGroup(g *dpGroup) error {
 // mapGbuf maps one grad buffer: the stage's parameters of its dtype.
 func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 	tp, pp := g.idx%r.tp, g.idx/r.tp
+	// Which of the stage's parameters this domain's buffers hold: with EP >
+	// 1 the experts (of EP rank ep) are in the expert optimizer's buffers
+	// only; domain tp + TP*(ep + EP*pp) of the TP x EP x PP group.
+	include := func(sp stageParam) bool { return true }
+	if r.ep > 1 {
+		ep := 0
+		if g.sub == 1 {
+			tp, ep, pp = g.idx%r.tp, g.idx/r.tp%r.ep, g.idx/(r.tp*r.ep)
+		}
+		nle := r.numExperts() / r.ep
+		include = func(sp stageParam) bool {
+			e := -1
+			if sp.p != nil {
+				e = expertOf(sp.p.name)
+			}
+			if g.sub == 0 {
+				return e < 0
+			}
+			return e >= ep*nle && e < (ep+1)*nle
+		}
+	}
 	bk := g.gbufs[gb]
 	where := g.where["per_bucket_numel_unpadded"]
 	unpadded, ok := bucketSizes(g.unpadded, gb)
@@ -670,7 +755,7 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 		// DDP groups a stage's parameters into buffers by dtype.
 		var cand []stageParam
 		for _, sp := range all {
-			if sp.dtype == g.dtypes[gb] {
+			if sp.dtype == g.dtypes[gb] && include(sp) {
 				cand = append(cand, sp)
 			}
 		}

@@ -4,8 +4,9 @@ torch releases built from the same run.
 
     scripts/torch2-chroot.sh run . python3 testdata/gen/dcp_torch2_fixtures.py [--out DIR]
 
-Two processes train a small model with FSDP2 (fully_shard, DTensor Shard(0)) and AdamW for two steps,
-then, still live:
+Four processes train a model with FSDP2 (dp=2) x tensor parallelism (tp=2) and save it
+(dcp/fsdp_tp_train_w4: real dcp.save). Two processes train a small model with FSDP2 (fully_shard, DTensor
+Shard(0)) and AdamW for two steps, then, still live:
 
   dcp/fsdp2_train_w2   dcp.save({"model", "optim", "lr_scheduler", "step"}) through FileSystemWriter:
                        real torch.distributed.checkpoint, nothing imitated;
@@ -51,6 +52,7 @@ from dcpgen.truth import classify  # noqa: E402
 WORLD = 2
 SAVE_ID = "5f0c3e2a-7d41-4b8e-9a65-1c2d3e4f5a6b"
 TRAIN_ID = "outputs/checkpoint/fsdp2_train_w2"
+TP_ID = "outputs/checkpoint/fsdp_tp_train_w4"
 HF_ID = "outputs/hf/sharded_w2"
 # fqn -> output file index, as a trainer passes fqn_to_index_mapping (1-based)
 HF_FILE = {"embed.weight": 1, "layers.0": 1, "layers.1": 2, "head": 2, "pos": 2}
@@ -87,6 +89,29 @@ class Model(nn.Module):
         for b in self.layers:
             x = b(x)
         return self.head(x)
+
+
+class TPBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(8, 12)  # ColwiseParallel: weight [12, 8] Shard(0) on tp
+        self.proj = nn.Linear(12, 8, bias=False)  # RowwiseParallel: weight [8, 12] Shard(1) on tp
+
+    def forward(self, x):
+        return x + self.proj(torch.tanh(self.attn(x)))
+
+
+class TPModel(nn.Module):
+    """A block whose attn is column-parallel and proj row-parallel over tp, all of it FSDP2 over dp."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.block = TPBlock()
+        self.head = nn.Linear(8, 6)
+
+    def forward(self, ids):
+        return self.head(self.block(self.embed(ids)))
 
 
 def cpu_streams_for_fsdp2():
@@ -171,11 +196,8 @@ def worker(rank, work, init_file):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     import torch.distributed.checkpoint.filesystem as dcp_fs
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     os.chdir(work)
     cpu_streams_for_fsdp2()
@@ -203,22 +225,7 @@ def worker(rank, work, init_file):
         state = {"model": msd, "optim": osd, "lr_scheduler": sched.state_dict(), "step": 2}
 
         # truth from the live run: every flattened value, full tensors gathered
-        flat, mappings = flatten_state_dict(state)
-        tensors, extra, boxes, placements = {}, {}, {}, {}
-        for k, v in flat.items():
-            if isinstance(v, DTensor):
-                tensors[k] = v.full_tensor().detach().clone()
-                shape, off = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
-                boxes[k] = (tuple(off), tuple(shape))
-                placements[k] = [str(p) for p in v.placements]
-            elif isinstance(v, torch.Tensor):
-                tensors[k] = v.detach().clone()
-                boxes[k] = (tuple(0 for _ in v.shape), tuple(v.shape))
-                placements[k] = "plain"
-            else:
-                extra[k] = v
-        all_boxes = [None] * WORLD
-        dist.all_gather_object(all_boxes, boxes)
+        live = gather_live(state, WORLD)
 
         dcp_fs._generate_uuid = lambda: SAVE_ID
         dcp.save(state, storage_writer=dcp_fs.FileSystemWriter(TRAIN_ID))
@@ -231,16 +238,83 @@ def worker(rank, work, init_file):
         dist.barrier()
 
         if rank == 0:
-            out = {"tensors": tensors, "extra": extra, "paths": {k: mappings[k] for k in flat},
-                   "boxes": all_boxes, "placements": placements, "msd": list(msd),
-                   "params": [n for n, _ in model.named_parameters()],
-                   "buffers": [n for n, _ in model.named_buffers()], "mapping": mapping}
-            torch.save(out, os.path.join(work, "live.pt"))
+            live.update({"msd": list(msd), "params": [n for n, _ in model.named_parameters()],
+                         "buffers": [n for n, _ in model.named_buffers()], "mapping": mapping})
+            torch.save(live, os.path.join(work, "live.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def dcp_truth(live, case, about, layout, producer, note):
+def tp_worker(rank, work, init_file):
+    """FSDP2 over dp=2 x tensor parallelism over tp=2 (the torchtitan recipe), 4 processes."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    os.chdir(work)
+    cpu_streams_for_fsdp2()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        torch.manual_seed(0)
+        model = TPModel()
+        parallelize_module(model.block, mesh["tp"], {"attn": ColwiseParallel(), "proj": RowwiseParallel()})
+        fully_shard = fully_shard_fn()
+        fully_shard(model.block, mesh=mesh["dp"], reshard_after_forward=False)
+        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(200 + rank // 2)  # the same batch on both tp ranks
+        for _ in range(2):
+            ids = torch.randint(0, 10, (4, 3), generator=g)
+            model(ids).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        live = gather_live(state, 4)
+        dcp_fs._generate_uuid = lambda: SAVE_ID
+        dcp.save(state, storage_writer=dcp_fs.FileSystemWriter(TP_ID))
+        dist.barrier()
+        if rank == 0:
+            live.update({"msd": list(msd), "params": [n for n, _ in model.named_parameters()],
+                         "buffers": [n for n, _ in model.named_buffers()]})
+            torch.save(live, os.path.join(work, "live_tp.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def gather_live(state, world):
+    """Every flattened value of state, full tensors gathered (collective), chunk boxes of all ranks."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    flat, mappings = flatten_state_dict(state)
+    tensors, extra, boxes, placements = {}, {}, {}, {}
+    for k, v in flat.items():
+        if isinstance(v, DTensor):
+            tensors[k] = v.full_tensor().detach().clone()
+            shape, off = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
+            boxes[k] = (tuple(off), tuple(shape))
+            placements[k] = [str(p) for p in v.placements]
+        elif isinstance(v, torch.Tensor):
+            tensors[k] = v.detach().clone()
+            boxes[k] = (tuple(0 for _ in v.shape), tuple(v.shape))
+            placements[k] = "plain"
+        else:
+            extra[k] = v
+    all_boxes = [None] * world
+    dist.all_gather_object(all_boxes, boxes)
+    return {"tensors": tensors, "extra": extra, "paths": {k: mappings[k] for k in flat},
+            "boxes": all_boxes, "placements": placements}
+
+
+def dcp_truth(live, case, about, layout, producer, note, mesh=(WORLD,), names=("dp",), ckpt=TRAIN_ID):
     t = live["tensors"]
     truth = {"fp32": {}, "params": {}, "exp_avg": {}, "exp_avg_sq": {}, "step": {}, "buffers": {},
              "param_names": [], "shapes": {}, "dtypes": {}, "keys": {}}
@@ -270,11 +344,12 @@ def dcp_truth(live, case, about, layout, producer, note):
         patterns[k] = classify(tuple(t[k].shape), bs, len(bs))
     truth["patterns"] = patterns
     truth["meta"] = {
-        "case": case, "about": about, "world_size": WORLD, "mesh_shape": [WORLD], "mesh_names": ["dp"],
+        "case": case, "about": about, "world_size": math.prod(mesh), "mesh_shape": list(mesh),
+        "mesh_names": list(names),
         "layout": layout, "layout_about": {"v2.4": "what torch 2.4 to 2.6 write",
                                            "v2.7": "torch >= 2.7 fields"}[layout],
         "flatten_rules": "2.4", "thread_count": 1, "tensor_order": "serial",
-        "placements": live["placements"], "checkpoint_id": TRAIN_ID, "save_id": SAVE_ID,
+        "placements": live["placements"], "checkpoint_id": ckpt, "save_id": SAVE_ID,
         "producer": producer, "producer_note": note, "generator_torch": torch.__version__,
         "generator_python": sys.version.split()[0],
     }
@@ -417,6 +492,8 @@ def publish(tmp, dest):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(REPO, "testdata", "fixtures"))
+    ap.add_argument("--only", choices=("all", "fsdp2", "tp"), default="all",
+                    help="fsdp2: the 2-rank run and what is built from it; tp: the FSDP2 x TP run")
     args = ap.parse_args()
     import torch.multiprocessing as mp
 
@@ -424,6 +501,23 @@ def main():
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     with tempfile.TemporaryDirectory() as work:
+        if args.only in ("all", "tp"):
+            mp.spawn(tp_worker, args=(work, os.path.join(work, "pg_init_tp")), nprocs=4, join=True)
+            live = torch.load(os.path.join(work, "live_tp.pt"), weights_only=False)
+            tmp = os.path.join(work, "fsdp_tp_train_w4")
+            os.makedirs(tmp)
+            shutil.copytree(os.path.join(work, TP_ID), os.path.join(tmp, "checkpoint"))
+            torch.save(dcp_truth(live, "fsdp_tp_train_w4",
+                                 "real FSDP2 (dp=2) x TP (tp=2) training: ColwiseParallel attn, "
+                                 "RowwiseParallel proj, AdamW, 2 steps; 2-D chunks from _StridedShard",
+                                 "v2.4", "real-dcp",
+                                 f"torch {torch.__version__} dcp.save of get_state_dict(FSDP2 x TP model, "
+                                 "AdamW) after 2 training steps, gloo, 4 processes; truth gathered live",
+                                 mesh=(2, 2), names=("dp", "tp"), ckpt=TP_ID),
+                       os.path.join(tmp, "truth.pt"))
+            publish(tmp, os.path.join(args.out, "dcp", "fsdp_tp_train_w4"))
+        if args.only == "tp":
+            return 0
         mp.spawn(worker, args=(work, os.path.join(work, "pg_init")), nprocs=WORLD, join=True)
         live = torch.load(os.path.join(work, "live.pt"), weights_only=False)
 

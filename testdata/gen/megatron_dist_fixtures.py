@@ -54,6 +54,7 @@ CASES = {
     # MoE (SequentialMLP, 4 experts, top-2): experts TP-split at EP 1, whole experts over EP 2.
     "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
     "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
+    "moe_tp2_ep2_fp32_dprs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=2),
 }
 
 # Model geometry: GQA (4 heads, 2 query groups, head dim 4 with hidden 12, so
