@@ -316,6 +316,19 @@ def expected_partition(full_by_name, names, stage, dp, rank):
     return torch.nn.functional.pad(full, (0, A - full.numel()))[rank * S:(rank + 1) * S]
 
 
+def zero_to_fp32_main(args):
+    """DeepSpeed's own zero_to_fp32 reconstruction of the resharded folder must equal the truth."""
+    import torch
+    setup_deepspeed(args.ds_src)
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    sd = get_fp32_state_dict_from_zero_checkpoint(args.ckpt)
+    truth = torch.load(args.truth)
+    bad = [n for n, t in truth["fp32"].items() if n not in sd or not torch.equal(sd[n].float(), t)]
+    print(f"zero_to_fp32: {len(truth['fp32'])} fp32 weights {'equal the truth' if not bad else 'differ: ' + str(bad[:5])}",
+          flush=True)
+    sys.exit(1 if bad else 0)
+
+
 def rank_main(args):
     import torch
     import torch.distributed as dist
@@ -456,6 +469,7 @@ def main():
     ap.add_argument("--work", default="")
     ap.add_argument("--case", action="append")
     ap.add_argument("--rank-main", action="store_true")
+    ap.add_argument("--zero-to-fp32", action="store_true")
     ap.add_argument("--phase")
     ap.add_argument("--layout")
     ap.add_argument("--ckpt")
@@ -466,6 +480,8 @@ def main():
     args.ds_src = os.path.abspath(args.ds_src)
     if args.rank_main:
         return rank_main(args)
+    if args.zero_to_fp32:
+        return zero_to_fp32_main(args)
     if not os.path.isfile(os.path.join(args.ds_src, "deepspeed", "runtime", "engine.py")):
         sys.exit(f"{args.ds_src}: not a DeepSpeed source tree (no deepspeed/runtime/engine.py)")
     work = args.work or tempfile.mkdtemp(prefix="ucp-check-deepspeed-")
@@ -500,6 +516,13 @@ def main():
             continue
         ok, outs = launch(args, "load", b, dst, truth, tag="global_step3", variant=variant)
         lines = [l for o in outs for l in o.splitlines() if l.startswith("rank ") or l.startswith("  rank")]
+        if not b[3]:  # zero_to_fp32 refuses BF16_Optimizer files ("not a zero checkpoint")
+            z = subprocess.run([sys.executable, os.path.abspath(__file__), "--zero-to-fp32", "--ds-src", args.ds_src,
+                                "--ckpt", dst, "--truth", truth], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=dict(os.environ, DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1"))
+            zl = [l for l in z.stdout.splitlines() if l.startswith("zero_to_fp32")]
+            lines += zl or [z.stdout[-2000:]]
+            ok = ok and z.returncode == 0
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {a} -> {b}")
         for l in lines:
             print("   ", l)
