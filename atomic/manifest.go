@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"path/filepath"
 
+	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
@@ -54,6 +55,23 @@ type ParamEntry struct {
 	PaddedVocab int64        `json:"padded_vocab_size,omitempty"`
 	Aliases     []string     `json:"aliases,omitempty"`
 	Files       []StateEntry `json:"files"`
+}
+
+// StateDType is the dtype of the parameter's state tensors: DType, which
+// is float32 for trained parameters and the stored dtype for frozen
+// parameters and buffers (manifests that leave it empty mean float32).
+func (p *ParamEntry) StateDType() (dtype.DType, error) {
+	if p.DType == "" {
+		return dtype.Float32, nil
+	}
+	dt, err := dtype.Parse(p.DType)
+	if err != nil {
+		return dtype.Invalid, fmt.Errorf("parameter %s: dtype: %w", p.Name, err)
+	}
+	if dt.Size() == 0 {
+		return dtype.Invalid, fmt.Errorf("parameter %s: dtype %s has no element size", p.Name, p.DType)
+	}
+	return dt, nil
 }
 
 // StateEntry is one state file of a parameter.

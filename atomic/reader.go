@@ -158,17 +158,19 @@ func (r *Reader) Verify() error {
 	return nil
 }
 
-// State is one opened state file: a float32 tensor of the parameter's shape.
+// State is one opened state file: a tensor of the parameter's shape, in
+// the manifest's dtype (float32, or a frozen parameter's or buffer's own).
 type State struct {
 	Param, Name string
 	Shape       []int64
+	DType       dtype.DType
 	Path        string
 	f           *torchfile.File
 	t           *torchfile.Tensor
 }
 
 // OpenState opens zero/<param>/<state>.pt and checks that its 'param'
-// tensor is float32 of the manifest's shape. Close it when done.
+// tensor has the manifest's dtype and shape. Close it when done.
 func (r *Reader) OpenState(param, state string) (*State, error) {
 	if state == StepState {
 		return nil, fmt.Errorf("%s: the step is not a tensor state; use Step", param)
@@ -195,18 +197,23 @@ func (r *Reader) OpenState(param, state string) (*State, error) {
 		return nil, fmt.Errorf("%s: no 'param' tensor", path)
 	}
 	p, _ := r.Param(param)
-	if t.DType != dtype.Float32 || !torchfile.SameShape(t.Shape, p.Shape) {
+	want, err := p.StateDType()
+	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: 'param' is %v%v, but the manifest says float32%v", path, t.DType, t.Shape, p.Shape)
+		return nil, fmt.Errorf("%s: %w", filepath.Join(r.Dir, ManifestName), err)
 	}
-	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), Path: path, f: f, t: t}, nil
+	if t.DType != want || !torchfile.SameShape(t.Shape, p.Shape) {
+		f.Close()
+		return nil, fmt.Errorf("%s: 'param' is %v%v, but the manifest says %v%v", path, t.DType, t.Shape, want, p.Shape)
+	}
+	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t}, nil
 }
 
 // Numel returns the number of elements.
 func (s *State) Numel() int64 { return s.t.Numel() }
 
-// ReadRange reads elements [start, start+n) as little-endian float32 bytes
-// into dst (4n bytes) with one ranged read.
+// ReadRange reads elements [start, start+n) as little-endian bytes of
+// s.DType into dst (n·size bytes) with one ranged read.
 func (s *State) ReadRange(start, n int64, dst []byte) error {
 	if err := s.f.ReadRange(s.t, start, n, dst); err != nil {
 		return fmt.Errorf("%s: %w", s.Path, err)
@@ -214,7 +221,7 @@ func (s *State) ReadRange(start, n int64, dst []byte) error {
 	return nil
 }
 
-// ReadFloat32 reads elements [start, start+n).
+// ReadFloat32 reads elements [start, start+n) converted to float32.
 func (s *State) ReadFloat32(start, n int64) ([]float32, error) {
 	v, err := s.f.ReadFloat32(s.t, start, n)
 	if err != nil {

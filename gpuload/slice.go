@@ -160,14 +160,16 @@ func ReadLocal(st *atomic.State, sh fragment.Shard, start, n int64, dst []float3
 	return err
 }
 
-// ReadLocalAs is ReadLocal into little-endian elements of type dt
-// (float32, bfloat16 or float16, cast as torch does) in dst, which must
-// hold n elements: float32 runs are read straight into dst. It returns the
-// bytes read from storage (padding is not read).
+// ReadLocalAs is ReadLocal into little-endian elements of type dt in dst,
+// which must hold n elements: the state's own dtype (copied as stored: a
+// frozen parameter's or buffer's dtype, float32 otherwise), or float32,
+// bfloat16 or float16, converted as torch does (through float32: an
+// integer buffer gives its values as floats). It returns the bytes read
+// from storage (padding is not read).
 func ReadLocalAs(st *atomic.State, sh fragment.Shard, start, n int64, dt dtype.DType, dst []byte) (int64, error) {
-	es := int64(dt.Size())
-	if dt != dtype.Float32 && dt != dtype.BFloat16 && dt != dtype.Float16 {
-		return 0, fmt.Errorf("cannot load as %v (float32, bfloat16 or float16)", dt)
+	es, ss := int64(dt.Size()), int64(st.DType.Size())
+	if dt != st.DType && dt != dtype.Float32 && dt != dtype.BFloat16 && dt != dtype.Float16 {
+		return 0, fmt.Errorf("%s: cannot load %v as %v (float32, bfloat16, float16 or %v)", st.Path, st.DType, dt, st.DType)
 	}
 	if int64(len(dst)) < n*es {
 		return 0, fmt.Errorf("buffer of %d bytes for %d %v elements", len(dst), n, dt)
@@ -180,15 +182,23 @@ func ReadLocalAs(st *atomic.State, sh fragment.Shard, start, n int64, dt dtype.D
 			return
 		}
 		out := dst[(r.Local-start)*es : (r.Local-start+r.N)*es]
-		if dt == dtype.Float32 {
+		read += ss * r.N
+		if dt == st.DType {
 			err = st.ReadRange(r.Full, r.N, out)
-		} else {
-			raw := make([]byte, 4*r.N)
-			if err = st.ReadRange(r.Full, r.N, raw); err == nil {
-				err = dtype.FromFloat32(out, raw, dt)
+			return
+		}
+		raw := make([]byte, ss*r.N)
+		if err = st.ReadRange(r.Full, r.N, raw); err != nil {
+			return
+		}
+		f32 := raw
+		if st.DType != dtype.Float32 {
+			f32 = make([]byte, 4*r.N)
+			if err = dtype.ToFloat32(f32, raw, st.DType); err != nil {
+				return
 			}
 		}
-		read += 4 * r.N
+		err = dtype.FromFloat32(out, f32, dt)
 	})
 	return read, err
 }

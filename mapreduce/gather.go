@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/fragment"
 )
 
@@ -65,7 +66,7 @@ func (g *Gatherer) Read(pi, si int, start, end int64, out []byte) error {
 		g.red.out = out
 		err = g.red.average(p, st, start, end)
 	} else {
-		err = g.red.gather(p, st, 0, start, end, out)
+		err = g.red.gather(p, st, 0, start, end, out, dtype.Float32)
 	}
 	if err != nil {
 		return fmt.Errorf("parameter %s, state %s: %w", p.Name, st.Name, err)

@@ -3,7 +3,8 @@
 // with their manifest entries) and splits the work on them into typed
 // tasks (a byte range of one state file, a step, a copy) balanced over
 // nodes and cores by bytes; Run executes a node's share with reducers that
-// pread exactly the source ranges they need, convert to float32 and write
+// pread exactly the source ranges they need, convert to float32 (frozen
+// parameters and buffers: copy in their own dtype) and write
 // at offsets of pre-sized output files; Finalize turns the nodes' records
 // into the manifest. The atomic writer underneath knows only paths, byte
 // ranges and node records.
@@ -28,8 +29,9 @@ import (
 type OutputKind int
 
 const (
-	// StateFile is zero/<param>/<state>.pt: a float32 tensor of the
-	// parameter's full shape, filled by the reduce tasks of its ranges.
+	// StateFile is zero/<param>/<state>.pt: a tensor of the parameter's
+	// full shape (float32, or a frozen parameter's or buffer's own dtype),
+	// filled by the reduce tasks of its ranges.
 	StateFile OutputKind = iota
 	// StepFile is zero/<param>/step.pt: the raw step value.
 	StepFile
@@ -51,7 +53,7 @@ type Output struct {
 	Param, State int
 	// Name is the state's name in the manifest (StateFile, StepFile).
 	Name string
-	// Shape and DType are a state file's tensor.
+	// Shape and DType are a state file's tensor (see StateDType).
 	Shape []int64
 	DType dtype.DType
 	// Value is a value file's content, its tensors *fragment.TensorRefs.
@@ -170,14 +172,22 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 			row = numel / max(p.Shape[0], 1)
 		}
 		for si, st := range p.States {
+			dt, err := StateDType(p, st)
+			if err != nil {
+				return nil, err
+			}
+			if si == 0 {
+				pl.Manifest.Params[pi].DType = dt.String()
+			}
 			oi := add(Output{Kind: StateFile, Path: atomic.StatePath(p.Name, st.Name), Param: pi, State: si, Name: st.Name,
-				Shape: p.Shape, DType: dtype.Float32, Bare: opt.BareStates})
+				Shape: p.Shape, DType: dt, Bare: opt.BareStates})
 			srcPerElem := srcBytesPerElem(st, numel)
+			es := int64(dt.Size())
 			ranges := splitRows(numel, row, chunk)
 			for ci, r := range ranges {
 				n := r[1] - r[0]
 				tasks = append(tasks, Task{Kind: ReduceTask, Output: oi, Start: r[0], End: r[1],
-					Bytes: 4*n + int64(float64(n)*srcPerElem), Chunk: ci, Of: len(ranges)})
+					Bytes: es*n + int64(float64(n)*srcPerElem), Chunk: ci, Of: len(ranges)})
 			}
 		}
 		if p.Step != nil {
@@ -251,6 +261,42 @@ func paramEntry(p *fragment.Param) atomic.ParamEntry {
 		pe.VocabSize, pe.PaddedVocab = p.Info.VocabSize, p.Info.PaddedVocab
 	}
 	return pe
+}
+
+// StateDType is the dtype of a state file: float32 for trained parameters
+// and their optimizer states (the atomic format), the stored dtype for
+// frozen parameters and buffers, whose elements are copied bit for bit (an
+// int64 counter or a bf16 frozen weight is not widened). An averaged frozen
+// parameter stays float32: its value is a computed mean, not a copy.
+func StateDType(p *fragment.Param, st *fragment.State) (dtype.DType, error) {
+	if !p.Frozen || p.Average || len(st.Frags) == 0 {
+		return dtype.Float32, nil
+	}
+	dt := st.Frags[0].Src.DType()
+	for _, f := range st.Frags[1:] {
+		if d := f.Src.DType(); d != dt {
+			return dtype.Invalid, fmt.Errorf("frozen parameter %s: %s stores it as %v but %s as %v; its shards must agree on one dtype",
+				p.Name, st.Frags[0].Src.Path, dt, f.Src.Path, d)
+		}
+	}
+	if !dt.Valid() || dt.Size() == 0 {
+		return dtype.Invalid, fmt.Errorf("frozen parameter %s: %s stores it as %v, which ucp cannot write", p.Name, st.Frags[0].Src.Path, dt)
+	}
+	return dt, nil
+}
+
+// IO splits a task's planning weight into the bytes it reads and writes:
+// state chunks write their elements in the file's dtype and read the rest,
+// copies read and write the file, steps are too small to count.
+func (p *Plan) IO(tk Task) (read, written int64) {
+	switch tk.Kind {
+	case CopyTask:
+		return tk.Bytes / 2, tk.Bytes / 2
+	case StepTask:
+		return 0, 0
+	}
+	written = int64(p.Outputs[tk.Output].DType.Size()) * (tk.End - tk.Start)
+	return tk.Bytes - written, written
 }
 
 // srcBytesPerElem is the source bytes read per output element of a state,
@@ -329,7 +375,7 @@ func (p *Plan) ID() string {
 }
 
 // stateRoot is the value of a state file: DeepSpeed's universal dict with
-// a float32 tensor of the parameter's full shape.
+// a tensor of the parameter's full shape in the file's dtype.
 func stateRoot(p *fragment.Param, o *Output) pyobj.Value {
 	t := &torchfile.Blob{DType: o.DType, Shape: append([]int64(nil), o.Shape...)}
 	if o.Bare {

@@ -221,15 +221,16 @@ func (red *reducer) run(tk Task) error {
 	p := r.t.Params[o.Param]
 	st := p.States[o.State]
 	n := tk.End - tk.Start
-	red.out = grow(red.out, 4*n)
+	es := int64(o.DType.Size())
+	red.out = grow(red.out, es*n)
 	var err error
 	switch {
 	case p.Average:
 		err = red.average(p, st, tk.Start, tk.End)
 	default:
-		err = red.gather(p, st, 0, tk.Start, tk.End, red.out)
+		err = red.gather(p, st, 0, tk.Start, tk.End, red.out, o.DType)
 		if err == nil && r.opt.CheckReplicas {
-			err = red.checkReplicas(p, st, tk.Start, tk.End)
+			err = red.checkReplicas(p, st, tk.Start, tk.End, o.DType)
 		}
 	}
 	if err != nil {
@@ -246,7 +247,7 @@ func (red *reducer) run(tk Task) error {
 	if ferr != nil {
 		return ferr
 	}
-	if err := f.WriteAt(0, red.out, 4*tk.Start); err != nil {
+	if err := f.WriteAt(0, red.out, es*tk.Start); err != nil {
 		return err
 	}
 	if atomic.AddInt32(&of.pending, -1) == 0 {
@@ -255,9 +256,9 @@ func (red *reducer) run(tk Task) error {
 		}
 	}
 	red.ws.Write += time.Since(t0)
-	red.ws.BytesWritten += 4 * n
+	red.ws.BytesWritten += es * n
 	if r.opt.Progress != nil {
-		r.opt.Progress(0, 4*n)
+		r.opt.Progress(0, es*n)
 	}
 	return nil
 }
@@ -306,8 +307,9 @@ func sameSize(f *os.File, size int64) error {
 }
 
 // gather places the fragments of the shards with the given replica index
-// that fall in full elements [start, end) into out (float32 bytes).
-func (red *reducer) gather(p *fragment.Param, st *fragment.State, replica int, start, end int64, out []byte) error {
+// that fall in full elements [start, end) into out, as elements of odt:
+// float32, or the fragments' own dtype (copied bit for bit).
+func (red *reducer) gather(p *fragment.Param, st *fragment.State, replica int, start, end int64, out []byte, odt dtype.DType) error {
 	var runs []placeRun
 	for _, f := range st.Frags {
 		sh := &st.Shards[f.Shard]
@@ -328,7 +330,7 @@ func (red *reducer) gather(p *fragment.Param, st *fragment.State, replica int, s
 		if len(runs) == 0 {
 			continue
 		}
-		if err := red.readInto(f, lo, hi, out, start, runs); err != nil {
+		if err := red.readInto(f, lo, hi, out, start, runs, odt); err != nil {
 			return err
 		}
 	}
@@ -340,40 +342,49 @@ func (red *reducer) gather(p *fragment.Param, st *fragment.State, replica int, s
 type placeRun struct{ local, full, n int64 }
 
 // readInto reads the fragment's shard elements [lo, hi), converts them to
-// float32 and copies each run to its place in out.
-func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, start int64, runs []placeRun) error {
+// odt (float32) or keeps them as they are (odt is their dtype) and copies
+// each run to its place in out.
+func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, start int64, runs []placeRun, odt dtype.DType) error {
 	file, err := red.reader(f.Src.Path)
 	if err != nil {
 		return err
 	}
 	dt := f.Src.DType()
+	if odt != dt && odt != dtype.Float32 {
+		return fmt.Errorf("%s: a %v tensor cannot be written as %v", f.Src.Path, dt, odt)
+	}
 	n := hi - lo
 	srcStart := f.SrcStart + (lo - f.LocalStart)
+	es, oes := int64(dt.Size()), int64(odt.Size())
 	t0 := time.Now()
-	if dt == dtype.Float32 && len(runs) == 1 && runs[0].local == lo && runs[0].n == n {
-		// Already float32 and contiguous in the output: read in place.
-		dst := out[4*(runs[0].full-start) : 4*(runs[0].full-start+n)]
+	if dt == odt && len(runs) == 1 && runs[0].local == lo && runs[0].n == n {
+		// Already in the output dtype and contiguous in the output: read in place.
+		dst := out[oes*(runs[0].full-start) : oes*(runs[0].full-start+n)]
 		if err := torchfile.ReadRange(file, f.Src.T, srcStart, n, dst); err != nil {
 			return fmt.Errorf("%s: %w", f.Src.Path, err)
 		}
-		red.account(time.Since(t0), 0, 4*n)
+		red.account(time.Since(t0), 0, es*n)
 		return nil
 	}
-	red.raw = grow(red.raw, n*int64(dt.Size()))
+	red.raw = grow(red.raw, n*es)
 	if err := torchfile.ReadRange(file, f.Src.T, srcStart, n, red.raw); err != nil {
 		return fmt.Errorf("%s: %w", f.Src.Path, err)
 	}
 	t1 := time.Now()
-	// Each run is converted straight to its place in out: no intermediate
-	// float32 buffer and no second copy (for float32 sources split across
-	// rows, the conversion is the one copy).
-	es := int64(dt.Size())
+	// Each run is converted (or copied) straight to its place in out: no
+	// intermediate float32 buffer and no second copy (for float32 sources
+	// split across rows, the conversion is the one copy).
 	for _, rn := range runs {
-		if err := dtype.ToFloat32(out[4*(rn.full-start):4*(rn.full-start+rn.n)], red.raw[es*(rn.local-lo):es*(rn.local-lo+rn.n)], dt); err != nil {
+		dst, src := out[oes*(rn.full-start):oes*(rn.full-start+rn.n)], red.raw[es*(rn.local-lo):es*(rn.local-lo+rn.n)]
+		if dt == odt {
+			copy(dst, src)
+			continue
+		}
+		if err := dtype.ToFloat32(dst, src, dt); err != nil {
 			return fmt.Errorf("%s: %w", f.Src.Path, err)
 		}
 	}
-	red.account(t1.Sub(t0), time.Since(t1), n*int64(dt.Size()))
+	red.account(t1.Sub(t0), time.Since(t1), n*es)
 	return nil
 }
 
@@ -412,7 +423,7 @@ func (red *reducer) average(p *fragment.Param, st *fragment.State, start, end in
 	acc := make([]float32, n)
 	red.tmp = grow(red.tmp, 4*n)
 	for _, rep := range reps {
-		if err := red.gather(p, st, rep, start, end, red.tmp); err != nil {
+		if err := red.gather(p, st, rep, start, end, red.tmp, dtype.Float32); err != nil {
 			return err
 		}
 		for i := range acc {
@@ -426,27 +437,45 @@ func (red *reducer) average(p *fragment.Param, st *fragment.State, start, end in
 	return nil
 }
 
-func (red *reducer) checkReplicas(p *fragment.Param, st *fragment.State, start, end int64) error {
+// checkReplicas compares every other replica of [start, end) with replica
+// 0 in red.out, element by element in odt.
+func (red *reducer) checkReplicas(p *fragment.Param, st *fragment.State, start, end int64, odt dtype.DType) error {
 	reps := replicas(st)
 	if len(reps) < 2 {
 		return nil
 	}
-	red.tmp = grow(red.tmp, 4*(end-start))
+	es := int64(odt.Size())
+	red.tmp = grow(red.tmp, es*(end-start))
 	for _, rep := range reps[1:] {
-		if err := red.gather(p, st, rep, start, end, red.tmp); err != nil {
+		if err := red.gather(p, st, rep, start, end, red.tmp, odt); err != nil {
 			return err
 		}
-		if !bytes.Equal(red.tmp, red.out) {
+		if !bytes.Equal(red.tmp, red.out[:len(red.tmp)]) {
 			for i := int64(0); i < end-start; i++ {
-				if !bytes.Equal(red.tmp[4*i:4*i+4], red.out[4*i:4*i+4]) {
-					return fmt.Errorf("replica %d differs from replica 0 at element %d (%v vs %v); the copies are not identical",
-						rep, start+i, math.Float32frombits(binary.LittleEndian.Uint32(red.tmp[4*i:])),
-						math.Float32frombits(binary.LittleEndian.Uint32(red.out[4*i:])))
+				a, b := red.tmp[es*i:es*i+es], red.out[es*i:es*i+es]
+				if !bytes.Equal(a, b) {
+					return fmt.Errorf("replica %d differs from replica 0 at element %d (%s vs %s); the copies are not identical",
+						rep, start+i, elemString(a, odt), elemString(b, odt))
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// elemString prints one element of dt for an error message.
+func elemString(b []byte, dt dtype.DType) string {
+	switch dt {
+	case dtype.Int64:
+		return fmt.Sprint(int64(binary.LittleEndian.Uint64(b)))
+	case dtype.Int32:
+		return fmt.Sprint(int32(binary.LittleEndian.Uint32(b)))
+	}
+	var f [4]byte
+	if err := dtype.ToFloat32(f[:], b, dt); err != nil {
+		return fmt.Sprintf("%x", b)
+	}
+	return fmt.Sprint(math.Float32frombits(binary.LittleEndian.Uint32(f[:])))
 }
 
 // step writes a step file: its value, or its tensor's bytes read now.

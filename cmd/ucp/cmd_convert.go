@@ -341,7 +341,7 @@ func stragglers(out io.Writer, stats *mapreduce.Stats) {
 func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 	var read, written int64
 	for _, tk := range plan.Tasks {
-		r, w := taskIO(tk)
+		r, w := plan.IO(tk)
 		read, written = read+r, written+w
 	}
 	fmt.Fprintf(out, "plan: %d tasks over %d node(s) x %d worker(s), chunks of at most %d elements: %s to read, %s to write\n",
@@ -355,7 +355,7 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 			var r, w int64
 			params := map[int]bool{}
 			for _, tk := range share {
-				tr, tw := taskIO(tk)
+				tr, tw := plan.IO(tk)
 				r, w = r+tr, w+tw
 				if tk.Kind != mapreduce.CopyTask {
 					params[plan.Outputs[tk.Output].Param] = true
@@ -366,20 +366,6 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 		}
 	}
 	return tw.Flush()
-}
-
-// taskIO splits a task's planning weight into the bytes it reads and
-// writes: state chunks write float32 and read the rest, copies read and
-// write the file, steps are too small to count.
-func taskIO(tk mapreduce.Task) (read, written int64) {
-	switch tk.Kind {
-	case mapreduce.CopyTask:
-		return tk.Bytes / 2, tk.Bytes / 2
-	case mapreduce.StepTask:
-		return 0, 0
-	}
-	written = 4 * (tk.End - tk.Start)
-	return tk.Bytes - written, written
 }
 
 // progress shows a bar on a terminal and nothing otherwise.

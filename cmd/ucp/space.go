@@ -20,7 +20,7 @@ func checkSpace(dst string, plan *mapreduce.Plan, node int, reclaim bool) error 
 	var need int64
 	for _, tk := range plan.Tasks {
 		if tk.Node == node {
-			_, w := taskIO(tk)
+			_, w := plan.IO(tk)
 			need += w
 		}
 	}

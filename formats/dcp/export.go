@@ -239,8 +239,17 @@ func exportKeys(r *atomic.Reader, opt ExportOptions, stats *ExportStats) ([]*out
 			states[f.State] = true
 		}
 		if states[fragment.FP32] {
+			// float32 tensors are written as opt.DType; frozen parameters and
+			// buffers the atomic checkpoint keeps in another dtype, as they are.
+			dt, err := p.StateDType()
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", r.Dir, err)
+			}
+			if dt == dtype.Float32 {
+				dt = opt.DType
+			}
 			for _, name := range append([]string{p.Name}, p.Aliases...) {
-				if err := add(&outKey{path: modelPath(name), tensor: true, dt: opt.DType, size: p.Shape,
+				if err := add(&outKey{path: modelPath(name), tensor: true, dt: dt, size: p.Shape,
 					param: p.Name, state: fragment.FP32}); err != nil {
 					return nil, err
 				}
@@ -598,15 +607,26 @@ func (w *rankWriter) tensor(k *outKey, ch outChunk) (StorageInfo, error) {
 		}
 		n := torchfile.Numel(ch.size)
 		es := int64(k.dt.Size())
+		if st.DType != k.dt && st.DType != dtype.Float32 {
+			return StorageInfo{}, fmt.Errorf("%s: %v, cannot be written as %v", st.Path, st.DType, k.dt)
+		}
 		for done := int64(0); done < n; {
 			m := min(n-done, pieceElems)
-			w.buf = grow(w.buf, 4*m)
-			if err := st.ReadRange(start+done, m, w.buf); err != nil {
-				return StorageInfo{}, err
-			}
-			w.out = grow(w.out, es*m)
-			if err := fromFloat32(w.out, w.buf, k.dt); err != nil {
-				return StorageInfo{}, err
+			if st.DType == k.dt {
+				// Kept as stored (and float32 to float32): no conversion.
+				w.out = grow(w.out, es*m)
+				if err := st.ReadRange(start+done, m, w.out); err != nil {
+					return StorageInfo{}, err
+				}
+			} else {
+				w.buf = grow(w.buf, 4*m)
+				if err := st.ReadRange(start+done, m, w.buf); err != nil {
+					return StorageInfo{}, err
+				}
+				w.out = grow(w.out, es*m)
+				if err := fromFloat32(w.out, w.buf, k.dt); err != nil {
+					return StorageInfo{}, err
+				}
 			}
 			if err := fsutil.WriteAt(w.f, w.out, data+done*es); err != nil {
 				return StorageInfo{}, err

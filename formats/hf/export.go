@@ -131,7 +131,16 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt Options) (*St
 	if opt.Progress != nil {
 		var total int64
 		for _, t := range tensors {
-			total += 4*numel(t.Shape) + t.NBytes()
+			total += t.NBytes()
+			for _, p := range t.Pieces {
+				size := 4
+				if e, ok := r.Param(p.Param); ok {
+					if dt, err := e.StateDType(); err == nil {
+						size = dt.Size()
+					}
+				}
+				total += int64(size) * p.Len
+			}
 		}
 		opt.Progress(total, 0, 0)
 	}

@@ -170,8 +170,9 @@ func chunkElems(opt Options, dt dtype.DType) int64 {
 	return max(4096, min(n, 16<<20))
 }
 
-// tensorBufs are one worker's float32 input and cast output buffers.
-type tensorBufs struct{ in, out []byte }
+// tensorBufs are one worker's input (as stored), float32 and cast output
+// buffers.
+type tensorBufs struct{ in, f32, out []byte }
 
 func growBuf(b []byte, n int64) []byte {
 	if int64(cap(b)) < n {
@@ -180,38 +181,36 @@ func growBuf(b []byte, n int64) []byte {
 	return b[:n]
 }
 
-// writeTensor streams one tensor: ranged float32 reads of each piece, cast
-// to the tensor's dtype, written at their offsets.
+// writeTensor streams one tensor: ranged reads of each piece, written at
+// their offsets as they are when the state file already has the tensor's
+// dtype (frozen parameters and buffers), else cast to it.
 func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs, i int, t *Tensor, chunk int64, progress func(read, written int64)) error {
 	es := int64(t.DType.Size())
-	b.in = growBuf(b.in, 4*min(chunk, numel(t.Shape)))
 	b.out = growBuf(b.out, es*min(chunk, numel(t.Shape)))
-	in, out := b.in, b.out
 	var at int64 // output element
 	for _, p := range t.Pieces {
 		st, err := r.OpenState(p.Param, "fp32")
 		if err != nil {
 			return err
 		}
+		ss := int64(st.DType.Size())
+		b.in = growBuf(b.in, ss*min(chunk, numel(t.Shape)))
 		for done := int64(0); done < p.Len; {
 			if err := ctx.Err(); err != nil {
 				st.Close()
 				return err
 			}
 			m := min(p.Len-done, chunk)
-			if err := st.ReadRange(p.Start+done, m, in[:4*m]); err != nil {
-				st.Close()
-				return err
-			}
-			if err := castFloat32(out[:es*m], in[:4*m], t.DType); err != nil {
+			out, err := b.cast(st, p.Start+done, m, t.DType)
+			if err != nil {
 				st.Close()
 				return fmt.Errorf("%s: %w", t.Name, err)
 			}
-			if err := w.WriteAt(i, out[:es*m], at*es); err != nil {
+			if err := w.WriteAt(i, out, at*es); err != nil {
 				st.Close()
 				return err
 			}
-			progress(4*m, es*m)
+			progress(ss*m, es*m)
 			done += m
 			at += m
 		}
@@ -223,9 +222,32 @@ func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs
 	return nil
 }
 
+// cast reads elements [start, start+m) of st and returns them as dt: the
+// bytes read when st has that dtype, else converted through float32.
+func (b *tensorBufs) cast(st *ucpatomic.State, start, m int64, dt dtype.DType) ([]byte, error) {
+	raw := b.in[:int64(st.DType.Size())*m]
+	if err := st.ReadRange(start, m, raw); err != nil {
+		return nil, err
+	}
+	if st.DType == dt {
+		return raw, nil
+	}
+	f32 := raw
+	if st.DType != dtype.Float32 {
+		b.f32 = growBuf(b.f32, 4*m)
+		f32 = b.f32
+		if err := dtype.ToFloat32(f32, raw, st.DType); err != nil {
+			return nil, err
+		}
+	}
+	out := b.out[:int64(dt.Size())*m]
+	return out, castFloat32(out, f32, dt)
+}
+
 // castFloat32 converts float32 elements to dt: the float types as torch's
 // .to() rounds them, float64 exactly, integers and bool (frozen buffers,
-// whose values the atomic checkpoint holds exactly as float32) by
+// which atomic checkpoints written before ucp kept their dtype hold exactly
+// as float32) by
 // truncation toward zero, as torch's float-to-int cast does.
 func castFloat32(dst, src []byte, dt dtype.DType) error {
 	switch dt {

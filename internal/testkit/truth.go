@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -86,50 +87,93 @@ func (t *Truth) Float32(tt *torchfile.Tensor) ([]byte, error) {
 	return out, dtype.ToFloat32(out, raw, tt.DType)
 }
 
+// Kept lists the truth's dicts of tensors that the atomic checkpoint holds
+// in their own dtype, bit for bit, as the fp32 state of their parameter:
+// frozen parameters and buffers.
+var Kept = []string{"frozen", "buffers"}
+
 // Compare checks every state tensor of the truth against the atomic
-// checkpoint in dir and returns one line per mismatch.
+// checkpoint in dir and returns one line per mismatch: trained states as
+// float32, frozen parameters and buffers in the truth's dtype, and the
+// manifest's dtype of each.
 func Compare(dir string, tr *Truth) ([]string, error) {
+	m, err := atomic.ReadManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	dtypes := map[string]string{}
+	for _, p := range m.Params {
+		dtypes[p.Name] = p.DType
+	}
 	var diffs []string
-	for _, state := range States {
-		tensors := tr.Tensors(state)
+	for _, key := range append(append([]string{}, States...), Kept...) {
+		state, kept := key, false
+		if !slices.Contains(States, key) {
+			state, kept = fragment.FP32, true
+		}
+		tensors := tr.Tensors(key)
 		names := make([]string, 0, len(tensors))
 		for n := range tensors {
 			names = append(names, n)
 		}
 		sort.Strings(names)
 		for _, name := range names {
-			want, err := tr.Float32(tensors[name])
+			tt := tensors[name]
+			want, err := tr.File.ReadTensor(tt)
 			if err != nil {
 				return nil, err
 			}
+			wdt := tt.DType
+			if !kept && wdt != dtype.Float32 {
+				if want, err = tr.Float32(tt); err != nil {
+					return nil, err
+				}
+				wdt = dtype.Float32
+			}
+			if got := dtypes[name]; got != wdt.String() {
+				diffs = append(diffs, fmt.Sprintf("%s: manifest dtype %q, want %q", name, got, wdt))
+			}
 			path := filepath.Join(dir, atomic.StatePath(name, state))
-			got, shape, err := ReadAtomic(path)
+			got, gdt, shape, err := ReadAtomicRaw(path)
 			if err != nil {
 				diffs = append(diffs, fmt.Sprintf("%s/%s: %v", name, state, err))
 				continue
 			}
-			if !torchfile.SameShape(shape, tensors[name].Shape) {
-				diffs = append(diffs, fmt.Sprintf("%s/%s: shape %v, want %v", name, state, shape, tensors[name].Shape))
+			if gdt != wdt || !torchfile.SameShape(shape, tt.Shape) {
+				diffs = append(diffs, fmt.Sprintf("%s/%s: %v%v, want %v%v", name, state, gdt, shape, wdt, tt.Shape))
 				continue
 			}
 			if !bytes.Equal(got, want) {
+				es := wdt.Size()
 				i := 0
-				for i+4 <= len(got) && bytes.Equal(got[i:i+4], want[i:i+4]) {
-					i += 4
+				for i+es <= len(got) && bytes.Equal(got[i:i+es], want[i:i+es]) {
+					i += es
 				}
-				g, w := dtype.Float32s(got[i:i+4]), dtype.Float32s(want[i:i+4])
-				diffs = append(diffs, fmt.Sprintf("%s/%s: element %d is %v, want %v", name, state, i/4, g[0], w[0]))
+				diffs = append(diffs, fmt.Sprintf("%s/%s: element %d is %x, want %x (%v)", name, state, i/es, got[i:i+es], want[i:i+es], wdt))
 			}
 		}
 	}
 	return diffs, nil
 }
 
-// ReadAtomic reads the 'param' tensor of an atomic state file.
+// ReadAtomic reads the 'param' tensor of an atomic state file as float32
+// bytes (frozen parameters and buffers, kept in their own dtype, converted
+// as torch's .float() does).
 func ReadAtomic(path string) ([]byte, []int64, error) {
+	raw, dt, shape, err := ReadAtomicRaw(path)
+	if err != nil || dt == dtype.Float32 {
+		return raw, shape, err
+	}
+	out := make([]byte, 4*torchfile.Numel(shape))
+	return out, shape, dtype.ToFloat32(out, raw, dt)
+}
+
+// ReadAtomicRaw reads the 'param' tensor of an atomic state file as
+// stored: its bytes, dtype and shape.
+func ReadAtomicRaw(path string) ([]byte, dtype.DType, []int64, error) {
 	f, err := torchfile.Open(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, dtype.Invalid, nil, err
 	}
 	defer f.Close()
 	v := f.Root
@@ -138,13 +182,10 @@ func ReadAtomic(path string) ([]byte, []int64, error) {
 	}
 	t, ok := v.(*torchfile.Tensor)
 	if !ok {
-		return nil, nil, fmt.Errorf("%s: no param tensor", path)
-	}
-	if t.DType != dtype.Float32 {
-		return nil, nil, fmt.Errorf("%s: param is %v, not float32", path, t.DType)
+		return nil, dtype.Invalid, nil, fmt.Errorf("%s: no param tensor", path)
 	}
 	b, err := f.ReadTensor(t)
-	return b, t.Shape, err
+	return b, t.DType, t.Shape, err
 }
 
 // Convert indexes and converts src into a fresh folder with the given

@@ -6,7 +6,9 @@ Usage: check_atomic.py ATOMIC_DIR TRUTH.pt [--universal DIR]
 
 Every zero/<param>/<state>.pt must load with torch.load(weights_only=True)
 (except files holding a SubparamShape object), hold a float32 tensor of the
-truth's shape, and equal the truth bit for bit. With --universal, the step
+truth's shape, and equal the truth bit for bit. Frozen parameters and buffers
+(the truth's "frozen" and "buffers") must be kept in their own dtype: their
+fp32.pt holds the truth's dtype bit for bit, and ucp.json records that dtype. With --universal, the step
 values and dict keys are compared with DeepSpeed's own ds_to_universal output.
 Exits non-zero with one line per mismatch.
 """
@@ -137,6 +139,24 @@ def check(atomic_dir, truth_path, universal):
                     g = {f: getattr(g, f) for f in g.__dataclass_fields__}
                 if g != w:
                     errors.append(f"{name}/{state}: {k}={g!r}, want {w!r}")
+    dtypes = {p["name"]: p.get("dtype") for p in manifest["params"]}
+    for key in ("frozen", "buffers"):
+        for name, want in (truth.get(key) or {}).items():
+            path = os.path.join(atomic_dir, "zero", name, "fp32.pt")
+            if not os.path.exists(path):
+                errors.append(f"{name} ({key}): missing {path}")
+                continue
+            d = load(path, True)
+            got = d["param"] if isinstance(d, dict) else d
+            wname = str(want.dtype).replace("torch.", "")
+            if dtypes.get(name) != wname:
+                errors.append(f"{name} ({key}): manifest dtype {dtypes.get(name)!r}, want {wname!r}")
+            if got.dtype != want.dtype:
+                errors.append(f"{name} ({key}): dtype {got.dtype}, want {want.dtype}")
+            elif tuple(got.shape) != tuple(want.shape):
+                errors.append(f"{name} ({key}): shape {tuple(got.shape)}, want {tuple(want.shape)}")
+            elif not torch.equal(bits(got), bits(want)):
+                errors.append(f"{name} ({key}): values differ")
     for name in truth.get("fp32", {}):
         if name not in names:
             errors.append(f"{name}: not in the manifest")
