@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/mapreduce"
 	"github.com/ucp-project/ucp/patterns"
 )
 
@@ -79,9 +80,19 @@ func describe(t *fragment.Table, p *fragment.Param) paramRow {
 	}
 	for _, s := range p.States {
 		r.src += stateSrcBytes(s)
-		r.out += 4 * p.Numel()
+		r.out += stateOutBytes(p, s)
 	}
 	return r
+}
+
+// stateOutBytes is the size of a state's atomic tensor: float32, or a frozen
+// parameter's or buffer's own dtype.
+func stateOutBytes(p *fragment.Param, s *fragment.State) int64 {
+	size := 4
+	if dt, err := mapreduce.StateDType(p, s); err == nil {
+		size = dt.Size()
+	}
+	return int64(size) * p.Numel()
 }
 
 func stateSrcBytes(s *fragment.State) int64 {
@@ -219,7 +230,7 @@ func printSummary(out io.Writer, rows []paramRow) error {
 			sb.tensors++
 			sb.elems += r.p.Numel()
 			sb.src += stateSrcBytes(s)
-			sb.out += 4 * r.p.Numel()
+			sb.out += stateOutBytes(r.p, s)
 		}
 	}
 	sort.Strings(patternOrder)
