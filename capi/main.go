@@ -52,8 +52,11 @@ const (
 	internalErrs = "ucp: internal error (please report): "
 )
 
-// Element types of ucp_read's destination.
+// Element types of ucp_read's destination; dtypeStored is the state's own
+// (frozen parameters and buffers keep theirs: an int64 buffer read as is).
 var dtypes = map[C.int]dtype.DType{0: dtype.Float32, 1: dtype.BFloat16, 2: dtype.Float16}
+
+const dtypeStored = -1
 
 // cerr turns an error into the C message the caller frees; nil stays NULL.
 func cerr(err error) *C.char {
@@ -222,7 +225,7 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, padded
 		return cerr(err)
 	}
 	t, ok := dtypes[dt]
-	if !ok {
+	if !ok && dt != dtypeStored {
 		return cerr(fmt.Errorf("unknown element type code %d", int(dt)))
 	}
 	name, st := C.GoString(param), C.GoString(state)
@@ -238,6 +241,14 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, padded
 	if s < 0 || k < 0 || s+k > total {
 		return cerr(fmt.Errorf("%s/%s: elements [%d, %d) of a shard of %d", name, st, s, s+k, total))
 	}
+	sf, err := c.r.OpenState(name, st)
+	if err != nil {
+		return cerr(err)
+	}
+	defer sf.Close()
+	if dt == dtypeStored {
+		t = sf.DType
+	}
 	if need := k * int64(t.Size()); int64(dstBytes) < need || (need > 0 && dst == nil) {
 		return cerr(fmt.Errorf("%s/%s: a buffer of %d bytes for %d %v elements", name, st, int64(dstBytes), k, t))
 	}
@@ -245,11 +256,6 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, padded
 		*bytesRead = 0
 		return nil
 	}
-	sf, err := c.r.OpenState(name, st)
-	if err != nil {
-		return cerr(err)
-	}
-	defer sf.Close()
 	got, err := gpuload.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
 	*bytesRead = C.int64_t(got)
 	return cerr(err)

@@ -10,11 +10,13 @@ import (
 
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/formats/megatron"
+	"github.com/ucp-project/ucp/formats/zero3"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // TestPython builds libucp.so, converts a Megatron TP2 x PP2 GQA + SwiGLU
-// fixture and the real DeepSpeed ZeRO-1 checkpoint, and runs the Python
+// fixture, the real DeepSpeed ZeRO-1 checkpoint and a ZeRO-3 fixture with
+// int64 buffers and fp16 frozen parameters, and runs the Python
 // package's tests (python/tests/test_ucp.py) with Debian's torch 1.13, then
 // a quick pass with torch 2.6 in the chroot.
 func TestPython(t *testing.T) {
@@ -39,7 +41,14 @@ func TestPython(t *testing.T) {
 		t.Fatal(err)
 	}
 	ds := testkit.Convert(t, dt, 2)
-	args := []string{meg, filepath.Join(megSrc, "truth.pt"), ds, filepath.Join(dsSrc, "truth.pt")}
+	frSrc := testkit.Fixture("zero3", "frozen_buffers_dp3_fp16")
+	ft, err := zero3.Index(ctx, filepath.Join(frSrc, "checkpoint"), zero3.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr := testkit.Convert(t, ft, 2)
+	args := []string{meg, filepath.Join(megSrc, "truth.pt"), ds, filepath.Join(dsSrc, "truth.pt"),
+		"--frozen", fr, filepath.Join(frSrc, "truth.pt")}
 
 	cmd := exec.Command(py, append([]string{filepath.Join(root, "python", "tests", "test_ucp.py")}, args...)...)
 	cmd.Env = append(os.Environ(), "UCP_LIBRARY="+lib, "PYTHONDONTWRITEBYTECODE=1")
@@ -56,6 +65,7 @@ func TestPython(t *testing.T) {
 			{filepath.Join(root, "python", "ucp"), "pkg/ucp"}, {meg, "meg"}, {ds, "ds"},
 			{filepath.Join(megSrc, "truth.pt"), "meg_truth.pt"}, {filepath.Join(dsSrc, "truth.pt"), "ds_truth.pt"},
 			{filepath.Join(root, "python", "tests", "test_ucp.py"), "pkg/tests/test_ucp.py"}, {lib, "pkg/ucp/libucp.so"},
+			{fr, "frozen"}, {filepath.Join(frSrc, "truth.pt"), "frozen_truth.pt"},
 		} {
 			copyPath(t, c.src, filepath.Join(dir, c.dst))
 		}

@@ -2,7 +2,10 @@
 
 Run by capi's Go test (TestPython), which builds libucp.so and converts the fixtures first:
 
-    python3 python/tests/test_ucp.py MEGATRON_ATOMIC MEGATRON_TRUTH DS_ATOMIC DS_TRUTH [--quick]
+    python3 python/tests/test_ucp.py MEGATRON_ATOMIC MEGATRON_TRUTH DS_ATOMIC DS_TRUTH [--quick] [--frozen ATOMIC TRUTH]
+
+--frozen names a conversion whose truth has frozen parameters and buffers ("frozen", "buffers"), kept in
+their own dtype by the atomic checkpoint.
 
 Every expected tensor is derived here from the truth file with torch alone, following the target framework's
 own rules (Megatron's tensor-parallel sharding, DeepSpeed's ZeRO partitioning, torch.chunk for FSDP, torch's
@@ -23,6 +26,9 @@ import ucp  # noqa: E402
 
 MEG, MEG_TRUTH, DS, DS_TRUTH = (sys.argv[1:5] if len(sys.argv) >= 5 else [None] * 4)
 QUICK = "--quick" in sys.argv  # torch 2.x run in the chroot: no multi-process tests
+FROZEN = FROZEN_TRUTH = None
+if "--frozen" in sys.argv:
+    FROZEN, FROZEN_TRUTH = sys.argv[sys.argv.index("--frozen") + 1:][:2]
 
 
 def bits_equal(a, b):
@@ -382,6 +388,50 @@ class Group(unittest.TestCase):
     def test_four(self):
         read, total = self.run_group(4)
         print(f"\n4 ranks: bytes read {read} of {total}", file=sys.stderr)
+
+
+@unittest.skipIf(FROZEN is None, "needs --frozen ATOMIC TRUTH")
+class TestKeptDTypes(unittest.TestCase):
+    """Frozen parameters and buffers: integer ones load in their own dtype bit for bit, floating ones cast like
+    the weights (exactly when widened, bit for bit in their own dtype)."""
+
+    def kept(self):
+        truth = load_truth(FROZEN_TRUTH)
+        kept = dict(truth["frozen"])
+        kept.update(truth["buffers"])
+        self.assertTrue(any(not t.is_floating_point() for t in kept.values()), "fixture has no integer buffer")
+        return kept
+
+    def test_manifest_dtypes(self):
+        with ucp.open(FROZEN) as ck:
+            for n, want in self.kept().items():
+                self.assertEqual(ck.params[n].dtype, str(want.dtype).replace("torch.", ""), n)
+
+    def test_load_state_dict(self):
+        kept = self.kept()
+        for dtype in (None, torch.float16, torch.float64):
+            sd = ucp.load_state_dict(FROZEN, dtype=dtype)["fp32"]
+            for n, want in kept.items():
+                got = sd[n]
+                if not want.is_floating_point():
+                    self.assertEqual(got.dtype, want.dtype, (n, dtype))
+                    self.assertTrue(torch.equal(got, want), (n, dtype))
+                    continue
+                self.assertEqual(got.dtype, dtype or torch.float32, (n, dtype))
+                if dtype == want.dtype:
+                    self.assertTrue(torch.equal(got.view(torch.int16), want.view(torch.int16)), (n, dtype))
+                else:
+                    self.assertTrue(torch.equal(got, want.to(got.dtype)), (n, dtype))
+
+    def test_fsdp_chunks(self):
+        kept = self.kept()
+        parts = [ucp.load_fsdp_chunk(FROZEN, rank=r, world=2)["fp32"] for r in range(2)]
+        for n, want in kept.items():
+            if want.dim() == 0 or want.is_floating_point():
+                continue
+            got = torch.cat([p[n] for p in parts])
+            self.assertEqual(got.dtype, want.dtype, n)
+            self.assertTrue(torch.equal(got, want), n)
 
 
 if __name__ == "__main__":

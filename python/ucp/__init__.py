@@ -37,6 +37,7 @@ the source sharded it (pattern: Unique, Replicate, Partial, Shard-V/H/Hy/NC; spl
 LoadResult = collections.namedtuple("LoadResult", "missing_keys unexpected_keys")
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_STORED = -1  # ucp_read: the state's own dtype (integer buffers such as num_batches_tracked)
 STEP = "step"
 
 _stats = {"bytes_read": 0, "bytes_received": 0}
@@ -144,6 +145,19 @@ def _dtype_code(dtype):
     return torch.float32, 0  # read as float32, then cast by torch
 
 
+def _out_dtype(ck, name, want):
+    """The dtype a parameter loads in: its stored one when that is not floating point (integer and bool
+    buffers, which the atomic checkpoint keeps as stored, as module.to(dtype) keeps them), else want."""
+    stored = getattr(torch, ck.params[name].dtype or "float32", None)
+    if isinstance(stored, torch.dtype) and not stored.is_floating_point and not stored.is_complex:
+        return stored
+    return want
+
+
+def _cast(v, dtype):
+    return v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+
+
 _LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 
 
@@ -172,7 +186,7 @@ def _run(ck, reqs, group):
     read = recv = 0
     h = ck._h
     one = lambda q: h.read(q.param, q.state, q.layout, q.n, q.rank, q.padded, q.start, q.count,
-                           _DTYPES[q.out.dtype], q.out.data_ptr(), q.out.numel() * q.out.element_size())
+                           _DTYPES.get(q.out.dtype, _STORED), q.out.data_ptr(), q.out.numel() * q.out.element_size())
     if group is None:
         for q in reqs:
             read += one(q)
@@ -252,7 +266,9 @@ def load_state_dict(path, tp=1, tp_rank=0, states=("fp32",), dtype=None, params=
     zero rows for the target (Megatron's rule: a multiple of make_vocab_size_divisible_by x tp; or
     ``padded_vocab_size``); replicated parameters come whole. For Megatron sources ``tp`` must divide the
     heads, the query groups and every split dimension. ``dtype`` (default float32) casts on the way;
-    bfloat16 and float16 round to nearest even exactly as torch. ``states`` may include ``"step"``, which
+    bfloat16 and float16 round to nearest even exactly as torch; integer and bool buffers (int64
+    ``num_batches_tracked``, position ids), which the atomic checkpoint keeps as stored, load in their own
+    dtype, as ``module.to(dtype)`` leaves them. ``states`` may include ``"step"``, which
     gives each parameter's step (int, float or 0-dim tensor). ``params`` restricts the names. ``group``: a
     torch.distributed group whose ranks all make this same call: each reads about 1/N of the bytes.
 
@@ -276,13 +292,12 @@ def load_state_dict(path, tp=1, tp_rank=0, states=("fp32",), dtype=None, params=
             out[s] = {}
             for n in names:
                 shape = ck._h.shard_shape(n, s, _lib.LAYOUT_TP, tp, tp_rank, padded_vocab_size)
-                t = torch.empty(shape, dtype=want)
+                t = torch.empty(shape, dtype=_out_dtype(ck, n, want))
                 out[s][n] = t
                 reqs.append(_Req(n, s, _lib.LAYOUT_TP, tp, tp_rank, padded_vocab_size, 0, t.numel(), t))
         _run(ck, reqs, group)
         if dtype is not None and dtype not in _DTYPES:
-            out = {s: {n: (v.to(dtype) if torch.is_tensor(v) and s != STEP else v) for n, v in d.items()}
-                   for s, d in out.items()}
+            out = {s: {n: (_cast(v, dtype) if s != STEP else v) for n, v in d.items()} for s, d in out.items()}
         return out
 
 
@@ -307,12 +322,12 @@ def load_fsdp_chunk(path, rank, world, states=("fp32",), dtype=None, params=None
         for s in states:
             out[s] = {}
             for n in names:
-                t = torch.empty(ck._h.shard_shape(n, s, _lib.LAYOUT_CHUNK, world, rank, 0), dtype=want)
+                t = torch.empty(ck._h.shard_shape(n, s, _lib.LAYOUT_CHUNK, world, rank, 0), dtype=_out_dtype(ck, n, want))
                 out[s][n] = t
                 reqs.append(_Req(n, s, _lib.LAYOUT_CHUNK, world, rank, 0, 0, t.numel(), t))
         _run(ck, reqs, group)
         if dtype is not None and dtype not in _DTYPES:
-            out = {s: {n: v.to(dtype) for n, v in d.items()} for s, d in out.items()}
+            out = {s: {n: _cast(v, dtype) for n, v in d.items()} for s, d in out.items()}
         return out
 
 
