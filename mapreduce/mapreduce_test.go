@@ -11,9 +11,11 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/dtype"
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
+	"github.com/ucp-project/ucp/torchfile"
 	. "github.com/ucp-project/ucp/mapreduce"
 )
 
@@ -271,5 +273,37 @@ func TestCopyFilesSplit(t *testing.T) {
 	_, err = Run(context.Background(), plan, w, Options{Workers: 2})
 	if err == nil || !strings.Contains(err.Error(), victim) || !strings.Contains(err.Error(), "changed") {
 		t.Fatalf("error %v, want one naming %s as changed", err, victim)
+	}
+}
+
+// TestStateDType: trained parameters are float32; frozen parameters and
+// buffers keep the dtype of their fragments, which must agree; an averaged
+// frozen parameter is a computed mean, float32.
+func TestStateDType(t *testing.T) {
+	ref := func(path string, dt dtype.DType) fragment.Fragment {
+		return fragment.Fragment{Len: 1, Src: fragment.TensorRef{Path: path, T: &torchfile.Tensor{DType: dt, Shape: []int64{1}}}}
+	}
+	for _, c := range []struct {
+		name        string
+		frozen, avg bool
+		frags       []fragment.Fragment
+		want        dtype.DType
+		err         string
+	}{
+		{"trained bf16 source", false, false, []fragment.Fragment{ref("a", dtype.BFloat16)}, dtype.Float32, ""},
+		{"int64 buffer", true, false, []fragment.Fragment{ref("a", dtype.Int64), ref("b", dtype.Int64)}, dtype.Int64, ""},
+		{"fp16 frozen", true, false, []fragment.Fragment{ref("a", dtype.Float16)}, dtype.Float16, ""},
+		{"averaged frozen", true, true, []fragment.Fragment{ref("a", dtype.BFloat16), ref("b", dtype.BFloat16)}, dtype.Float32, ""},
+		{"no fragments", true, false, nil, dtype.Float32, ""},
+		{"shards disagree", true, false, []fragment.Fragment{ref("a", dtype.BFloat16), ref("b", dtype.Float16)}, dtype.Invalid,
+			"a stores it as bfloat16 but b as float16"},
+	} {
+		p := &fragment.Param{Name: "w", Shape: []int64{1}, Frozen: c.frozen, Average: c.avg}
+		st := p.AddState(fragment.FP32)
+		st.Frags = c.frags
+		got, err := StateDType(p, st)
+		if got != c.want || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s: %v, %v; want %v, %q", c.name, got, err, c.want, c.err)
+		}
 	}
 }
