@@ -24,6 +24,7 @@ type diffOptions struct {
 	Workers int
 	All     bool
 	Memory  string
+	Vocab   int64
 }
 
 func newDiffCommand() *cobra.Command {
@@ -69,6 +70,7 @@ like convert: memory stays within --memory whatever the checkpoint's size.`,
 	f.IntVar(&opts.Workers, "workers", runtime.NumCPU(), "chunks compared at once")
 	f.BoolVar(&opts.All, "all", false, "list every state, equal ones too")
 	f.StringVar(&opts.Memory, "memory", "", "memory budget of the comparers, like 2GiB (default: a quarter of RAM)")
+	f.Int64Var(&opts.Vocab, "vocab-size", 0, "true vocabulary size of Megatron-LM source folders that do not record it (as for convert)")
 	return cmd
 }
 
@@ -127,7 +129,7 @@ func diffSide(ctx context.Context, path string, opts diffOptions) (*fragment.Tab
 	if opts.From == "" && diff.IsUniversal(path) {
 		return diff.IndexUniversal(ctx, path, opts.Workers)
 	}
-	return formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers})
+	return formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.Vocab})
 }
 
 func printDiff(out io.Writer, ta, tb *fragment.Table, res *diff.Result, opts diffOptions) error {

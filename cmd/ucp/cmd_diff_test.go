@@ -216,3 +216,35 @@ func TestDiffDCP(t *testing.T) {
 		t.Errorf("decoded items left behind: %v", left)
 	}
 }
+
+// TestDiffTorchDistVocab: a torch_dist checkpoint saved without args keeps
+// the padded vocabulary unless --vocab-size names the true one; with it, the
+// source equals its conversion (made with the same --vocab-size).
+func TestDiffTorchDistVocab(t *testing.T) {
+	src := testkit.Fixture("megatron_dist", "core0_19_tp2_pp2_tied_bf16_dprs", "checkpoint")
+	tmp := t.TempDir()
+	atomicDir := filepath.Join(tmp, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", "--workers", "2", "--vocab-size", "50", src, atomicDir); r.code != 0 {
+		t.Fatalf("convert: %s", r.stderr)
+	}
+	subst := []string{atomicDir, "ATOMIC", src, "SRC"}
+	cases := []struct {
+		name   string
+		args   []string
+		code   int
+		golden string
+	}{
+		{"padded vocabulary differs", []string{src, atomicDir}, 1, "diff/torch_dist_padded.golden"},
+		{"true vocabulary equal", []string{"--vocab-size", "50", src, atomicDir}, 0, "diff/torch_dist_vocab.golden"},
+		{"vocabulary cut too far", []string{"--vocab-size", "40", src, atomicDir}, 1, "diff/torch_dist_vocab40.golden"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := ucp(t, nil, append([]string{"diff", "--workers", "2"}, c.args...)...)
+			if r.code != c.code {
+				t.Fatalf("exit %d, want %d\n%s%s", r.code, c.code, r.stdout, r.stderr)
+			}
+			golden(t, c.golden, r.stdout+"--- stderr\n"+r.stderr, subst...)
+		})
+	}
+}

@@ -30,6 +30,7 @@ type inspectOptions struct {
 	Layers  bool
 	All     bool
 	Arrow   string
+	Vocab   int64
 }
 
 func newInspectCommand() *cobra.Command {
@@ -64,6 +65,7 @@ atomic checkpoint written by ucp convert it prints its manifest.
 	f.StringVar(&opts.Filter, "filter", "", "list only the parameters whose name matches this regular expression")
 	f.BoolVar(&opts.Layers, "layers", false, "list one line per layer kind (layer numbers collapsed) instead of every parameter")
 	f.BoolVar(&opts.All, "all", false, "list every parameter, however many")
+	f.Int64Var(&opts.Vocab, "vocab-size", 0, "true vocabulary size of a Megatron-LM folder that does not record it (as for convert)")
 	f.StringVar(&opts.Arrow, "arrow", "", "write the fragment table to this Arrow IPC file and the plan of a one-node convert\n"+
 		"with --workers next to it (NAME.plan.arrow), instead of printing")
 	return cmd
@@ -91,7 +93,7 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 		return inspectAtomic(out, path, opts.JSON)
 	}
 	if st.IsDir() {
-		t, err := formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers})
+		t, err := formats.Index(ctx, path, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.Vocab})
 		if err != nil {
 			return sourceError(path, opts.Tag, err)
 		}

@@ -145,3 +145,18 @@ func TestInspectTorchDistGolden(t *testing.T) {
 	}
 	golden(t, "inspect/torch_dist.golden", r.stdout, src, "SRC")
 }
+
+// ucp inspect --vocab-size of a torch_dist folder saved without args shows
+// the true vocabulary of the embedding (cut from the padded rows), as convert
+// reads it.
+func TestInspectTorchDistVocab(t *testing.T) {
+	src := testkit.Fixture("megatron_dist", "core0_19_tp2_pp2_tied_bf16_dprs", "checkpoint")
+	r := ucp(t, nil, "inspect", "--all", "--vocab-size", "50", src)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	golden(t, "inspect/torch_dist_vocab.golden", r.stdout, src, "SRC")
+	if r := ucp(t, nil, "inspect", "--vocab-size", "65", src); r.code == 0 || !strings.Contains(r.stderr, "65") {
+		t.Errorf("--vocab-size beyond the padded rows: exit %d, %s", r.code, r.stderr)
+	}
+}
