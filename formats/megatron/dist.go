@@ -548,9 +548,19 @@ func (r *distReader) info(p *distParam) fragment.Info {
 // finish builds the parameters in model-key order and the global state.
 func (r *distReader) finish(opType string) error {
 	tied := r.tensor("output_layer.weight") == nil && r.params["embedding.word_embeddings.weight"] != nil
+	local, err := r.localSpec()
+	if err != nil {
+		return err
+	}
+	if local {
+		r.note("args record the local layer spec (transformer_impl 'local'): norms saved under TE names are named input_layernorm/pre_mlp_layernorm, as in the model")
+	}
 	for _, name := range r.order {
 		p := r.params[name]
 		fp := &fragment.Param{Name: name, Shape: r.atomicShape(p), Info: r.info(p)}
+		if local {
+			fp.Name = moduleName(name)
+		}
 		if p.k == kindRep && r.tp > 1 {
 			fp.Info.Replicas = r.tp // every TP rank holds it; Megatron saves one copy
 		}
@@ -629,4 +639,50 @@ func (r *distReader) note(s string) {
 		}
 	}
 	r.table.Notes = append(r.table.Notes, s)
+}
+
+// localSpecNorms maps the TE names under which the local spec's
+// TransformerLayer saves its norms (sharded_state_dict_keys_map) back to
+// the module names, which --ckpt-format torch saves and the legacy reader
+// gives. A local-spec model has no other parameter under these names.
+var localSpecNorms = []struct{ saved, module string }{
+	{".self_attention.linear_qkv.layer_norm_", ".input_layernorm."},
+	{".mlp.linear_fc1.layer_norm_", ".pre_mlp_layernorm."},
+}
+
+// localSpec tells whether args record a GPT model built with the local
+// layer spec: Megatron's model builder (gpt_builders.py, pretrain_gpt.py)
+// takes get_gpt_layer_local_spec (or the local decoder block spec) when
+// there is no --spec, no experimental attention variant and
+// transformer_impl is 'local'. Without args, or with a custom spec, the
+// checkpoint does not say; ok is false then.
+func (r *distReader) localSpec() (local bool, err error) {
+	if r.args == nil {
+		return false, nil
+	}
+	impl, has := r.args.Attr("transformer_impl")
+	if !has {
+		return false, nil
+	}
+	s, ok := pyobj.Str(impl)
+	if !ok {
+		return false, fmt.Errorf("%s: args.transformer_impl is %s, not a string", r.dir, pyobj.Repr(impl))
+	}
+	for _, a := range []string{"spec", "experimental_attention_variant"} {
+		if v, has := r.args.Attr(a); has && v != nil {
+			return false, nil
+		}
+	}
+	return s == "local", nil
+}
+
+// moduleName is the legacy reader's name of an atomic parameter of a
+// local-spec model.
+func moduleName(name string) string {
+	for _, m := range localSpecNorms {
+		if i := strings.Index(name, m.saved); i >= 0 && strings.HasPrefix(name, "decoder.layers.") {
+			return name[:i] + m.module + name[i+len(m.saved):]
+		}
+	}
+	return name
 }

@@ -51,6 +51,10 @@ CASES = {
     "tp2_dp2_bf16_fullrs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True),
     "tp2_pp2_tied_bf16_dprs": dict(tp=2, pp=2, dp=1, dtype="bf16", sharding="dp_reshardable", tied=True, args=False),
     "tp2_pp2_tied_bf16_fullrs": dict(tp=2, pp=2, dp=1, dtype="bf16", sharding="fully_reshardable", tied=True, args=False),
+    # args record transformer_impl='local': truth names are the live module's (no keys map).
+    "tp2_dp2_bf16_fullrs_local": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True, impl=True),
+    # Core <= 0.14 with torch 2.6: optimizer.state.{fp32_param,exp_avg,exp_avg_sq} with flattened_range.
+    "tp2_dp2_bf16_fsms": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_sharded_model_space", tied=False, args=True, impl=True),
     # MoE (SequentialMLP, 4 experts, top-2): experts TP-split at EP 1, whole experts over EP 2.
     "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
     "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
@@ -251,16 +255,18 @@ def build(case, rank, world):
     return cfg, ddp, model, opt
 
 
-def global_name(model, name):
+def global_name(model, name, keys_map=True):
     """The parameter name with the global layer number and the names
-    sharded_state_dict gives it (the layer's sharded_state_dict_keys_map)."""
+    sharded_state_dict gives it (the layer's sharded_state_dict_keys_map);
+    with keys_map=False the live module's own names (what --ckpt-format torch
+    saves), for the cases whose args record the local spec."""
     parts = name.split(".")
     if parts[:2] == ["decoder", "layers"]:
         local = int(parts[2])
         layer = model.decoder.layers[local]
         rest = ".".join(parts[3:])
         for old, new in layer.submodules_config.sharded_state_dict_keys_map.items():
-            if rest.startswith(old):
+            if keys_map and rest.startswith(old):
                 rest = new + rest[len(old):]
         m = re.match(r"mlp\.experts\.local_experts\.(\d+)\.(.*)", rest)
         if m:
@@ -288,14 +294,14 @@ def synthetic_step(ddp, model, opt, step):
     assert ok, "optimizer step skipped"
 
 
-def local_truth(model, opt):
+def local_truth(model, opt, keys_map=True):
     """This rank's pieces: model params (TP-local, full) and the owned flat
     ranges of the optimizer's fp32 state."""
     from megatron.core import parallel_state as ps
 
     out = []
     for name, p in model.named_parameters():
-        entry = dict(name=global_name(model, name), tp=ps.get_tensor_model_parallel_rank(),
+        entry = dict(name=global_name(model, name, keys_map), tp=ps.get_tensor_model_parallel_rank(),
                      dp=ps.get_data_parallel_rank(), pp=ps.get_pipeline_model_parallel_rank(),
                      tp_split=bool(getattr(p, "tensor_model_parallel", False)),
                      dim=getattr(p, "partition_dim", -1), shape=tuple(p.shape), weight=p.detach().float().clone(),
@@ -410,12 +416,16 @@ def worker(rank, world, case_name, out, port):
             untie_embeddings_and_output_weights=not case["tied"], bf16=case["dtype"] == "bf16", fp16=False,
             use_distributed_optimizer=True, ckpt_format="torch_dist",
             num_experts=case.get("experts"), expert_model_parallel_size=case.get("ep", 1))
+        if case.get("impl"):
+            # What the training loop's args say about the layer spec (gpt_builders.py:
+            # no --spec and transformer_impl 'local' builds get_gpt_layer_local_spec).
+            state["args"].transformer_impl, state["args"].spec = "local", None
     if rank == 0:
         os.makedirs(it, exist_ok=True)
     dist.barrier()
     dist_checkpointing.save(state, it)
     pieces = [None] * world
-    dist.all_gather_object(pieces, local_truth(model, opt))
+    dist.all_gather_object(pieces, local_truth(model, opt, not case.get("impl")))
     if rank == 0:
         with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
             f.write(str(STEPS))

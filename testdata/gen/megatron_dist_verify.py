@@ -45,7 +45,7 @@ truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
 bad = 0
 n = 0
 for name, p in model.named_parameters():
-    g = gen.global_name(model, name)
+    g = gen.global_name(model, name, not c.get("impl"))
     if g not in truth["weight"]:
         continue
     w = p.detach().float()
