@@ -26,7 +26,7 @@ type reshardOptions struct {
 func newReshardCommand() *cobra.Command {
 	var opts reshardOptions
 	cmd := &cobra.Command{
-		Use:   "reshard ATOMIC DST --to deepspeed --dp N --zero 1|2|3 [--tp N]",
+		Use:   "reshard ATOMIC DST --to deepspeed --dp N --zero 1|2|3 [--tp N] | --to megatron --tp N --pp N [--vpp N] [--dp N]",
 		Short: "Write an atomic checkpoint as a native checkpoint of another parallelism",
 		Long: `Write the atomic checkpoint in ATOMIC (made by 'ucp convert') as a native
 training checkpoint for a new parallelism, the way the framework itself would
@@ -44,20 +44,34 @@ parameters in the same param groups (the source's, in order) and the optimizer
 the source used. ATOMIC must be converted from a DeepSpeed checkpoint (its
 model states give the module layout and the param groups).
 
+--to megatron writes DST as a Megatron-LM --ckpt-format torch save folder:
+iter_XXXXXXX (the source's iteration) with mp_rank_TT[_PPP]/model_optim_rng.pt
+per tensor x pipeline rank (MCore state dicts in the training dtype, layers
+renumbered per stage and virtual chunk, the vocabulary re-padded to
+make_vocab_size_divisible_by x TP, fused QKV cut per query group, SwiGLU fc1
+as [gate_r; up_r]; the non-distributed optimizer with fp32 main parameters and
+Adam moments; args at the new degrees) and latest_checkpointed_iteration.txt.
+No rng_state is written: resume with --no-load-rng. ATOMIC must be converted
+from a Megatron-LM checkpoint (formats/megatron/RESHARD.md).
+
 Everything is checked before anything is written: a --tp the model cannot
 take, a --dp DeepSpeed cannot save, an unknown stage are errors. DST is
 written as DST.partial and renamed when complete.`,
 		Example: `  ucp reshard out/atomic ckpt/global_step100 --to deepspeed --dp 3 --zero 2
-  ucp reshard --to deepspeed --dp 8 --zero 1 --tp 1 --dtype bfloat16 --bf16-optimizer atomic/ ckpt/step100`,
+  ucp reshard --to deepspeed --dp 8 --zero 1 --tp 1 --dtype bfloat16 --bf16-optimizer atomic/ ckpt/step100
+  ucp reshard out/atomic megatron_ckpt --to megatron --tp 2 --pp 4 --vpp 2 --dp 8`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runReshard(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.To, "to", "", "target format (deepspeed)")
-	f.IntVar(&opts.DP, "dp", 0, "data-parallel size of the target run")
+	f.StringVar(&opts.To, "to", "", "target format (deepspeed, megatron)")
+	f.IntVar(&opts.DP, "dp", 0, "data-parallel size of the target run (megatron: default 1)")
 	f.IntVar(&opts.TP, "tp", 1, "tensor-parallel size of the target run")
+	f.IntVar(&opts.PP, "pp", 1, "pipeline-parallel size of the target run (megatron)")
+	f.IntVar(&opts.VPP, "vpp", 0, "model chunks per pipeline stage, virtual pipeline parallelism (megatron; 0: none)")
+	f.BoolVar(&opts.DistOptimizer, "distributed-optimizer", false, "Megatron distributed optimizer files (distrib_optim.pt)")
 	f.IntVar(&opts.Zero, "zero", -1, "DeepSpeed ZeRO stage (1, 2 or 3)")
 	f.StringVar(&opts.DType, "dtype", "", "training dtype of the target (float32, bfloat16, float16; default: the source's)")
 	f.BoolVar(&opts.BF16Optimizer, "bf16-optimizer", false, "DeepSpeed BF16_Optimizer files (bf16, ZeRO stage 1, fp32 gradient accumulation)")
@@ -76,11 +90,17 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 	if err != nil {
 		return err
 	}
-	if opts.DP <= 0 {
-		return fmt.Errorf("--dp is required: the data-parallel size of the target run")
-	}
-	if opts.Zero < 0 {
-		return fmt.Errorf("--zero is required: the ZeRO stage of the target run")
+	if tg.Name == "megatron" {
+		if opts.DP == 0 {
+			opts.DP = 1
+		}
+	} else {
+		if opts.DP <= 0 {
+			return fmt.Errorf("--dp is required: the data-parallel size of the target run")
+		}
+		if opts.Zero < 0 {
+			return fmt.Errorf("--zero is required: the ZeRO stage of the target run")
+		}
 	}
 	if opts.DType != "" {
 		dt, err := dtype.Parse(opts.DType)
@@ -104,9 +124,14 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 	if opts.Quiet {
 		return nil
 	}
-	fmt.Fprintf(out, "resharded %s -> %s (%s: DP %d, TP %d, ZeRO-%d)\n", src, dst, tg.Name, opts.DP, opts.TP, opts.Zero)
-	fmt.Fprintf(out, "  %d files, %s in %s; %s names tag %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)),
-		filepath.Join(filepath.Dir(filepath.Clean(dst)), "latest"), filepath.Base(filepath.Clean(dst)))
+	if tg.Name == "megatron" {
+		fmt.Fprintf(out, "resharded %s -> %s (%s: TP %d, PP %d, VPP %d, DP %d)\n", src, dst, tg.Name, opts.TP, opts.PP, opts.VPP, opts.DP)
+		fmt.Fprintf(out, "  %d files, %s in %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
+	} else {
+		fmt.Fprintf(out, "resharded %s -> %s (%s: DP %d, TP %d, ZeRO-%d)\n", src, dst, tg.Name, opts.DP, opts.TP, opts.Zero)
+		fmt.Fprintf(out, "  %d files, %s in %s; %s names tag %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)),
+			filepath.Join(filepath.Dir(filepath.Clean(dst)), "latest"), filepath.Base(filepath.Clean(dst)))
+	}
 	for _, n := range st.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}

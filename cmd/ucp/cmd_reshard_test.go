@@ -78,3 +78,41 @@ func TestReshardBadFlags(t *testing.T) {
 		t.Errorf("a failed reshard wrote x")
 	}
 }
+
+// TestReshardMegatronThenInspect: ucp reshard --to megatron writes a save
+// folder that ucp inspect shows as a Megatron checkpoint of the new degrees.
+func TestReshardMegatronThenInspect(t *testing.T) {
+	dir := t.TempDir()
+	atomic := filepath.Join(dir, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("megatron", "pp2_vpp2_distopt", "checkpoint"), atomic); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want fragment.Degrees
+	}{
+		{[]string{"--tp", "2"}, fragment.Degrees{TP: 2, PP: 1, DP: 1, EP: 1}},
+		{[]string{"--pp", "4", "--dp", "2"}, fragment.Degrees{TP: 1, PP: 4, DP: 2, EP: 1}},
+		{[]string{"--tp", "2", "--pp", "2", "--vpp", "2"}, fragment.Degrees{TP: 2, PP: 2, DP: 1, EP: 1, VPP: 2}},
+	} {
+		save := filepath.Join(dir, strings.Join(c.args, ""))
+		r := ucp(t, nil, append([]string{"reshard", atomic, save, "--to", "megatron"}, c.args...)...)
+		if r.code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", c.args, r.code, r.stdout, r.stderr)
+		}
+		r = ucp(t, nil, "inspect", "--json", save)
+		if r.code != 0 {
+			t.Fatal(r.stderr)
+		}
+		var rep checkpointJSON
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Degrees != c.want || len(rep.Params) != 27 {
+			t.Errorf("%v: inspect shows degrees %+v and %d parameters, want %+v and 27", c.args, rep.Degrees, len(rep.Params), c.want)
+		}
+	}
+	if r := ucp(t, nil, "reshard", atomic, filepath.Join(dir, "x"), "--to", "megatron", "--zero", "1"); r.code == 0 || !strings.Contains(r.stderr, "--zero") {
+		t.Errorf("--zero with --to megatron: exit %d, %s", r.code, r.stderr)
+	}
+}
