@@ -309,21 +309,6 @@ func Targets() []Target {
 		hfTarget("hf", "Hugging Face safetensors files (model.safetensors or shards and their index; config.json with --arch)", false),
 		hfTarget("torch", "torch.save files (pytorch_model.bin or shards and their index) that torch.load(weights_only=True) reads", true),
 		{
-			Name: "megatron",
-			Help: "a Megatron-LM --ckpt-format torch save folder (iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt, latest_checkpointed_iteration.txt)",
-			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
-				if o.Zero >= 0 || o.BF16Optimizer || o.DType != dtype.Invalid {
-					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer) and keeps the source's training dtype (--dtype)")
-				}
-				st, err := megatron.Reshard(ctx, r, dst, megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
-					DistOptimizer: o.DistOptimizer, Force: o.Force, NoSync: o.NoSync})
-				if err != nil {
-					return nil, err
-				}
-				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes}, nil
-			},
-		},
-		{
 			Name: "deepspeed",
 			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2/3, BF16_Optimizer) and 'latest' beside it",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
@@ -332,6 +317,21 @@ func Targets() []Target {
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
 					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync})
+				if err != nil {
+					return nil, err
+				}
+				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes}, nil
+			},
+		},
+		{
+			Name: "megatron",
+			Help: "a Megatron-LM --ckpt-format torch save folder (iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt, latest_checkpointed_iteration.txt)",
+			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
+				if o.Zero >= 0 || o.BF16Optimizer || o.DType != dtype.Invalid {
+					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer) and keeps the source's training dtype (--dtype)")
+				}
+				st, err := megatron.Reshard(ctx, r, dst, megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
+					DistOptimizer: o.DistOptimizer, Force: o.Force, NoSync: o.NoSync})
 				if err != nil {
 					return nil, err
 				}

@@ -17,7 +17,7 @@ func TestTargets(t *testing.T) {
 	if got, want := ExportTargets(), []string{"dcp", "hf", "torch"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("export targets %v, want %v", got, want)
 	}
-	if got, want := ReshardTargets(), []string{"deepspeed"}; !reflect.DeepEqual(got, want) {
+	if got, want := ReshardTargets(), []string{"deepspeed", "megatron"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("reshard targets %v, want %v", got, want)
 	}
 	for _, name := range ExportTargets() {
@@ -36,7 +36,7 @@ func TestTargets(t *testing.T) {
 		want   string
 	}{
 		{LookupExport, "deepspeed", `unknown target format "deepspeed" (known: dcp, hf, torch)`},
-		{LookupTarget, "dcp", `unknown target format "dcp" (known: deepspeed)`},
+		{LookupTarget, "dcp", `unknown target format "dcp" (known: deepspeed, megatron)`},
 		{LookupExport, "nope", `unknown target format "nope"`},
 	}
 	for _, tt := range tests {
