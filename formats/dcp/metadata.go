@@ -46,6 +46,9 @@ type Metadata struct {
 	// Fields are the Metadata attributes present, in pickle order;
 	// Unknown are those ucp does not know (kept out of the table).
 	Fields, Unknown []string
+	// Attrs holds the values of the Unknown attributes (Megatron's
+	// mcore_data, all_local_plans) for readers that know them.
+	Attrs map[string]pyobj.Value
 	// Globals counts the module.name references of the pickle.
 	Globals map[string]int
 
@@ -205,6 +208,10 @@ func ParseMetadata(data []byte) (*Metadata, error) {
 		m.Fields = append(m.Fields, name)
 		if !known[name] {
 			m.Unknown = append(m.Unknown, name)
+			if m.Attrs == nil {
+				m.Attrs = map[string]pyobj.Value{}
+			}
+			m.Attrs[name], _ = state.Get(name) // present: name is one of state's keys
 		}
 	}
 	sdm, ok := state.Get("state_dict_metadata")

@@ -113,6 +113,11 @@ func (m *Metadata) Marshal() ([]byte, error) {
 	if m.Version != "" {
 		state.Set("version", m.Version)
 	}
+	for _, name := range m.Unknown {
+		if v, ok := m.Attrs[name]; ok {
+			state.Set(name, v) // read from a pickle: kept (Megatron's mcore_data)
+		}
+	}
 	return pyobj.Marshal(newObject(metaModule, "Metadata", state), nil)
 }
 

@@ -612,6 +612,12 @@ func (r *distReader) finish(opType string) error {
 	extra := pyobj.NewDict(pyobj.PlainDict)
 	for i := 0; i < r.common.Len(); i++ {
 		k, v := r.common.Item(i)
+		if k == "optimizer" {
+			var err error
+			if v, err = r.withoutParamSteps(v); err != nil {
+				return err
+			}
+		}
 		extra.Set(k, v)
 	}
 	for _, v := range r.c.Values {

@@ -108,10 +108,12 @@ func (r *distReader) optimizer() (string, error) {
 	case fully && buckets:
 		return "", fmt.Errorf("%s: both optimizer.state.* and optimizer.distributed.* keys: not one Megatron optimizer format", r.dir)
 	case fully:
+		if typ == "fully_sharded_model_space" {
+			// Core <= 0.14: the same keys (fp32_param for param), each
+			// DP rank's flattened range of the TP-local tensor (§3a).
+			return typ, r.fullyReshardable()
+		}
 		if typ != "" && typ != "fully_reshardable" {
-			if typ == "fully_sharded_model_space" {
-				return "", fmt.Errorf("%s: optimizer state saved as fully_sharded_model_space (flattened per-rank ranges), which ucp does not read yet", r.dir)
-			}
 			return "", fmt.Errorf("%s: optimizer.state.* keys but param_state_sharding_type %q", r.dir, typ)
 		}
 		return "fully_reshardable", r.fullyReshardable()
@@ -177,6 +179,10 @@ func (r *distReader) groupsStep(where string, vs ...pyobj.Value) error {
 // fullyReshardable reads optimizer.state.<state>.<model key>: tensors with
 // the model key's shape and chunks.
 func (r *distReader) fullyReshardable() error {
+	flat, err := r.reformulated()
+	if err != nil {
+		return err
+	}
 	byKey := map[string]*dcp.Tensor{}
 	for _, t := range r.c.Tensors {
 		if _, _, opt := optKey(t.Key); !opt {
@@ -199,7 +205,15 @@ func (r *distReader) fullyReshardable() error {
 				continue
 			}
 			sn := stateName(state)
-			st, err := r.boxState(sn, p, t)
+			var st *fragment.State
+			if orig, ok := flat[t.Key]; ok {
+				st, err = r.flatState(sn, p, t, orig)
+			} else if len(t.Size) == len(p.t.Size)+1 {
+				return fmt.Errorf("%s: %q has shape %v, the flattened form of the model key's %v (flattened_range), but %s has no mcore_data nd_reformulated_orig_global_shape for it",
+					r.dir, t.Key, t.Size, p.t.Size, dcp.MetadataFile)
+			} else {
+				st, err = r.boxState(sn, p, t)
+			}
 			if err != nil {
 				return err
 			}

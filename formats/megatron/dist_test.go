@@ -158,16 +158,7 @@ func TestDistBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testkit.CopyTree(t, distCase(c))
 			tc.damage(t, filepath.Join(dir, "iter_0000002"))
-			_, err := IndexDist(context.Background(), dir, Options{Workers: 1})
-			if err == nil {
-				t.Fatal("no error")
-			}
-			t.Log(err)
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not say %q", err, w)
-				}
-			}
+			wantDistError(t, dir, tc.want...)
 		})
 	}
 }
@@ -222,5 +213,21 @@ func checkDistDegrees(t *testing.T, tbl *fragment.Table, tr *testkit.Truth) {
 	g := tbl.Degrees
 	if g.TP != want["tp"] || (g.PP != 0 && g.PP != want["pp"]) || (g.DP != 0 && g.DP != want["dp"]) {
 		t.Errorf("degrees TP %d PP %d DP %d, the run had TP %d PP %d DP %d", g.TP, g.PP, g.DP, want["tp"], want["pp"], want["dp"])
+	}
+}
+
+// wantDistError indexes the torch_dist folder dir and wants an error that
+// says every string of want.
+func wantDistError(t *testing.T, dir string, want ...string) {
+	t.Helper()
+	_, err := IndexDist(context.Background(), dir, Options{Workers: 1})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	t.Log(err)
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not say %q", err, w)
+		}
 	}
 }
