@@ -26,7 +26,7 @@ type reshardOptions struct {
 func newReshardCommand() *cobra.Command {
 	var opts reshardOptions
 	cmd := &cobra.Command{
-		Use:   "reshard ATOMIC DST --to deepspeed --dp N --zero 1|2|3 [--tp N] | --to megatron --tp N --pp N [--vpp N] [--dp N]",
+		Use:   "reshard ATOMIC DST --to deepspeed --dp N --zero 1|2|3 [--tp N] | --to megatron --tp N --pp N [--vpp N] [--dp N --distributed-optimizer]",
 		Short: "Write an atomic checkpoint as a native checkpoint of another parallelism",
 		Long: `Write the atomic checkpoint in ATOMIC (made by 'ucp convert') as a native
 training checkpoint for a new parallelism, the way the framework itself would
@@ -50,7 +50,9 @@ per tensor x pipeline rank (MCore state dicts in the training dtype, layers
 renumbered per stage and virtual chunk, the vocabulary re-padded to
 make_vocab_size_divisible_by x TP, fused QKV cut per query group, SwiGLU fc1
 as [gate_r; up_r]; the non-distributed optimizer with fp32 main parameters and
-Adam moments; args at the new degrees) and latest_checkpointed_iteration.txt.
+Adam moments, or with --distributed-optimizer the param groups there and
+distrib_optim.pt beside it in Megatron's DDP bucket layout; args at the new
+degrees) and latest_checkpointed_iteration.txt.
 No rng_state is written: resume with --no-load-rng. ATOMIC must be converted
 from a Megatron-LM checkpoint (formats/megatron/RESHARD.md).
 

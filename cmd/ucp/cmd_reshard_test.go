@@ -94,6 +94,7 @@ func TestReshardMegatronThenInspect(t *testing.T) {
 		{[]string{"--tp", "2"}, fragment.Degrees{TP: 2, PP: 1, DP: 1, EP: 1}},
 		{[]string{"--pp", "4", "--dp", "2"}, fragment.Degrees{TP: 1, PP: 4, DP: 2, EP: 1}},
 		{[]string{"--tp", "2", "--pp", "2", "--vpp", "2"}, fragment.Degrees{TP: 2, PP: 2, DP: 1, EP: 1, VPP: 2}},
+		{[]string{"--tp", "2", "--pp", "2", "--dp", "4", "--distributed-optimizer"}, fragment.Degrees{TP: 2, PP: 2, DP: 4, EP: 1, ZeRO: 1}},
 	} {
 		save := filepath.Join(dir, strings.Join(c.args, ""))
 		r := ucp(t, nil, append([]string{"reshard", atomic, save, "--to", "megatron"}, c.args...)...)

@@ -2,9 +2,12 @@ package megatron
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -20,7 +23,8 @@ import (
 // ReshardOptions say which Megatron-LM run the written checkpoint is for.
 type ReshardOptions struct {
 	TP, PP, VPP, DP int
-	// DistOptimizer asks for distrib_optim.pt files (not written yet).
+	// DistOptimizer writes Megatron's distributed optimizer: param groups
+	// in model_optim_rng.pt, states in distrib_optim.pt (F3, core >= 0.13).
 	DistOptimizer bool
 	Force, NoSync bool
 }
@@ -122,8 +126,6 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		return nil, fmt.Errorf("--vpp %d: give 2 or more model chunks per stage, or leave it out", o.VPP)
 	case o.VPP > 0 && o.PP < 2:
 		return nil, fmt.Errorf("--vpp %d needs --pp 2 or more (Megatron interleaves chunks over pipeline stages)", o.VPP)
-	case o.DistOptimizer:
-		return nil, fmt.Errorf("--distributed-optimizer: ucp does not write distrib_optim.pt yet; write without it (Megatron then needs --use-distributed-optimizer off)")
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}}
 	var err error
@@ -329,11 +331,18 @@ func (p *rsPlan) place() error {
 	return nil
 }
 
-// rsFill is one tensor to fill from an atomic state.
+// rsFill is one tensor to fill from atomic states: pieces at increasing
+// element offsets, zeros between them.
 type rsFill struct {
-	blob         *torchfile.Blob
+	blob   *torchfile.Blob
+	pieces []rsPiece
+}
+
+// rsPiece is one parameter's shard of one state, at element at.
+type rsPiece struct {
 	param, state string
 	shard        fragment.Shard
+	at           int64
 }
 
 // write writes every mp_rank folder into dir.
@@ -365,7 +374,7 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
 		sh := p.shards[t][name]
 		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
-		fills = append(fills, rsFill{blob: b, param: name, state: state, shard: sh})
+		fills = append(fills, rsFill{blob: b, pieces: []rsPiece{{param: name, state: state, shard: sh}}})
 		return b
 	}
 	root := pyobj.NewDict(pyobj.PlainDict)
@@ -389,7 +398,13 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 		root.Set(key, md)
 		members = append(members, list...)
 	}
-	opt, err := p.optimizer(members, blob)
+	var opt pyobj.Value
+	var err error
+	if p.o.DistOptimizer {
+		opt, err = p.distGroups(members)
+	} else {
+		opt, err = p.optimizer(members, blob)
+	}
 	if err != nil {
 		return err
 	}
@@ -399,7 +414,147 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 			root.Set(k, v)
 		}
 	}
+	if err := p.writeFile(path, root, fills, st); err != nil {
+		return err
+	}
+	if p.o.DistOptimizer {
+		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
+	}
+	return nil
+}
+
+// groupFlagsOf are the param-group flags of a rank tensor (flagsOf).
+func (p *rsPlan) groupFlagsOf(rp rsParam) groupFlags {
+	e, _ := p.r.Param(rp.src)
+	noWD := strings.HasSuffix(rp.local, ".bias") || len(e.Shape) == 1
+	if p.qkWD && (strings.Contains(rp.local, "q_layernorm.") || strings.Contains(rp.local, "k_layernorm.")) {
+		noWD = false
+	}
+	return groupFlags{noWD: noWD}
+}
+
+// distGroups is DistributedOptimizer.state_dict(): the param groups
+// without 'params' and with the group's step (a float for a torch Adam
+// 0-dim step tensor, as Megatron saves state['step'].item()), and the
+// grad scaler.
+func (p *rsPlan) distGroups(members []rsParam) (pyobj.Value, error) {
+	groups := &pyobj.List{}
+	for g, grp := range p.groups {
+		gd := grp.Clone()
+		gd.Delete("params")
+		for _, rp := range members {
+			if p.groupFlagsOf(rp) != p.flags[g] {
+				continue
+			}
+			v, ok := p.steps[rp.src]
+			if !ok {
+				break
+			}
+			if b, isTensor := v.(*torchfile.Blob); isTensor {
+				f, err := blobScalar(b)
+				if err != nil {
+					return nil, fmt.Errorf("%s: step of %s: %w", p.r.Dir, rp.src, err)
+				}
+				v = f
+			}
+			gd.Set(fragment.StepState, v)
+			break
+		}
+		groups.Items = append(groups.Items, gd)
+	}
+	inner := pyobj.NewDict(pyobj.PlainDict)
+	inner.Set("param_groups", groups)
+	out := pyobj.NewDict(pyobj.PlainDict)
+	out.Set("optimizer", inner)
+	if gs, ok := p.optim.Get("grad_scaler"); ok && p.dt != dtype.Float32 {
+		out.Set("grad_scaler", gs)
+	}
+	return out, nil
+}
+
+// blobScalar is the value of a 0-dim float tensor.
+func blobScalar(b *torchfile.Blob) (float64, error) {
+	if torchfile.Numel(b.Shape) != 1 || !b.DType.IsFloat() || int64(len(b.Data)) != int64(b.DType.Size()) {
+		return 0, fmt.Errorf("a %v%v tensor is not a float scalar", b.DType, b.Shape)
+	}
+	f32 := make([]byte, 4)
+	if b.DType == dtype.Float32 {
+		copy(f32, b.Data)
+	} else if err := dtype.ToFloat32(f32, b.Data, b.DType); err != nil {
+		return 0, err
+	}
+	return float64(math.Float32frombits(binary.LittleEndian.Uint32(f32))), nil
+}
+
+// writeDistrib writes distrib_optim.pt of TP rank t, stage s as DP rank 0
+// saves it (get_parameter_state_dp_zero, core >= 0.7 'buckets_coalesced'):
+// per DDP buffer (model chunk, then dtype) one fp32 tensor per state of
+// numel_unpadded elements, each parameter at its place in Megatron's
+// bucket layout with the bucket-end padding removed, zeros between.
+func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
+	holder := pyobj.NewDict(pyobj.PlainDict)
+	holder.Set("args", p.targetArgs())
+	a, err := parseArgs(path, holder)
+	if err != nil {
+		return err
+	}
+	var total int64
+	for _, list := range p.chunks[s] {
+		for _, rp := range list {
+			total += torchfile.Numel(p.shards[t][rp.src].Shape)
+		}
+	}
+	P := p.o.PP
+	V := len(p.chunks[s])
+	root := pyobj.NewDict(pyobj.PlainDict)
+	root.Set("buckets_coalesced", true)
+	var fills []rsFill
+	for v, list := range p.chunks[s] {
+		lps := make([]layoutParam, len(list))
+		for i, rp := range list {
+			first, last := s == 0 && v == 0, s == P-1 && v == V-1
+			shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
+			lps[i] = layoutParam{numel: torchfile.Numel(p.shards[t][rp.src].Shape), shared: shared}
+		}
+		lay := computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
+		base := make([]int64, len(lay.unpadded)+1)
+		for i, u := range lay.unpadded {
+			base[i+1] = base[i] + u
+		}
+		nu := base[len(lay.unpadded)]
+		world := pyobj.NewDict(pyobj.PlainDict)
+		for _, state := range []string{fragment.FP32, "exp_avg", "exp_avg_sq"} {
+			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{nu}}
+			f := rsFill{blob: b}
+			for i, rp := range list {
+				if !p.hasState(rp.src, state) {
+					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
+				}
+				f.pieces = append(f.pieces, rsPiece{param: rp.src, state: state, shard: p.shards[t][rp.src], at: base[lay.bucket[i]] + lay.start[i]})
+			}
+			sort.Slice(f.pieces, func(i, j int) bool { return f.pieces[i].at < f.pieces[j].at })
+			fills = append(fills, f)
+			key := state
+			if state == fragment.FP32 {
+				key = "param"
+			}
+			world.Set(key, b)
+		}
+		world.Set("numel_unpadded", nu)
+		buf := pyobj.NewDict(pyobj.PlainDict)
+		buf.Set(pyobj.Tuple{pyobj.DType{DType: p.dt}, pyobj.DType{DType: a.gradDType(p.dt)}}, world)
+		root.Set(int64(v), buf)
+	}
 	return p.writeFile(path, root, fills, st)
+}
+
+func (p *rsPlan) hasState(param, state string) bool {
+	for _, s := range p.states[param] {
+		if s == state {
+			return true
+		}
+	}
+	return false
 }
 
 // optimizer builds the non-distributed optimizer state of one rank:
@@ -418,12 +573,7 @@ func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt d
 		var ids []pyobj.Value
 		gm := &pyobj.List{}
 		for _, rp := range members {
-			e, _ := p.r.Param(rp.src)
-			noWD := strings.HasSuffix(rp.local, ".bias") || len(e.Shape) == 1
-			if p.qkWD && (strings.Contains(rp.local, "q_layernorm.") || strings.Contains(rp.local, "k_layernorm.")) {
-				noWD = false
-			}
-			if (groupFlags{noWD: noWD}) != p.flags[g] {
+			if p.groupFlagsOf(rp) != p.flags[g] {
 				continue
 			}
 			used++
@@ -544,23 +694,47 @@ func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []rsFill, st *Re
 }
 
 func (p *rsPlan) fill(w *torchfile.Writer, i int, f rsFill) error {
-	s, err := p.r.OpenState(f.param, f.state)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
 	es := int64(f.blob.DType.Size())
 	total := torchfile.Numel(f.blob.Shape)
 	buf := make([]byte, min(max(total, 1), rsChunk)*es)
-	for at := int64(0); at < total; {
-		n := min(total-at, rsChunk)
-		if _, err := gpuload.ReadLocalAs(s, f.shard, at, n, f.blob.DType, buf[:n*es]); err != nil {
-			return err
+	var at int64
+	zeros := func(upto int64) error {
+		for at < upto {
+			n := min(upto-at, rsChunk)
+			clear(buf[:n*es])
+			if err := w.WriteAt(i, buf[:n*es], at*es); err != nil {
+				return err
+			}
+			at += n
 		}
-		if err := w.WriteAt(i, buf[:n*es], at*es); err != nil {
-			return err
-		}
-		at += n
+		return nil
 	}
-	return nil
+	for _, pc := range f.pieces {
+		n := torchfile.Numel(pc.shard.Shape)
+		if pc.at < at || pc.at+n > total {
+			return fmt.Errorf("%s/%s: piece [%d,%d) outside or overlapping a tensor of %d", pc.param, pc.state, pc.at, pc.at+n, total)
+		}
+		if err := zeros(pc.at); err != nil {
+			return err
+		}
+		s, err := p.r.OpenState(pc.param, pc.state)
+		if err != nil {
+			return err
+		}
+		for done := int64(0); done < n; {
+			k := min(n-done, rsChunk)
+			if _, err := gpuload.ReadLocalAs(s, pc.shard, done, k, f.blob.DType, buf[:k*es]); err != nil {
+				s.Close()
+				return err
+			}
+			if err := w.WriteAt(i, buf[:k*es], at*es); err != nil {
+				s.Close()
+				return err
+			}
+			done += k
+			at += k
+		}
+		s.Close()
+	}
+	return zeros(total)
 }

@@ -25,8 +25,9 @@ func convertFixture(t *testing.T, name string) string {
 // sameAtomicStates fails unless atomic checkpoints a and b hold the same
 // parameters in the same order with bit-identical values of every state
 // (the split metadata beside 'param' may differ with the source's TP) and
-// byte-identical step files.
-func sameAtomicStates(t *testing.T, a, b string) {
+// byte-identical step files, or with stepValue equal steps by value (the
+// distributed optimizer saves a torch Adam step tensor as a float).
+func sameAtomicStates(t *testing.T, a, b string, stepValue bool) {
 	t.Helper()
 	ma, err := atomic.ReadManifest(a)
 	if err != nil {
@@ -58,9 +59,12 @@ func sameAtomicStates(t *testing.T, a, b string) {
 				continue
 			}
 			var va, vb []byte
-			if fa.State == fragment.StepState {
+			switch {
+			case fa.State == fragment.StepState && stepValue:
+				va, vb = []byte(stepString(t, a, pa.Name)), []byte(stepString(t, b, pa.Name))
+			case fa.State == fragment.StepState:
 				va, vb = readBytes(t, filepath.Join(a, fa.Path)), readBytes(t, filepath.Join(b, fb.Path))
-			} else {
+			default:
 				x, sa, err := testkit.ReadAtomic(filepath.Join(a, fa.Path))
 				if err != nil {
 					t.Fatal(err)
@@ -76,6 +80,31 @@ func sameAtomicStates(t *testing.T, a, b string) {
 			}
 		}
 	}
+}
+
+// stepString is a parameter's step as a number.
+func stepString(t *testing.T, dir, param string) string {
+	t.Helper()
+	r, err := atomic.OpenReader(dir, atomic.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, ok, err := r.Step(param)
+	if err != nil || !ok {
+		t.Fatalf("%s: step of %s: %v", dir, param, err)
+	}
+	if b, isTensor := v.(*torchfile.Blob); isTensor {
+		f, err := blobScalar(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v = f
+	}
+	x, ok := pyobj.Float(v)
+	if !ok {
+		t.Fatalf("%s: step of %s is %s", dir, param, pyobj.Repr(v))
+	}
+	return fmt.Sprint(x)
 }
 
 func readBytes(t *testing.T, path string) []byte {
@@ -123,6 +152,15 @@ func TestReshardRoundTrip(t *testing.T) {
 		{"tp2_dp2_distopt", ReshardOptions{TP: 1, PP: 2, DP: 1}, nil},
 		{"tp2_dp2_distopt_f2", ReshardOptions{TP: 2, PP: 1, DP: 3}, nil},
 		{"novocab_tp2", ReshardOptions{TP: 1, PP: 1, DP: 1}, nil},
+		// Distributed optimizer written (distrib_optim.pt beside each model file).
+		{"tp2_dp2_distopt", ReshardOptions{TP: 2, PP: 1, DP: 2, DistOptimizer: true}, nil},
+		{"tp2_dp2_distopt", ReshardOptions{TP: 1, PP: 2, DP: 4, DistOptimizer: true}, nil},
+		{"pp2_vpp2_distopt", ReshardOptions{TP: 1, PP: 4, DP: 2, DistOptimizer: true}, nil},
+		{"pp2_vpp2_distopt", ReshardOptions{TP: 2, PP: 2, VPP: 2, DP: 2, DistOptimizer: true}, nil},
+		{"tp1_pp2", ReshardOptions{TP: 2, PP: 2, DP: 2, DistOptimizer: true}, nil},
+		{"tp4_gqa_qkvbias", ReshardOptions{TP: 1, PP: 1, DP: 8, DistOptimizer: true}, nil},
+		{"tp1_pp4_untied", ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 3, DistOptimizer: true}, nil},
+		{"tp2_gqa_swiglu", ReshardOptions{TP: 1, PP: 2, DP: 2, DistOptimizer: true}, nil},
 		{"same_tp2_pp2", ReshardOptions{TP: 2, PP: 2, DP: 1}, nil},
 	}
 	atomics := map[string]string{} // converted once, in the parent test's temporary folder
@@ -155,10 +193,14 @@ func TestReshardRoundTrip(t *testing.T) {
 			}
 			tbl := index(t, save, Options{})
 			d := tbl.Degrees
-			if d.TP != c.o.TP || d.PP != c.o.PP || d.VPP != c.o.VPP || d.DP != c.o.DP || d.ZeRO != 0 {
+			zero := 0
+			if c.o.DistOptimizer {
+				zero = 1
+			}
+			if d.TP != c.o.TP || d.PP != c.o.PP || d.VPP != c.o.VPP || d.DP != c.o.DP || d.ZeRO != zero {
 				t.Errorf("degrees %+v, want TP %d PP %d VPP %d DP %d", d, c.o.TP, c.o.PP, c.o.VPP, c.o.DP)
 			}
-			sameAtomicStates(t, a, testkit.Convert(t, tbl, 2))
+			sameAtomicStates(t, a, testkit.Convert(t, tbl, 2), c.o.DistOptimizer)
 		})
 	}
 }
@@ -242,7 +284,6 @@ func TestReshardRefused(t *testing.T) {
 		{"tp 0", gqa, ReshardOptions{TP: 0, PP: 1, DP: 1}, "--tp must be at least 1"},
 		{"pp 0", gqa, ReshardOptions{TP: 1, PP: 0, DP: 1}, "--pp must be at least 1"},
 		{"dp 0", gqa, ReshardOptions{TP: 1, PP: 1, DP: 0}, "--dp must be at least 1"},
-		{"distributed optimizer", gqa, ReshardOptions{TP: 1, PP: 1, DP: 2, DistOptimizer: true}, "distrib_optim.pt"},
 		{"experts", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "mixture-of-experts"},
 	}
 	for _, c := range cases {
@@ -261,4 +302,85 @@ func TestReshardRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReshardDistribSame: resharding a distributed-optimizer fixture to its
+// own degrees gives distrib_optim.pt tensors equal to the source's element
+// for element (the DDP bucket layout, shared-embedding buckets and
+// 64-element alignment reproduced), except the vocabulary padding rows:
+// the atomic checkpoint does not keep them, ucp writes zeros there, the
+// fixtures hold values.
+func TestReshardDistribSame(t *testing.T) {
+	for _, c := range []struct {
+		fixture string
+		o       ReshardOptions
+		dirs    []string
+	}{
+		{"tp2_dp2_distopt", ReshardOptions{TP: 2, PP: 1, DP: 2, DistOptimizer: true}, []string{"mp_rank_00", "mp_rank_01"}},
+		{"pp2_vpp2_distopt", ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 2, DistOptimizer: true}, []string{"mp_rank_00_000", "mp_rank_00_001"}},
+	} {
+		t.Run(c.fixture, func(t *testing.T) {
+			save := reshardAtomic(t, convertFixture(t, c.fixture), c.o)
+			for _, d := range c.dirs {
+				src := tensorBytes(t, filepath.Join(testkit.Fixture("megatron", c.fixture, "checkpoint", "iter_0000010", d, distribFile)))
+				got := tensorBytes(t, filepath.Join(save, "iter_0000010", d, distribFile))
+				if len(src) == 0 || len(src) != len(got) {
+					t.Fatalf("%s: %d tensors, the source has %d", d, len(got), len(src))
+				}
+				for i := range src {
+					if len(src[i]) != len(got[i]) {
+						t.Errorf("%s: tensor %d has %d bytes, the source's %d", d, i, len(got[i]), len(src[i]))
+						continue
+					}
+					diff := 0
+					for k := 0; k+4 <= len(src[i]); k += 4 {
+						if !bytes.Equal(src[i][k:k+4], got[i][k:k+4]) {
+							diff++
+							if !bytes.Equal(got[i][k:k+4], make([]byte, 4)) {
+								t.Fatalf("%s: tensor %d element %d differs from the source's and is not padding", d, i, k/4)
+							}
+						}
+					}
+					// At most the padding rows of one vocabulary shard per chunk.
+					if n := len(src[i]) / 4; diff*4 > n {
+						t.Errorf("%s: tensor %d: %d of %d elements differ", d, i, diff, n)
+					}
+				}
+			}
+		})
+	}
+}
+
+// tensorBytes returns the bytes of every tensor of a torch.save file in
+// pickle order.
+func tensorBytes(t *testing.T, path string) [][]byte {
+	t.Helper()
+	f, err := torchfile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out [][]byte
+	var walk func(v pyobj.Value)
+	walk = func(v pyobj.Value) {
+		switch x := v.(type) {
+		case *pyobj.Dict:
+			for i := 0; i < x.Len(); i++ {
+				_, it := x.Item(i)
+				walk(it)
+			}
+		case *pyobj.List:
+			for _, it := range x.Items {
+				walk(it)
+			}
+		case *torchfile.Tensor:
+			b, err := f.ReadTensor(x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, b)
+		}
+	}
+	walk(f.Root)
+	return out
 }
