@@ -56,6 +56,8 @@ CASES = {
     # Core <= 0.14 with torch 2.6: optimizer.state.{fp32_param,exp_avg,exp_avg_sq} with flattened_range.
     "tp2_dp2_bf16_fsms": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_sharded_model_space", tied=False, args=True, impl=True),
     "tp2_dp2_fp32_fsms": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_sharded_model_space", tied=False, args=True, impl=True),
+    # DP 4: DP ranks' ranges split parameters (flattened_range starts inside a block).
+    "tp2_dp4_fp32_fsms": dict(tp=2, pp=1, dp=4, dtype="fp32", sharding="fully_sharded_model_space", tied=False, args=True, impl=True),
     # MoE (SequentialMLP, 4 experts, top-2): experts TP-split at EP 1, whole experts over EP 2.
     "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
     "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
