@@ -6,7 +6,7 @@
 #   scripts/megatron-fixtures.sh MEGATRON_SRC [CASE ...]
 #
 # MEGATRON_SRC is a checkout (or `git archive`) of a Megatron-LM release tag holding the
-# megatron/ package, e.g. core_v0.19.0, core_v0.18.2 or core_v0.15.3. Cases are named
+# megatron/ package, e.g. core_v0.19.0, core_v0.18.2, core_v0.15.3 or core_v0.14.0 (the *_fsms cases). Cases are named
 # core<major>_<minor>_<case>; rerunning replaces those of the same version. Not run by CI.
 set -euo pipefail
 src=${1:?usage: $0 MEGATRON_SRC [CASE ...]}; shift

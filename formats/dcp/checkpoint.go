@@ -27,6 +27,9 @@ type Options struct {
 	// as if the missing leading sizes were 1: Megatron's prepended axes
 	// (layer, expert) seen recorded in the offsets only. Plain DCP refuses it.
 	PadSizes bool
+	// Attrs names Metadata attributes beyond DCP's that the caller reads
+	// (Megatron's mcore_data): not listed in the "not used" note.
+	Attrs []string
 }
 
 // Checkpoint is a DCP folder with its metadata checked and every item
@@ -296,8 +299,14 @@ func Open(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 	if len(names) > 1 {
 		c.Notes = append(c.Notes, fmt.Sprintf("saved without collectives: %d per-rank metadata files merged", len(names)))
 	}
-	if len(c.Meta.Unknown) > 0 {
-		c.Notes = append(c.Notes, fmt.Sprintf("Metadata attributes not used: %v", c.Meta.Unknown))
+	var unused []string
+	for _, a := range c.Meta.Unknown {
+		if !slices.Contains(opt.Attrs, a) {
+			unused = append(unused, a)
+		}
+	}
+	if len(unused) > 0 {
+		c.Notes = append(c.Notes, fmt.Sprintf("Metadata attributes not used: %v", unused))
 	}
 	return c, nil
 }

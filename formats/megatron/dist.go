@@ -85,7 +85,7 @@ func IndexDist(ctx context.Context, path string, opt Options) (*fragment.Table, 
 	if be != DistFormat {
 		return nil, fmt.Errorf("%s: sharded_backend %q, which ucp does not read (only %q)", filepath.Join(dir, dcp.MegatronMetadataFile), be, DistFormat)
 	}
-	c, err := dcp.Open(ctx, dir, dcp.Options{Workers: opt.Workers, PadSizes: true})
+	c, err := dcp.Open(ctx, dir, dcp.Options{Workers: opt.Workers, PadSizes: true, Attrs: []string{"mcore_data"}})
 	if err != nil {
 		return nil, err
 	}

@@ -473,7 +473,13 @@ def main():
     # One process tree per case under a watchdog: on a busy machine a rank can
     # vanish and leave its peers blocked in a collective; retry then.
     failed = []
+    old_core = tuple(map(int, version.split("_"))) <= (0, 14)
     for name in names:
+        if (CASES[name]["sharding"] == "fully_sharded_model_space") != old_core:
+            # flattened_range: from 0.15 on the torch strategy refuses it with
+            # torch >= 2.6; older cores are used only for it.
+            print(f"{name}: skipped on core {version}", flush=True)
+            continue
         if version == "0_15" and CASES[name]["sharding"] == "dp_reshardable":
             # 0.15's dp_reshardable asserts every optimizer state is a flat
             # slice, but torch.optim.Adam (no Apex/TE on CPU) keeps a 0-dim
