@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,6 +54,7 @@ type rsPlan struct {
 	groups  []*pyobj.Dict
 	flags   []groupFlags
 	qkWD    bool
+	te      bool // TransformerEngine spec: core_attention saves _extra_state too
 	shards  []map[string]fragment.Shard // per target TP rank
 	chunks  [][][]rsParam               // [pp][chunk] tensors in state-dict order
 	states  map[string][]string         // parameter -> optimizer tensor states (fp32 first)
@@ -184,6 +186,9 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	p.untie = boolArg("untie_embeddings_and_output_weights")
 	p.qkWD = boolArg("apply_wd_to_qk_layernorm")
+	if impl, ok := p.args.Attr("transformer_impl"); ok {
+		p.te = impl == "transformer_engine"
+	}
 	V := max(o.VPP, 1)
 	if p.layers%(o.PP*V) != 0 {
 		return nil, fmt.Errorf("--pp %d x --vpp %d does not divide the %d layers (args.num_layers); ucp writes even pipeline splits only", o.PP, V, p.layers)
@@ -388,8 +393,23 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 	var members []rsParam // this rank's parameters, chunk then state-dict order
 	for v, list := range p.chunks[s] {
 		md := pyobj.NewDict(pyobj.OrderedDict)
-		for _, rp := range list {
+		// Modules with get_extra_state save '_extra_state' after their own
+		// parameters (TE modules, MCore's parallel linears: None without
+		// FP8); a strict load_state_dict expects the keys.
+		for i, rp := range list {
+			mod := linearModule(rp.local)
+			if p.te && strings.HasSuffix(mod, ".self_attention.linear_proj") && (i == 0 || linearModule(list[i-1].local) != mod) {
+				md.Set(strings.TrimSuffix(mod, "linear_proj")+"core_attention._extra_state", nil)
+			}
 			md.Set(rp.local, blob(rp.src, fragment.FP32, p.dt))
+			if mod != "" && (i+1 == len(list) || linearModule(list[i+1].local) != mod) {
+				md.Set(mod+"._extra_state", nil)
+			}
+		}
+		if s == p.o.PP-1 && v == len(p.chunks[s])-1 {
+			if _, ok := md.Get("output_layer._extra_state"); !ok {
+				md.Set("output_layer._extra_state", nil) // tied output layer without its weight
+			}
 		}
 		key := "model"
 		if p.o.VPP > 0 {
@@ -421,6 +441,18 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
 	}
 	return nil
+}
+
+// reLinear matches the parameters of modules that save '_extra_state'.
+var reLinear = regexp.MustCompile(`^(.*\.(?:linear_qkv|linear_proj|linear_fc1|linear_fc2)|output_layer)\.[^.]+$`)
+
+// linearModule returns the module of a parameter that saves
+// '_extra_state', or "".
+func linearModule(local string) string {
+	if m := reLinear.FindStringSubmatch(local); m != nil {
+		return m[1]
+	}
+	return ""
 }
 
 // groupFlagsOf are the param-group flags of a rank tensor (flagsOf).

@@ -237,8 +237,15 @@ func TestReshardLayout(t *testing.T) {
 	}
 	ov, _ := md.Get("output_layer.weight")
 	out, ok := ov.(*torchfile.Tensor)
-	if !ok || names[len(names)-1] != "output_layer.weight" {
-		t.Fatalf("the last stage has no tied output_layer.weight last: %v", names)
+	if !ok || strings.Join(names[len(names)-2:], " ") != "output_layer.weight output_layer._extra_state" {
+		t.Fatalf("the last stage does not end with the tied output_layer.weight and its _extra_state: %v", names)
+	}
+	// TE spec (tp1_pp1): core_attention and every linear save _extra_state (None).
+	for _, k := range []string{"decoder.layers.0.self_attention.core_attention._extra_state", "decoder.layers.0.self_attention.linear_proj._extra_state",
+		"decoder.layers.0.self_attention.linear_qkv._extra_state", "decoder.layers.0.mlp.linear_fc1._extra_state", "decoder.layers.0.mlp.linear_fc2._extra_state"} {
+		if v, ok := md.Get(k); !ok || v != nil {
+			t.Errorf("%s: %v %v, want None", k, v, ok)
+		}
 	}
 	// tp1_pp1: 100 rows, divisor 128 -> 256 at TP 2, 128 per rank, bf16.
 	if out.Shape[0] != 128 || out.DType.String() != "bfloat16" {
@@ -437,4 +444,69 @@ func TestReshardTorch(t *testing.T) {
 	if n != len(cases) {
 		t.Fatalf("%d of %d cases passed:\n%s", n, len(cases), out)
 	}
+}
+
+// TestReshardSameKeys: written at the source's own degrees, every file has
+// the source's top-level keys (but rng_state) and model keys in the
+// source's order, _extra_state entries included, for the TE and local
+// specs, tied copies, VPP chunks and both optimizers.
+func TestReshardSameKeys(t *testing.T) {
+	for _, c := range []struct {
+		fixture string
+		o       ReshardOptions
+	}{
+		{"tp1_pp1", ReshardOptions{TP: 1, PP: 1, DP: 1}},
+		{"tp2_gqa_swiglu", ReshardOptions{TP: 2, PP: 1, DP: 1}},
+		{"tp1_pp2", ReshardOptions{TP: 1, PP: 2, DP: 1}},
+		{"tp1_pp4_untied", ReshardOptions{TP: 1, PP: 4, DP: 1}},
+		{"pp2_vpp2_distopt", ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 2, DistOptimizer: true}},
+		{"tp2_dp2_distopt", ReshardOptions{TP: 2, PP: 1, DP: 2, DistOptimizer: true}},
+	} {
+		t.Run(c.fixture, func(t *testing.T) {
+			save := reshardAtomic(t, convertFixture(t, c.fixture), c.o)
+			srcIter := testkit.Fixture("megatron", c.fixture, "checkpoint", "iter_0000010")
+			ents, err := os.ReadDir(srcIter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range ents {
+				want := modelKeys(t, filepath.Join(srcIter, e.Name(), modelFile))
+				got := modelKeys(t, filepath.Join(save, "iter_0000010", e.Name(), modelFile))
+				want = strings.ReplaceAll(want, " rng_state", "")
+				if got != want {
+					t.Errorf("%s:\n got %s\nwant %s", e.Name(), got, want)
+				}
+			}
+		})
+	}
+}
+
+// modelKeys lists a model_optim_rng.pt's top-level keys and then every
+// model chunk's keys, in order.
+func modelKeys(t *testing.T, path string) string {
+	t.Helper()
+	f, err := torchfile.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	root, ok := f.Root.(*pyobj.Dict)
+	if !ok {
+		t.Fatalf("%s: not a dict", path)
+	}
+	var out []string
+	for _, k := range root.Keys() {
+		out = append(out, fmt.Sprint(k))
+	}
+	for _, k := range root.Keys() {
+		if ks, _ := k.(string); strings.HasPrefix(ks, "model") {
+			v, _ := root.Get(k)
+			d := v.(*pyobj.Dict)
+			out = append(out, "|", ks+":")
+			for _, mk := range d.Keys() {
+				out = append(out, fmt.Sprint(mk))
+			}
+		}
+	}
+	return strings.Join(out, " ")
 }
