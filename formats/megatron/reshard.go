@@ -54,7 +54,7 @@ type rsPlan struct {
 	groups  []*pyobj.Dict
 	flags   []groupFlags
 	qkWD    bool
-	te      bool // TransformerEngine spec: core_attention saves _extra_state too
+	te      bool                        // TransformerEngine spec: core_attention saves _extra_state too
 	shards  []map[string]fragment.Shard // per target TP rank
 	chunks  [][][]rsParam               // [pp][chunk] tensors in state-dict order
 	states  map[string][]string         // parameter -> optimizer tensor states (fp32 first)
