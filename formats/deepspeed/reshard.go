@@ -648,18 +648,11 @@ func fragmentAddr(numel, start int64) *pyobj.Object {
 		State: pyobj.DictOf("numel", numel, "start", start)}
 }
 
-// fill is a tensor to stream into a file being written: pieces of atomic
-// states placed at element offsets, zeros elsewhere.
-type fill struct {
-	blob   *torchfile.Blob
-	pieces []fillPiece
-}
-
-type fillPiece struct {
-	param, state string
-	shard        fragment.Shard
-	local, n, at int64
-}
+// fill and fillPiece are gpuload's streaming writes.
+type (
+	fill      = gpuload.StateFill
+	fillPiece = gpuload.StatePiece
+)
 
 // writeOptim12 writes the ZeRO-1/2 (or BF16_Optimizer) optimizer file of
 // TP rank t, DP rank r.
@@ -694,13 +687,13 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		for _, pc := range pieces {
 			name := g.names[pc.Param]
 			mp.Set(name, fragmentAddr(pc.N, pc.At))
-			fps = append(fps, fillPiece{param: name, shard: p.shards[t][name], local: pc.Local, n: pc.N, at: pc.At})
+			fps = append(fps, fillPiece{Param: name, Shard: p.shards[t][name], Local: pc.Local, N: pc.N, At: pc.At})
 		}
-		fills = append(fills, fill{blob: fp32, pieces: withState(fps, fragment.FP32)})
+		fills = append(fills, fill{Blob: fp32, Pieces: withState(fps, fragment.FP32)})
 		for _, s := range p.stateNames(g) {
 			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{S}}
 			sd.Set(s, b)
-			fills = append(fills, fill{blob: b, pieces: withState(fps, s)})
+			fills = append(fills, fill{Blob: b, Pieces: withState(fps, s)})
 		}
 		states.Set(int64(gi), sd)
 		pgroups.Items = append(pgroups.Items, paramGroup(g.hyper, int64(gi)))
@@ -740,7 +733,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 func withState(ps []fillPiece, state string) []fillPiece {
 	out := make([]fillPiece, len(ps))
 	for i, x := range ps {
-		x.state = state
+		x.State = state
 		out[i] = x
 	}
 	return out
@@ -752,81 +745,16 @@ func zeroStageEnum(stage int) pyobj.Enum {
 	return pyobj.Enum{Class: &pyobj.Global{Module: "deepspeed.runtime.zero.config", Name: "ZeroStageEnum"}, Name: name, ByName: true}
 }
 
-// chunkElems bounds the elements read from the atomic checkpoint at once.
-const chunkElems = 1 << 20
-
 // writeFile writes root, streaming the fills' tensors (cast to each blob's
 // dtype) and zeros between their pieces; blobs with Data are written as is.
 func (p *plan) writeFile(path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
-	w, err := torchfile.Create(path, root)
+	n, err := gpuload.WriteFile(p.r, path, root, fills)
 	if err != nil {
 		return err
 	}
-	w.NoSync = true // the folder is synced once before it is published
-	index := map[*torchfile.Blob]int{}
-	for i, b := range w.Layout.Blobs {
-		index[b] = i
-	}
-	for _, f := range fills {
-		i, ok := index[f.blob]
-		if !ok {
-			continue // a tensor the pickle does not reference
-		}
-		if err := p.fillBlob(w, i, f); err != nil {
-			w.Abort()
-			return fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	if err := w.Commit(); err != nil {
-		return err
-	}
 	st.Files++
-	st.Bytes += w.Layout.Size()
+	st.Bytes += n
 	return nil
-}
-
-func (p *plan) fillBlob(w *torchfile.Writer, i int, f fill) error {
-	es := int64(f.blob.DType.Size())
-	total := torchfile.Numel(f.blob.Shape)
-	var at int64
-	zeros := func(upto int64) error {
-		for at < upto {
-			n := min(upto-at, chunkElems)
-			if err := w.WriteAt(i, make([]byte, n*es), at*es); err != nil {
-				return err
-			}
-			at += n
-		}
-		return nil
-	}
-	buf := make([]byte, min(total, chunkElems)*es)
-	for _, pc := range f.pieces {
-		if pc.at < at || pc.at+pc.n > total {
-			return fmt.Errorf("%s/%s: piece [%d,%d) outside or overlapping a tensor of %d", pc.param, pc.state, pc.at, pc.at+pc.n, total)
-		}
-		if err := zeros(pc.at); err != nil {
-			return err
-		}
-		s, err := p.r.OpenState(pc.param, pc.state)
-		if err != nil {
-			return err
-		}
-		for done := int64(0); done < pc.n; {
-			n := min(pc.n-done, chunkElems)
-			if _, err := gpuload.ReadLocalAs(s, pc.shard, pc.local+done, n, f.blob.DType, buf[:n*es]); err != nil {
-				s.Close()
-				return err
-			}
-			if err := w.WriteAt(i, buf[:n*es], at*es); err != nil {
-				s.Close()
-				return err
-			}
-			done += n
-			at += n
-		}
-		s.Close()
-	}
-	return zeros(total)
 }
 
 // engineKeys are the keys DeepSpeed v0.14.5's engine writes into a model
@@ -889,7 +817,7 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 			fs.Set(n, pyobj.Size(sh.Shape))
 			b, pieces := p.frozenFragment(e, sh, r)
 			ff.Set(n, b)
-			fills = append(fills, fill{blob: b, pieces: pieces})
+			fills = append(fills, fill{Blob: b, Pieces: pieces})
 		}
 		frozenShapes, frozenFrags = fs, ff
 	}
@@ -1027,7 +955,7 @@ func (p *plan) module(f *torchfile.File, d *pyobj.Dict, prefix string, t, r int,
 					// Partitioned parameters are saved as empty tensors.
 					b.Shape, b.Data = []int64{0}, []byte{}
 				} else {
-					*fills = append(*fills, fill{blob: b, pieces: []fillPiece{{param: canon, state: fragment.FP32, shard: sh, n: torchfile.Numel(sh.Shape)}}})
+					*fills = append(*fills, fill{Blob: b, Pieces: []fillPiece{{Param: canon, State: fragment.FP32, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
 				}
 				lp[canon] = b
 				out.Set(k, b)
@@ -1071,8 +999,8 @@ func (p *plan) frozenFragment(e *atomic.ParamEntry, sh fragment.Shard, r int) (*
 		pn := (n + int64(p.o.DP) - 1) / int64(p.o.DP)
 		valid := max(0, min(pn, n-int64(r)*pn))
 		b := &torchfile.Blob{DType: dt, Shape: []int64{pn}}
-		return b, []fillPiece{{param: e.Name, state: fragment.FP32, shard: sh, local: int64(r) * pn, n: valid}}
+		return b, []fillPiece{{Param: e.Name, State: fragment.FP32, Shard: sh, Local: int64(r) * pn, N: valid}}
 	}
 	b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
-	return b, []fillPiece{{param: e.Name, state: fragment.FP32, shard: sh, n: n}}
+	return b, []fillPiece{{Param: e.Name, State: fragment.FP32, Shard: sh, N: n}}
 }

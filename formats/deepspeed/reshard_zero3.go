@@ -114,7 +114,7 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 		var fps []fillPiece
 		for _, pc := range pieces {
 			n := sg.names[pc.Param]
-			fps = append(fps, fillPiece{param: n, shard: p.shards[t][n], local: pc.Local, n: pc.N, at: pc.At})
+			fps = append(fps, fillPiece{Param: n, Shard: p.shards[t][n], Local: pc.Local, N: pc.N, At: pc.At})
 		}
 		g := p.groups[sg.group]
 		sd := pyobj.NewDict(pyobj.PlainDict)
@@ -124,12 +124,12 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 		for _, k := range p.stateNames(g) {
 			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{size}}
 			sd.Set(k, b)
-			fills = append(fills, fill{blob: b, pieces: withState(fps, k)})
+			fills = append(fills, fill{Blob: b, Pieces: withState(fps, k)})
 		}
 		states.Set(int64(s), sd)
 		flat := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{size}, RequiresGrad: true}
 		flats.Items = append(flats.Items, flat)
-		fills = append(fills, fill{blob: flat, pieces: withState(fps, fragment.FP32)})
+		fills = append(fills, fill{Blob: flat, Pieces: withState(fps, fragment.FP32)})
 		groupSubs[sg.group] = append(groupSubs[sg.group], int64(s))
 	}
 	var pgroups pyobj.List

@@ -336,20 +336,6 @@ func (p *rsPlan) place() error {
 	return nil
 }
 
-// rsFill is one tensor to fill from atomic states: pieces at increasing
-// element offsets, zeros between them.
-type rsFill struct {
-	blob   *torchfile.Blob
-	pieces []rsPiece
-}
-
-// rsPiece is one parameter's shard of one state, at element at.
-type rsPiece struct {
-	param, state string
-	shard        fragment.Shard
-	at           int64
-}
-
 // write writes every mp_rank folder into dir.
 func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error {
 	for s := 0; s < p.o.PP; s++ {
@@ -375,11 +361,11 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 
 // writeRank writes model_optim_rng.pt of TP rank t, pipeline stage s.
 func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
-	var fills []rsFill
+	var fills []gpuload.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
 		sh := p.shards[t][name]
 		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
-		fills = append(fills, rsFill{blob: b, pieces: []rsPiece{{param: name, state: state, shard: sh}}})
+		fills = append(fills, gpuload.StateFill{Blob: b, Pieces: []gpuload.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
 		return b
 	}
 	root := pyobj.NewDict(pyobj.PlainDict)
@@ -540,7 +526,7 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 	V := len(p.chunks[s])
 	root := pyobj.NewDict(pyobj.PlainDict)
 	root.Set("buckets_coalesced", true)
-	var fills []rsFill
+	var fills []gpuload.StateFill
 	for v, list := range p.chunks[s] {
 		lps := make([]layoutParam, len(list))
 		for i, rp := range list {
@@ -557,14 +543,15 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 		world := pyobj.NewDict(pyobj.PlainDict)
 		for _, state := range []string{fragment.FP32, "exp_avg", "exp_avg_sq"} {
 			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{nu}}
-			f := rsFill{blob: b}
+			f := gpuload.StateFill{Blob: b}
 			for i, rp := range list {
 				if !p.hasState(rp.src, state) {
 					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
 				}
-				f.pieces = append(f.pieces, rsPiece{param: rp.src, state: state, shard: p.shards[t][rp.src], at: base[lay.bucket[i]] + lay.start[i]})
+				sh := p.shards[t][rp.src]
+				f.Pieces = append(f.Pieces, gpuload.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
 			}
-			sort.Slice(f.pieces, func(i, j int) bool { return f.pieces[i].at < f.pieces[j].at })
+			sort.Slice(f.Pieces, func(i, j int) bool { return f.Pieces[i].At < f.Pieces[j].At })
 			fills = append(fills, f)
 			key := state
 			if state == fragment.FP32 {
@@ -692,81 +679,14 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 	return &c
 }
 
-// rsChunk bounds the elements read and written at once.
-const rsChunk = 1 << 20
-
 // writeFile writes one torch.save file, streaming each tensor from its
-// atomic state in chunks.
-func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []rsFill, st *ReshardStats) error {
-	w, err := torchfile.Create(path, root)
+// atomic states.
+func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []gpuload.StateFill, st *ReshardStats) error {
+	n, err := gpuload.WriteFile(p.r, path, root, fills)
 	if err != nil {
 		return err
 	}
-	w.NoSync = true // the folder is synced once before it is published
-	index := map[*torchfile.Blob]int{}
-	for i, b := range w.Layout.Blobs {
-		index[b] = i
-	}
-	for _, f := range fills {
-		i, ok := index[f.blob]
-		if !ok {
-			continue
-		}
-		if err := p.fill(w, i, f); err != nil {
-			w.Abort()
-			return fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	if err := w.Commit(); err != nil {
-		return err
-	}
 	st.Files++
-	st.Bytes += w.Layout.Size()
+	st.Bytes += n
 	return nil
-}
-
-func (p *rsPlan) fill(w *torchfile.Writer, i int, f rsFill) error {
-	es := int64(f.blob.DType.Size())
-	total := torchfile.Numel(f.blob.Shape)
-	buf := make([]byte, min(max(total, 1), rsChunk)*es)
-	var at int64
-	zeros := func(upto int64) error {
-		for at < upto {
-			n := min(upto-at, rsChunk)
-			clear(buf[:n*es])
-			if err := w.WriteAt(i, buf[:n*es], at*es); err != nil {
-				return err
-			}
-			at += n
-		}
-		return nil
-	}
-	for _, pc := range f.pieces {
-		n := torchfile.Numel(pc.shard.Shape)
-		if pc.at < at || pc.at+n > total {
-			return fmt.Errorf("%s/%s: piece [%d,%d) outside or overlapping a tensor of %d", pc.param, pc.state, pc.at, pc.at+n, total)
-		}
-		if err := zeros(pc.at); err != nil {
-			return err
-		}
-		s, err := p.r.OpenState(pc.param, pc.state)
-		if err != nil {
-			return err
-		}
-		for done := int64(0); done < n; {
-			k := min(n-done, rsChunk)
-			if _, err := gpuload.ReadLocalAs(s, pc.shard, done, k, f.blob.DType, buf[:k*es]); err != nil {
-				s.Close()
-				return err
-			}
-			if err := w.WriteAt(i, buf[:k*es], at*es); err != nil {
-				s.Close()
-				return err
-			}
-			done += k
-			at += k
-		}
-		s.Close()
-	}
-	return zeros(total)
 }
