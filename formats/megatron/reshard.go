@@ -83,8 +83,11 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 		return nil, err
 	}
 	iterDir := filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter))
-	if _, err := os.Stat(iterDir); err == nil && !o.Force {
-		return nil, fmt.Errorf("%s exists; use --force to replace it", iterDir)
+	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
+		// Another checkpoint's tracker would be repointed: also only with --force.
+		if _, err := os.Stat(x); err == nil && !o.Force {
+			return nil, fmt.Errorf("%s exists; use --force to replace it", x)
+		}
 	}
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return nil, err

@@ -293,6 +293,7 @@ func TestReshardRefused(t *testing.T) {
 		{"pp 0", gqa, ReshardOptions{TP: 1, PP: 0, DP: 1}, "--pp must be at least 1"},
 		{"dp 0", gqa, ReshardOptions{TP: 1, PP: 1, DP: 0}, "--dp must be at least 1"},
 		{"experts", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "mixture-of-experts"},
+		{"existing save folder", gqa, ReshardOptions{TP: 1, PP: 1, DP: 1}, "use --force"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -301,6 +302,22 @@ func TestReshardRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			dst := filepath.Join(t.TempDir(), "save")
+			if c.name == "existing save folder" {
+				if err := os.MkdirAll(dst, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dst, trackerFile), []byte("7"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				_, err = Reshard(context.Background(), r, dst, c.o)
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("error %v, want one saying %q", err, c.want)
+				}
+				if b := readBytes(t, filepath.Join(dst, trackerFile)); string(b) != "7" {
+					t.Errorf("the existing tracker now says %q", b)
+				}
+				return
+			}
 			_, err = Reshard(context.Background(), r, dst, c.o)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want one saying %q", err, c.want)
