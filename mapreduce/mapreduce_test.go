@@ -15,8 +15,8 @@ import (
 	"github.com/ucp-project/ucp/formats/deepspeed"
 	"github.com/ucp-project/ucp/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
-	"github.com/ucp-project/ucp/torchfile"
 	. "github.com/ucp-project/ucp/mapreduce"
+	"github.com/ucp-project/ucp/torchfile"
 )
 
 // synthetic builds a table of bf16 parameters of the given sizes.
