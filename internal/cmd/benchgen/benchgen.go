@@ -156,9 +156,10 @@ func Generate(dir string, c Config) error {
 	return os.WriteFile(filepath.Join(dir, "latest"), []byte(tag), 0o644)
 }
 
-func dsConfig() *pyobj.Dict {
+// dsConfig is the ds_config of a bf16 run at the given ZeRO stage.
+func dsConfig(stage int64) *pyobj.Dict {
 	return pyobj.DictOf("train_micro_batch_size_per_gpu", int64(4), "bf16", pyobj.DictOf("enabled", true),
-		"zero_optimization", pyobj.DictOf("stage", int64(2)))
+		"zero_optimization", pyobj.DictOf("stage", stage))
 }
 
 func (c Config) writeModelStates(td string, ps []param, t int) error {
@@ -178,7 +179,7 @@ func (c Config) writeModelStates(td string, ps []param, t int) error {
 		"lr_scheduler", pyobj.DictOf("last_batch_iteration", int64(99)), "data_sampler", nil, "random_ltd", nil,
 		"sparse_tensor_module_names", &pyobj.Set{}, "skipped_steps", int64(0), "global_steps", int64(100),
 		"global_samples", int64(100*4*c.DP), "dp_world_size", int64(c.DP), "mp_world_size", int64(c.TP),
-		"ds_config", dsConfig(), "ds_version", "0.14.5", "universal_checkpoint_info", c.uci(), "iteration", int64(100))
+		"ds_config", dsConfig(2), "ds_version", "0.14.5", "universal_checkpoint_info", c.uci(), "iteration", int64(100))
 	w, err := torchfile.Create(filepath.Join(td, fmt.Sprintf("mp_rank_%02d_model_states.pt", t)), root)
 	if err != nil {
 		return err
@@ -226,7 +227,7 @@ func (c Config) writeOptim(td string, ps []param, t, dp int, total, S int64) err
 		"partition_count", &pyobj.List{Items: []pyobj.Value{int64(c.DP)}},
 		"ds_version", "0.14.5",
 		"param_slice_mappings", &pyobj.List{Items: []pyobj.Value{mappings}})
-	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", dsConfig(), "ds_version", "0.14.5")
+	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", dsConfig(2), "ds_version", "0.14.5")
 	w, err := torchfile.Create(filepath.Join(td, fmt.Sprintf("bf16_zero_pp_rank_%d_mp_rank_%02d_optim_states.pt", dp, t)), root)
 	if err != nil {
 		return err

@@ -41,11 +41,6 @@ func generateZero3(dir string, c Config) error {
 	return os.WriteFile(filepath.Join(dir, "latest"), []byte(tag), 0o644)
 }
 
-func zero3Config() *pyobj.Dict {
-	return pyobj.DictOf("train_micro_batch_size_per_gpu", int64(4), "bf16", pyobj.DictOf("enabled", true),
-		"zero_optimization", pyobj.DictOf("stage", int64(3)))
-}
-
 func (c Config) writeZero3Model(td string, ps []param, dp int) error {
 	module := pyobj.NewDict(pyobj.OrderedDict)
 	shapes := pyobj.NewDict(pyobj.OrderedDict)
@@ -61,7 +56,7 @@ func (c Config) writeZero3Model(td string, ps []param, dp int) error {
 		"lr_scheduler", pyobj.DictOf("last_batch_iteration", int64(99)), "data_sampler", nil, "random_ltd", nil,
 		"sparse_tensor_module_names", &pyobj.Set{}, "skipped_steps", int64(0), "global_steps", int64(100),
 		"global_samples", int64(100*4*c.DP), "dp_world_size", int64(c.DP), "mp_world_size", int64(1),
-		"ds_config", zero3Config(), "ds_version", "0.14.5")
+		"ds_config", dsConfig(3), "ds_version", "0.14.5")
 	return torchfile.Save(filepath.Join(td, fmt.Sprintf("zero_pp_rank_%d_mp_rank_00_model_states.pt", dp)), root)
 }
 
@@ -93,7 +88,7 @@ func (c Config) writeZero3Optim(td string, ps []param, dp int) error {
 			"state", pyobj.DictOf(int64(0), pyobj.DictOf("step", step, "exp_avg", expAvg, "exp_avg_sq", expAvgSq)),
 			"param_groups", &pyobj.List{Items: []pyobj.Value{group}}),
 		"fp32_flat_groups", &pyobj.List{Items: []pyobj.Value{fp32}})
-	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", zero3Config(), "ds_version", "0.14.5")
+	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", dsConfig(3), "ds_version", "0.14.5")
 	w, err := torchfile.Create(filepath.Join(td, fmt.Sprintf("bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt", dp)), root)
 	if err != nil {
 		return err
