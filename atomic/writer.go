@@ -422,8 +422,8 @@ func (w *Writer) Finalize(complete func(*Records) (*Manifest, error)) (*Manifest
 
 // OldSuffix names the old DST while --force replaces it: DST is renamed
 // to DST.ucp-old, DST.partial to DST, and only then DST.ucp-old removed,
-// so a folder named DST is always a complete checkpoint.
-const OldSuffix = ".ucp-old"
+// so a folder named DST is always a complete checkpoint (fsutil.ReplaceDir).
+const OldSuffix = fsutil.OldSuffix
 
 // commit writes the manifest last and renames DST.partial to DST.
 func (w *Writer) commit(m *Manifest) error {
@@ -450,28 +450,12 @@ func (w *Writer) commit(m *Manifest) error {
 	if err := w.syncDir(w.tmp); err != nil {
 		return err
 	}
-	old := w.Dst + OldSuffix
-	replaced := false
-	if w.opt.Force {
-		if _, err := os.Lstat(w.Dst); err == nil {
-			// A DST.ucp-old left by a run killed here was already replaced.
-			if err := os.RemoveAll(old); err != nil {
-				return err
-			}
-			if err := os.Rename(w.Dst, old); err != nil {
-				return err
-			}
-			replaced = true
-		}
-	}
-	if err := os.Rename(w.tmp, w.Dst); err != nil {
-		if replaced {
-			os.Rename(old, w.Dst) // put the old checkpoint back
-		}
+	old, err := fsutil.ReplaceDir(w.tmp, w.Dst, w.opt.Force)
+	if err != nil {
 		return err
 	}
 	w.phase("renamed")
-	if replaced {
+	if old != "" {
 		if err := os.RemoveAll(old); err != nil {
 			w.Warnings = append(w.Warnings, fmt.Sprintf("%s is complete, but the checkpoint it replaced is left in %s: %v", w.Dst, old, err))
 		}

@@ -115,46 +115,37 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 	if err != nil {
 		return nil, err
 	}
-	tmp := dst + atomic.PartialSuffix
-	if err := os.RemoveAll(tmp); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return nil, err
-	}
-	fail := func(err error) (*ExportStats, error) {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(opt.Workers)
 	sizes := make([]int64, opt.Shards)
-	for rank := 0; rank < opt.Shards; rank++ {
-		g.Go(func() error {
-			n, err := writeRank(gctx, r, tmp, rank, keys, opt)
-			sizes[rank] = n
+	var pkl []byte
+	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, opt.Force, opt.NoSync, func(tmp string) error {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(opt.Workers)
+		for rank := 0; rank < opt.Shards; rank++ {
+			g.Go(func() error {
+				n, err := writeRank(gctx, r, tmp, rank, keys, opt)
+				sizes[rank] = n
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
 			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return fail(err)
-	}
-	md := exportMetadata(keys, opt, dst)
-	pkl, err := md.Marshal()
-	if err != nil {
-		return fail(err)
-	}
-	// .metadata marks a complete save: written last, through a temporary
-	// name, after the data files are on disk.
-	if err := fsutil.WriteFileAtomic(filepath.Join(tmp, MetadataFile), pkl, opt.NoSync); err != nil {
-		return fail(err)
-	}
-	// Read back what was written before publishing it.
-	if _, err := Open(ctx, tmp, Options{Workers: opt.Workers}); err != nil {
-		return fail(fmt.Errorf("the written checkpoint does not read back: %w", err))
-	}
-	if err := fsutil.PublishDir(tmp, dst, opt.Force, opt.NoSync); err != nil {
-		return fail(err)
+		}
+		var err error
+		if pkl, err = exportMetadata(keys, opt, dst).Marshal(); err != nil {
+			return err
+		}
+		// .metadata marks a complete save: written last, through a temporary
+		// name, after the data files are on disk.
+		if err := fsutil.WriteFileAtomic(filepath.Join(tmp, MetadataFile), pkl, opt.NoSync); err != nil {
+			return err
+		}
+		// Read back what was written before publishing it.
+		if _, err := Open(ctx, tmp, Options{Workers: opt.Workers}); err != nil {
+			return fmt.Errorf("the written checkpoint does not read back: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
 	stats.Files = opt.Shards
 	stats.Bytes = int64(len(pkl))

@@ -63,20 +63,10 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return nil, err
 	}
-	tmp := dst + atomic.PartialSuffix
-	if err := os.RemoveAll(tmp); err != nil {
-		return nil, err
-	}
-	if err := os.Mkdir(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	st := &ReshardStats{Notes: p.notes}
-	if err := p.write(ctx, tmp, st); err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	if err := fsutil.PublishDir(tmp, dst, o.Force, o.NoSync); err != nil {
-		os.RemoveAll(tmp)
+	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
+		return p.write(ctx, tmp, st)
+	}); err != nil {
 		return nil, err
 	}
 	latest := filepath.Join(filepath.Dir(dst), "latest")

@@ -144,28 +144,18 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt Options) (*St
 		}
 		opt.Progress(total, 0, 0)
 	}
-	tmp := dst + atomic.PartialSuffix
-	if err := os.RemoveAll(tmp); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return nil, err
-	}
-	fail := func(err error) (*Stats, error) {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	files, err := writeShards(ctx, r, tmp, shards, opt)
-	if err != nil {
-		return fail(err)
-	}
-	if config != nil {
-		if err := fsutil.WriteFileAtomic(filepath.Join(tmp, ConfigName), config, opt.NoSync); err != nil {
-			return fail(err)
+	var files []string
+	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, opt.Force, opt.NoSync, func(tmp string) error {
+		var err error
+		if files, err = writeShards(ctx, r, tmp, shards, opt); err != nil {
+			return err
 		}
-	}
-	if err := fsutil.PublishDir(tmp, dst, opt.Force, opt.NoSync); err != nil {
-		return fail(err)
+		if config != nil {
+			return fsutil.WriteFileAtomic(filepath.Join(tmp, ConfigName), config, opt.NoSync)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
 	st.Files = len(shards)
 	for _, t := range tensors {

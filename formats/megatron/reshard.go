@@ -92,20 +92,10 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return nil, err
 	}
-	tmp := iterDir + atomic.PartialSuffix
-	if err := os.RemoveAll(tmp); err != nil {
-		return nil, err
-	}
-	if err := os.Mkdir(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
-	if err := p.write(ctx, tmp, st); err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	if err := fsutil.PublishDir(tmp, iterDir, o.Force, o.NoSync); err != nil {
-		os.RemoveAll(tmp)
+	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
+		return p.write(ctx, tmp, st)
+	}); err != nil {
 		return nil, err
 	}
 	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(strconv.FormatInt(p.iter, 10)), o.NoSync); err != nil {

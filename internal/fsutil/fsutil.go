@@ -65,26 +65,81 @@ func OpenReaderAt[T any](path string, read func(r io.ReaderAt, size int64, name 
 	return v, f, nil
 }
 
+// OldSuffix names the old dst while ReplaceDir replaces it: dst is renamed
+// aside, the new folder renamed into place, and only then is the old one
+// deleted, so a folder named dst is always complete, even after a kill.
+const OldSuffix = ".ucp-old"
+
+// ReplaceDir renames the complete folder tmp to dst. With replace, an
+// existing dst is first renamed to dst+OldSuffix (put back if the second
+// rename fails); the caller deletes the returned old path ("" when nothing
+// was replaced) once dst is in place.
+func ReplaceDir(tmp, dst string, replace bool) (old string, err error) {
+	if replace {
+		if _, err := os.Lstat(dst); err == nil {
+			old = dst + OldSuffix
+			// A dst.ucp-old left by a run killed here was already replaced.
+			if err := os.RemoveAll(old); err != nil {
+				return "", err
+			}
+			if err := os.Rename(dst, old); err != nil {
+				return "", err
+			}
+		}
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		if old != "" {
+			os.Rename(old, dst) // put the old folder back
+		}
+		return "", err
+	}
+	return old, nil
+}
+
 // PublishDir makes the complete folder tmp appear as dst: tmp is synced,
-// dst removed first when replace is set, tmp renamed, and the parent
-// synced. On an error before the rename, tmp is left for the caller to
-// remove.
+// renamed into place by ReplaceDir (an existing dst only with replace), the
+// parent synced, and the replaced folder deleted. On an error before the
+// rename, tmp is left for the caller to remove.
 func PublishDir(tmp, dst string, replace, noSync bool) error {
 	if !noSync {
 		if err := SyncDir(tmp); err != nil {
 			return err
 		}
 	}
-	if replace {
-		if err := os.RemoveAll(dst); err != nil {
-			return err
-		}
-	}
-	if err := os.Rename(tmp, dst); err != nil {
+	old, err := ReplaceDir(tmp, dst, replace)
+	if err != nil {
 		return err
 	}
 	if !noSync {
-		return SyncDir(filepath.Dir(dst))
+		if err := SyncDir(filepath.Dir(dst)); err != nil {
+			return err
+		}
+	}
+	if old != "" {
+		if err := os.RemoveAll(old); err != nil {
+			return fmt.Errorf("%s is complete, but the folder it replaced is left in %s: %w", dst, old, err)
+		}
+	}
+	return nil
+}
+
+// WriteDir builds the folder dst in tmp: tmp is emptied and created, fill
+// writes into it, and PublishDir puts it in place. On any error tmp is
+// removed and dst is as it was.
+func WriteDir(tmp, dst string, replace, noSync bool, fill func(tmp string) error) error {
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return err
+	}
+	if err := fill(tmp); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := PublishDir(tmp, dst, replace, noSync); err != nil {
+		os.RemoveAll(tmp)
+		return err
 	}
 	return nil
 }
