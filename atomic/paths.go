@@ -29,7 +29,9 @@ func CheckPaths(dst string, paths []string) error {
 		return err
 	}
 	nameMax, pathMax := limits(fsutil.Existing(base))
-	fold := foldsCase(fsutil.Existing(base))
+	// The probe goes beside DST.partial, never into it: a DST.partial that
+	// exists may be another live run's, which would publish the probe file.
+	fold := foldsCase(fsutil.Existing(filepath.Dir(base)))
 	if n := len(filepath.Base(dst)) + len(PartialSuffix); n > nameMax {
 		return fmt.Errorf("%s: the destination's name is too long for its file system (%d bytes with %s, at most %d)", dst, n, PartialSuffix, nameMax)
 	}
