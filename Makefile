@@ -53,7 +53,7 @@ cross:
 python:
 	$(GO) build -buildmode=c-shared -o python/ucp/libucp.so ./capi
 
-# Compiles and vets gpuload's NCCL path (-tags cuda) against CUDA 11.8 and NCCL headers and libraries
+# Compiles and vets internal/load's NCCL path (-tags cuda) against CUDA 11.8 and NCCL headers and libraries
 # unpacked from Debian packages into /var/cache/ucp/cuda (no GPU or driver needed).
 cuda-check:
 	GO=$(GO) ./scripts/cuda-check.sh
@@ -101,7 +101,7 @@ killtest:
 bench: build
 	./scripts/bench.sh
 
-FUZZ_TARGETS := ./pyobj:FuzzUnpickle ./torchfile:FuzzRead ./safetensors:FuzzRead ./formats/dcp:FuzzMetadata
+FUZZ_TARGETS := ./internal/pyobj:FuzzUnpickle ./internal/torchfile:FuzzRead ./internal/safetensors:FuzzRead ./internal/formats/dcp:FuzzMetadata
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \

@@ -1,6 +1,6 @@
 // Command capi is ucp's C ABI: built with -buildmode=c-shared into
 // python/ucp/libucp.so (make python), it exports the resume-time loader of
-// package gpuload to C callers such as the Python package's ctypes layer.
+// package load to C callers such as the Python package's ctypes layer.
 //
 // Conventions, for every export:
 //   - plain C types only; a checkpoint is an opaque integer handle (a
@@ -28,10 +28,10 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/gpuload"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/load"
 )
 
 func main() {} // required by -buildmode=c-shared; never runs
@@ -39,9 +39,9 @@ func main() {} // required by -buildmode=c-shared; never runs
 // ckpt is what a handle refers to: an opened atomic checkpoint.
 type ckpt struct {
 	r     *atomic.Reader
-	model gpuload.Model
+	model load.Model
 	mu    sync.Mutex
-	metas map[string]gpuload.Meta // state file path -> its meta keys
+	metas map[string]load.Meta // state file path -> its meta keys
 }
 
 // Layouts of ucp_shard and ucp_read.
@@ -100,11 +100,11 @@ func ucp_open(path *C.char, verify C.int, handle *C.uintptr_t) (msg *C.char) {
 	if err != nil {
 		return cerr(fmt.Errorf("%s is not an atomic checkpoint (convert it with `ucp convert` first): %w", dir, err))
 	}
-	m, err := gpuload.ReadModel(r)
+	m, err := load.ReadModel(r)
 	if err != nil {
 		return cerr(err)
 	}
-	*handle = C.uintptr_t(cgo.NewHandle(&ckpt{r: r, model: m, metas: map[string]gpuload.Meta{}}))
+	*handle = C.uintptr_t(cgo.NewHandle(&ckpt{r: r, model: m, metas: map[string]load.Meta{}}))
 	return nil
 }
 
@@ -122,7 +122,7 @@ func ucp_close(h C.uintptr_t) (msg *C.char) {
 type info struct {
 	Dir      string           `json:"dir"`
 	Manifest *atomic.Manifest `json:"manifest"`
-	Model    gpuload.Model    `json:"model"`
+	Model    load.Model       `json:"model"`
 }
 
 //export ucp_info
@@ -141,10 +141,10 @@ func ucp_info(h C.uintptr_t, out **C.char) (msg *C.char) {
 }
 
 // meta reads (once) the meta keys of a parameter's state file.
-func (c *ckpt) meta(param, state string) (gpuload.Meta, *atomic.ParamEntry, error) {
+func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) {
 	p, ok := c.r.Param(param)
 	if !ok {
-		return gpuload.Meta{}, nil, fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, param)
+		return load.Meta{}, nil, fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, param)
 	}
 	var path string
 	var have []string
@@ -157,7 +157,7 @@ func (c *ckpt) meta(param, state string) (gpuload.Meta, *atomic.ParamEntry, erro
 		}
 	}
 	if path == "" || state == fragment.StepState {
-		return gpuload.Meta{}, nil, fmt.Errorf("%s: parameter %s has no state %q (it has %v)", c.r.Dir, param, state, have)
+		return load.Meta{}, nil, fmt.Errorf("%s: parameter %s has no state %q (it has %v)", c.r.Dir, param, state, have)
 	}
 	c.mu.Lock()
 	m, ok := c.metas[path]
@@ -165,7 +165,7 @@ func (c *ckpt) meta(param, state string) (gpuload.Meta, *atomic.ParamEntry, erro
 	if ok {
 		return m, p, nil
 	}
-	m, err := gpuload.ReadMeta(path)
+	m, err := load.ReadMeta(path)
 	if err != nil {
 		return m, nil, err
 	}
@@ -188,7 +188,7 @@ func (c *ckpt) shard(param, state string, layout, n, rank int, paddedVocab int64
 		if n < 1 || rank < 0 || rank >= n {
 			return fragment.Shard{}, fmt.Errorf("%s: rank %d of %d", param, rank, n)
 		}
-		return gpuload.DimChunk(p.Shape, rank, n)
+		return load.DimChunk(p.Shape, rank, n)
 	}
 	return fragment.Shard{}, fmt.Errorf("unknown layout %d", layout)
 }
@@ -256,7 +256,7 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, padded
 		*bytesRead = 0
 		return nil
 	}
-	got, err := gpuload.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
+	got, err := load.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
 	*bytesRead = C.int64_t(got)
 	return cerr(err)
 }
@@ -288,14 +288,14 @@ func ucp_zero_pieces(stage, dp, rank C.int, numels *C.int64_t, count C.int, out 
 	if count > 0 {
 		copy(ns, unsafe.Slice((*int64)(unsafe.Pointer(numels)), int(count)))
 	}
-	var ps []gpuload.Piece
+	var ps []load.Piece
 	var size int64
 	var err error
 	switch stage {
 	case 1, 2:
-		ps, size, err = gpuload.Zero12Pieces(ns, int(dp), int(rank))
+		ps, size, err = load.Zero12Pieces(ns, int(dp), int(rank))
 	case 3:
-		ps, size, err = gpuload.Zero3Pieces(ns, int(dp), int(rank))
+		ps, size, err = load.Zero3Pieces(ns, int(dp), int(rank))
 	default:
 		err = fmt.Errorf("ZeRO stage %d (1, 2 or 3)", int(stage))
 	}
@@ -325,7 +325,7 @@ func ucp_balance(weights *C.int64_t, count, n C.int, owners *C.int) (msg *C.char
 	}
 	w := unsafe.Slice((*int64)(unsafe.Pointer(weights)), int(count))
 	o := unsafe.Slice((*C.int)(unsafe.Pointer(owners)), int(count))
-	for i, k := range gpuload.Balance(w, int(n)) {
+	for i, k := range load.Balance(w, int(n)) {
 		o[i] = C.int(k)
 	}
 	return nil

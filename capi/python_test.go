@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/formats/deepspeed"
-	"github.com/ucp-project/ucp/formats/megatron"
-	"github.com/ucp-project/ucp/formats/zero3"
+	"github.com/ucp-project/ucp/internal/formats/deepspeed"
+	"github.com/ucp-project/ucp/internal/formats/megatron"
+	"github.com/ucp-project/ucp/internal/formats/zero3"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 

@@ -5,10 +5,10 @@ package main
 import (
 	"fmt"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/pyobj"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // step decodes a parameter's step.pt: a Python int, a float, or a 0-dim

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Compiles and vets gpuload's cuda build (gpuload/nccl.go, -tags cuda) against real CUDA and NCCL headers
+# Compiles and vets internal/load's cuda build (internal/load/nccl.go, -tags cuda) against real CUDA and NCCL headers
 # and libraries, without a GPU, a driver or installing anything: the Debian packages are fetched with
 # `apt-get download` through a private sources list and lists folder (the system's apt set-up is not
 # touched) and unpacked with dpkg-deb into a cache folder outside the repository:
@@ -48,10 +48,10 @@ export CGO_LDFLAGS="-L$LIB -Wl,-rpath-link,$LIB -Wl,--allow-shlib-undefined"
 echo "cuda-check: CUDA and NCCL from $ROOT"
 grep -m1 '#define CUDART_VERSION' "$ROOT/usr/include/cuda_runtime_api.h"
 grep -m3 -E '#define NCCL_(MAJOR|MINOR|PATCH) ' "$ROOT/usr/include/nccl.h"
-$GO vet -tags cuda ./gpuload/
+$GO vet -tags cuda ./internal/load/
 out=$(mktemp -d "${TMPDIR:-/tmp}/ucp-cuda-build.XXXXXX")
-$GO test -tags cuda -c -o "$out/gpuload.test" ./gpuload/
+$GO test -tags cuda -c -o "$out/load.test" ./internal/load/
 $GO build -tags cuda -o "$out/ucp" ./cmd/ucp
 ls -l "$out"
 rm -rf "$out"
-echo "cuda-check: gpuload builds and vets with -tags cuda"
+echo "cuda-check: internal/load builds and vets with -tags cuda"

@@ -9,7 +9,8 @@
 #
 # The chroot lives in $UCP_TORCH2_CHROOT (default /var/cache/ucp/trixie): outside the
 # repository, so a fresh clone on the same machine reuses it. It is complete only when
-# its .ucp-complete marker exists; an interrupted build is started over.
+# its .ucp-complete marker exists. An interrupted debootstrap is started over; an interrupted
+# package install is resumed (dpkg --configure -a, then apt-get again).
 set -euo pipefail
 root=${UCP_TORCH2_CHROOT:-/var/cache/ucp/trixie}
 pkgs=python3,python3-torch,python3-numpy,python3-safetensors,python3-pydantic,python3-hjson,python3-packaging,python3-psutil,python3-tqdm,python3-einops,python3-yaml,python3-zstandard
@@ -20,54 +21,87 @@ need_root() {
 
 build() {
   need_root
-  if [ -f "$root/.ucp-complete" ]; then
-    add_missing
-    return 0
+  mkdir -p "$(dirname "$root")"
+  # One builder at a time; a second waits and then finds the work done.
+  exec 8>"$(dirname "$root")/.ucp-build.lock"
+  flock 8
+  if [ ! -f "$root/.ucp-base" ] && [ ! -f "$root/.ucp-complete" ]; then
+    base
   fi
+  install_pkgs
+  flock -u 8
+}
+
+# A minimal Debian 13 base: debootstrap installs only what it can resolve by itself
+# (it cannot resolve virtual packages such as python3-zstandard's
+# python3-cffi-backend-api-min), so every package of $pkgs goes in with apt-get
+# below, the one path for a fresh build and an incremental one alike.
+base() {
   if ! command -v debootstrap >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get -o DPkg::Lock::Timeout=600 update -qq
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends debootstrap >/dev/null
   fi
-  # A partial tree from an interrupted run is ours (it has no marker): start it over.
-  if [ -e "$root" ]; then
-    unmount_all
-    rm -rf --one-file-system "$root"
-  fi
-  mkdir -p "$(dirname "$root")"
-  echo "torch2-chroot: debootstrap trixie into $root (about 5 minutes)" >&2
-  debootstrap --variant=minbase --include="$pkgs" trixie "$root.tmp" >"$(dirname "$root")/debootstrap.log" 2>&1 || {
-    echo "torch2-chroot: debootstrap failed; see $(dirname "$root")/debootstrap.log" >&2
-    tail -20 "$(dirname "$root")/debootstrap.log" >&2
+  # Leftovers of an interrupted build are ours (no .ucp-base marker): start over.
+  local d
+  for d in "$root" "$root.tmp"; do
+    if [ -e "$d" ]; then
+      unmount_all "$d"
+      rm -rf --one-file-system "$d"
+    fi
+  done
+  local log
+  log="$(dirname "$root")/debootstrap.log"
+  echo "torch2-chroot: debootstrap trixie into $root (about 5 minutes with the packages)" >&2
+  if ! debootstrap --variant=minbase trixie "$root.tmp" >"$log" 2>&1; then
+    echo "torch2-chroot: debootstrap failed; the last lines of $log:" >&2
+    tail -20 "$log" >&2
+    unmount_all "$root.tmp"
+    rm -rf --one-file-system "$root.tmp"
     exit 1
-  }
+  fi
   mv "$root.tmp" "$root"
+  touch "$root/.ucp-base"
+}
+
+# Installs $pkgs with apt-get inside the chroot where missing: the fresh build
+# and a chroot made before a package joined the list take this same path. The
+# list installed is remembered in .ucp-pkgs; .ucp-complete marks a usable chroot.
+install_pkgs() {
+  if [ -f "$root/.ucp-complete" ] && [ "$(cat "$root/.ucp-pkgs" 2>/dev/null)" = "$pkgs" ]; then
+    return 0
+  fi
+  local log
+  log="$(dirname "$root")/apt.log"
+  echo "torch2-chroot: installing ${pkgs//,/ } into $root" >&2
+  mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+  local rc=0
+  {
+    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+      chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+        --no-install-recommends ${pkgs//,/ }
+  } >"$log" 2>&1 || rc=$?
+  if [ $rc -ne 0 ]; then
+    # dpkg interrupted half way (a killed run) is finished before one more try.
+    chroot "$root" env DEBIAN_FRONTEND=noninteractive dpkg --configure -a >>"$log" 2>&1 || true
+    rc=0
+    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+      --no-install-recommends ${pkgs//,/ } >>"$log" 2>&1 || rc=$?
+  fi
+  if [ $rc -ne 0 ]; then
+    echo "torch2-chroot: apt-get install in the chroot failed; the last lines of $log:" >&2
+    tail -20 "$log" >&2
+    exit 1
+  fi
+  chroot "$root" apt-get clean >/dev/null 2>&1 || true
   echo "$pkgs" >"$root/.ucp-pkgs"
   touch "$root/.ucp-complete"
 }
 
-# A chroot built before a package joined $pkgs gets it added (once: the list is
-# remembered in .ucp-pkgs).
-add_missing() {
-  [ "$(cat "$root/.ucp-pkgs" 2>/dev/null)" = "$pkgs" ] && return 0
-  exec 8>"$(dirname "$root")/.ucp-apt.lock"
-  flock 8
-  if [ "$(cat "$root/.ucp-pkgs" 2>/dev/null)" != "$pkgs" ]; then
-    echo "torch2-chroot: installing ${pkgs//,/ } into $root where missing" >&2
-    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-      --no-install-recommends ${pkgs//,/ } >"$(dirname "$root")/apt.log" 2>&1 || {
-      echo "torch2-chroot: apt-get install in the chroot failed; see $(dirname "$root")/apt.log" >&2
-      exit 1
-    }
-    echo "$pkgs" >"$root/.ucp-pkgs"
-  fi
-  flock -u 8
-}
-
 unmount_all() {
-  local m
+  local d=${1:-$root} m
   for m in work dev/shm dev proc; do
-    mountpoint -q "$root/$m" 2>/dev/null && umount -l "$root/$m" || true
+    mountpoint -q "$d/$m" 2>/dev/null && umount -l "$d/$m" || true
   done
 }
 

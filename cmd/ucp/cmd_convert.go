@@ -15,13 +15,13 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucp-project/ucp/arrowtable"
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/formats"
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/arrowtable"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/formats"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/mapreduce"
-	"github.com/ucp-project/ucp/report"
+	"github.com/ucp-project/ucp/internal/mapreduce"
+	"github.com/ucp-project/ucp/internal/report"
 )
 
 type convertOptions struct {

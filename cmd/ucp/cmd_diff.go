@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucp-project/ucp/diff"
-	"github.com/ucp-project/ucp/formats"
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/diff"
+	"github.com/ucp-project/ucp/internal/formats"
+	"github.com/ucp-project/ucp/internal/fragment"
 )
 
 type diffOptions struct {

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/diff"
-	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/diff"
+	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/testkit"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")

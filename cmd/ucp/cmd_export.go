@@ -13,10 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/formats"
-	"github.com/ucp-project/ucp/formats/hf"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/formats"
+	"github.com/ucp-project/ucp/internal/formats/hf"
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 

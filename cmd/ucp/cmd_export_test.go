@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/formats/dcp"
+	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 

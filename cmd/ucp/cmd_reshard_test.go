@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/internal/atomic"
 )
 
 type verifyOptions struct {

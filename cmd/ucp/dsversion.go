@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/fragment"
 )
 
 // bareFrom is the first DeepSpeed release whose ZeRO-3 universal loader

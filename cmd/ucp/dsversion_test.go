@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
-	"github.com/ucp-project/ucp/pyobj"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // TestConvertDeepSpeedVersion: --deepspeed-version before 0.19.3 writes a

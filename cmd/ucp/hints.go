@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/formats"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/formats"
 )
 
 // checkPath fails with what to do when path does not exist, before any

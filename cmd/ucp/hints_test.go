@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/testkit"
-	"github.com/ucp-project/ucp/patterns"
 )
 
 // TestErrorsSayWhatToDo pins each error message of a common mistake.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/internal/atomic"
 )
 
 // isAtomic says whether dir is a finished atomic checkpoint: its manifest,

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/testkit"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // expectedTensor is a tensor as torch itself described it in a fixture's

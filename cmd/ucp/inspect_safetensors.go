@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/ucp-project/ucp/safetensors"
+	"github.com/ucp-project/ucp/internal/safetensors"
 )
 
 func isSafetensors(path string) bool {

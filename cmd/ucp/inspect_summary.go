@@ -8,9 +8,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/mapreduce"
-	"github.com/ucp-project/ucp/patterns"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/mapreduce"
+	"github.com/ucp-project/ucp/internal/patterns"
 )
 
 // smallModel is the parameter count up to which inspect lists every

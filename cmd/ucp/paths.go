@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/mapreduce"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/mapreduce"
 )
 
 // outputPaths lists every file the atomic checkpoint of the plan will

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/mapreduce"
-	"github.com/ucp-project/ucp/pyobj"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/mapreduce"
+	"github.com/ucp-project/ucp/internal/pyobj"
 )
 
 // TestOutputPathsValidated (fault 9): names the destination cannot hold

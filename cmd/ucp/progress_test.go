@@ -8,10 +8,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	ucpatomic "github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/formats"
+	ucpatomic "github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/formats"
+	"github.com/ucp-project/ucp/internal/mapreduce"
 	"github.com/ucp-project/ucp/internal/testkit"
-	"github.com/ucp-project/ucp/mapreduce"
 )
 
 // TestProgressTotal (fault 10): the bar's total is the bytes this node's

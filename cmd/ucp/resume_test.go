@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 

@@ -15,11 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
-	"github.com/ucp-project/ucp/pyobj"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // realCkpt copies the real DeepSpeed ZeRO-1 checkpoint into a temporary

@@ -3,9 +3,9 @@ package main
 import (
 	"fmt"
 
-	"github.com/ucp-project/ucp/atomic"
+	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/mapreduce"
+	"github.com/ucp-project/ucp/internal/mapreduce"
 )
 
 // spaceMargin covers what the plan does not count: the torch files' heads

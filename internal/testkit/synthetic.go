@@ -7,10 +7,10 @@ import (
 	"os"
 	"testing"
 
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/pyobj"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // SetStep overwrites, in place, the float32 step tensor of param group 0

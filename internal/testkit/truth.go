@@ -21,12 +21,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/fragment"
-	"github.com/ucp-project/ucp/mapreduce"
-	"github.com/ucp-project/ucp/pyobj"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/mapreduce"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // States compared when the truth has them.

@@ -5,7 +5,7 @@ Each case first builds the full model (global fp32 params with global layer numb
 exp_avg / exp_avg_sq, a step), then shards it the way Megatron does (TP / PP / VPP / EP, vocab
 padding, grouped GQA QKV, SwiGLU [W_r; V_r], tied embeddings, DDP buffers of the distributed
 optimizer) and writes real torch.save files. The rules and their Megatron sources are listed
-in formats/megatron/NOTES.md.
+in internal/formats/megatron/NOTES.md.
 
 Usage (Debian's torch 1.13):
   /usr/bin/python3 testdata/gen/megatron_fixtures.py [--out DIR] [--case NAME ...] [--check]

@@ -28,9 +28,9 @@ Per file: {"file","format","prefix","root","storages":{key:{dtype,numel,hex}}}.
 convert.json + convert_*.bin check dtype.ToFloat32 against torch's .float();
 cast.json checks dtype.FromFloat32 against torch's .to(bfloat16/float16);
 pickle_protoN.pkl + pickles.json check pyobj's unpickler against CPython's
-pickle at protocols 0-5. Consumers: torchfile/fixtures_test.go,
-dtype/torch_test.go, pyobj/unpickle_test.go; testdata/corrupt/ is derived
-from these files by torchfile/corrupt_test.go (-update-corrupt).
+pickle at protocols 0-5. Consumers: internal/torchfile/fixtures_test.go,
+internal/dtype/torch_test.go, internal/pyobj/unpickle_test.go; testdata/corrupt/ is derived
+from these files by internal/torchfile/corrupt_test.go (-update-corrupt).
 """
 
 import argparse

@@ -5,11 +5,11 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ucp-project/ucp/atomic"
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/formats/deepspeed"
-	"github.com/ucp-project/ucp/formats/zero3"
-	"github.com/ucp-project/ucp/fragment"
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/formats/deepspeed"
+	"github.com/ucp-project/ucp/internal/formats/zero3"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 

@@ -8,9 +8,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ucp-project/ucp/dtype"
-	"github.com/ucp-project/ucp/pyobj"
-	"github.com/ucp-project/ucp/torchfile"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // generateZero3 writes the model as DeepSpeed ZeRO-3 with bf16 saves it at

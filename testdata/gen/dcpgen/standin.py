@@ -3,7 +3,7 @@
 Debian's torch 1.13 cannot import ``torch.distributed.checkpoint``, so the generator pickles its own
 dataclasses registered under DCP's exact module paths and class names, with the same fields, field
 order, defaults and ``__getstate__`` behaviour as the torch release being imitated. The pickler then
-emits the same opcodes for them as it does for torch's own classes (see ../../../formats/dcp/NOTES.md
+emits the same opcodes for them as it does for torch's own classes (see ../../../internal/formats/dcp/NOTES.md
 for the source of every rule).
 
 One ``ClassSet`` exists per layout; ``installed(classes)`` puts a set into ``sys.modules`` for the

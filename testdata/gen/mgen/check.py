@@ -1,7 +1,7 @@
 """Independent reader for the generated checkpoints (a Python reference for the Go reader).
 
 It looks only at the checkpoint files (args inside them, dir names, dict structure) and the
-rules of formats/megatron/NOTES.md, rebuilds every atomic tensor, and compares with truth.pt.
+rules of internal/formats/megatron/NOTES.md, rebuilds every atomic tensor, and compares with truth.pt.
 It deliberately does not import the generator's model/layout code.
 """
 

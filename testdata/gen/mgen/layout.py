@@ -124,7 +124,7 @@ def pattern(split: str, size: int, copies: int, ep: int = 1, experts: int = 0,
             gated: bool = False) -> str:
     """Pattern of an atomic tensor as the save-time placements show it (ucp design.md)."""
     if split in ("gmm1", "gmm2"):
-        # Boxes per (EP, ETP) rank in Megatron's 2-D full shape (formats/megatron NOTES.md):
+        # Boxes per (EP, ETP) rank in Megatron's 2-D full shape (internal/formats/megatron/NOTES.md):
         # weight1: one per (row slot i < E, gated half) at ETP > 1, else one row block (H/EP
         # rows); weight2: one per local expert at ETP > 1, else one row block.
         if size == 1:

@@ -1,0 +1,127 @@
+package atomic
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"path/filepath"
+
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
+)
+
+// Manifest is ucp.json, the last file written into an atomic checkpoint.
+type Manifest struct {
+	Format  string       `json:"format"`  // always "ucp-atomic"
+	Version int          `json:"version"` // ManifestVersion
+	Tool    string       `json:"tool,omitempty"`
+	Source  SourceInfo   `json:"source"`
+	Params  []ParamEntry `json:"params"`
+	Files   []FileEntry  `json:"files"` // global files: optimizer_state.pt, model-state copies, extra_state.pt
+	Notes   []string     `json:"notes,omitempty"`
+}
+
+// SourceInfo describes the checkpoint that was converted.
+type SourceInfo struct {
+	Format  string         `json:"format"`
+	Path    string         `json:"path"`
+	Tag     string         `json:"tag,omitempty"`
+	Degrees Degrees        `json:"degrees"`
+	DType   string         `json:"dtype,omitempty"` // training dtype, when the source tells it
+	Args    map[string]any `json:"args,omitempty"`  // saved training arguments (scalars)
+}
+
+// Degrees are the parallel degrees of the source checkpoint.
+type Degrees struct {
+	TP   int `json:"tp"`
+	PP   int `json:"pp"`
+	DP   int `json:"dp"`
+	EP   int `json:"ep"`
+	VPP  int `json:"vpp"`
+	ZeRO int `json:"zero"` // ZeRO stage, 0 for none
+}
+
+// ParamEntry describes one parameter and its files.
+type ParamEntry struct {
+	Name        string       `json:"name"`
+	Shape       []int64      `json:"shape"`
+	DType       string       `json:"dtype"`
+	Pattern     string       `json:"pattern"`
+	SplitDims   []int        `json:"split_dims,omitempty"` // -1: a flattened tensor split in ranges
+	Frozen      bool         `json:"frozen,omitempty"`
+	SourceDType string       `json:"source_dtype,omitempty"` // frozen parameters and buffers: the stored dtype
+	VocabSize   int64        `json:"vocab_size,omitempty"`
+	PaddedVocab int64        `json:"padded_vocab_size,omitempty"`
+	Aliases     []string     `json:"aliases,omitempty"`
+	Files       []StateEntry `json:"files"`
+}
+
+// StateDType is the dtype of the parameter's state tensors: DType, which
+// is float32 for trained parameters and the stored dtype for frozen
+// parameters and buffers (manifests that leave it empty mean float32).
+func (p *ParamEntry) StateDType() (dtype.DType, error) {
+	if p.DType == "" {
+		return dtype.Float32, nil
+	}
+	dt, err := dtype.Parse(p.DType)
+	if err != nil {
+		return dtype.Invalid, fmt.Errorf("parameter %s: dtype: %w", p.Name, err)
+	}
+	if dt.Size() == 0 {
+		return dtype.Invalid, fmt.Errorf("parameter %s: dtype %s has no element size", p.Name, p.DType)
+	}
+	return dt, nil
+}
+
+// StateEntry is one state file of a parameter.
+type StateEntry struct {
+	State string `json:"state"`
+	FileEntry
+}
+
+// FileEntry is a file with its size and the CRC-32 (IEEE) of all its bytes.
+type FileEntry struct {
+	Path  string `json:"path"`
+	Bytes int64  `json:"bytes"`
+	CRC32 string `json:"crc32"`
+}
+
+// AllFiles lists every file the manifest covers: the state files of each
+// parameter in order, then the global files.
+func (m *Manifest) AllFiles() []FileEntry {
+	var out []FileEntry
+	for _, p := range m.Params {
+		for _, f := range p.Files {
+			out = append(out, f.FileEntry)
+		}
+	}
+	return append(out, m.Files...)
+}
+
+func newCRC() hash.Hash32 { return crc32.NewIEEE() }
+
+// ReadManifest reads DIR/ucp.json.
+func ReadManifest(dir string) (*Manifest, error) {
+	path := filepath.Join(dir, ManifestName)
+	b, err := fsutil.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if m.Format != ManifestFormat {
+		return nil, fmt.Errorf("%s: format %q, want %q", path, m.Format, ManifestFormat)
+	}
+	if m.Version != ManifestVersion {
+		return nil, fmt.Errorf("%s: manifest version %d is not supported (want %d)", path, m.Version, ManifestVersion)
+	}
+	for _, p := range m.Params {
+		if err := CheckName(p.Name); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return &m, nil
+}

@@ -1,0 +1,280 @@
+package atomic
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// ReaderOptions configure OpenReader.
+type ReaderOptions struct {
+	// Verify checks every file's size and CRC-32 against the manifest
+	// before its first use (one sequential read of the file).
+	Verify bool
+	// Limits bound the walk over loaded values (zero: pyobj.DefaultLimits).
+	Limits pyobj.Limits
+}
+
+// Reader reads an atomic checkpoint through its manifest: the parameters
+// and their states, each state's float32 elements by range (lazily, one
+// ranged read per call), the steps and the global files.
+type Reader struct {
+	Dir      string
+	Manifest *Manifest
+	opt      ReaderOptions
+
+	files    map[string]FileEntry // relative path -> manifest entry
+	params   map[string]int
+	mu       sync.Mutex
+	verified map[string]error
+}
+
+// OpenReader reads DIR/ucp.json and checks that every file it lists lies
+// inside DIR.
+func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
+	m, err := ReadManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{Dir: dir, Manifest: m, opt: opt, files: map[string]FileEntry{}, params: map[string]int{},
+		verified: map[string]error{}}
+	add := func(e FileEntry) error {
+		if err := CheckPath(dir, e.Path); err != nil {
+			return err
+		}
+		r.files[e.Path] = e
+		return nil
+	}
+	for i, p := range m.Params {
+		if _, dup := r.params[p.Name]; dup {
+			return nil, fmt.Errorf("%s: parameter %s is listed twice", filepath.Join(dir, ManifestName), p.Name)
+		}
+		r.params[p.Name] = i
+	}
+	for _, f := range m.AllFiles() {
+		if err := add(f); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// CheckPath refuses a manifest path that could name a file outside the
+// checkpoint DIR: empty, absolute, with '..' or a backslash.
+func CheckPath(dir, rel string) error {
+	p := filepath.FromSlash(rel)
+	if rel == "" || filepath.IsAbs(p) || strings.Contains(rel, "..") || strings.Contains(rel, "\\") {
+		return fmt.Errorf("%s: manifest lists the file %q outside the checkpoint", filepath.Join(dir, ManifestName), rel)
+	}
+	return nil
+}
+
+// Params returns the parameters in manifest order.
+func (r *Reader) Params() []ParamEntry { return r.Manifest.Params }
+
+// Param returns the manifest entry of a parameter.
+func (r *Reader) Param(name string) (*ParamEntry, bool) {
+	i, ok := r.params[name]
+	if !ok {
+		return nil, false
+	}
+	return &r.Manifest.Params[i], true
+}
+
+// HasFile reports whether the manifest lists a global file (OptimizerState
+// as "zero/optimizer_state.pt", ExtraState, ...).
+func (r *Reader) HasFile(rel string) bool {
+	_, ok := r.files[filepath.ToSlash(rel)]
+	return ok
+}
+
+// stateEntry finds the file of one state of a parameter.
+func (r *Reader) stateEntry(param, state string) (FileEntry, error) {
+	p, ok := r.Param(param)
+	if !ok {
+		return FileEntry{}, fmt.Errorf("%s: no parameter %s", r.Dir, param)
+	}
+	for _, s := range p.Files {
+		if s.State == state {
+			return s.FileEntry, nil
+		}
+	}
+	return FileEntry{}, fmt.Errorf("%s: parameter %s has no state %s", r.Dir, param, state)
+}
+
+// verify checks a file against its manifest entry once, when asked to.
+func (r *Reader) verify(e FileEntry) error {
+	if !r.opt.Verify {
+		return nil
+	}
+	r.mu.Lock()
+	err, done := r.verified[e.Path]
+	r.mu.Unlock()
+	if done {
+		return err
+	}
+	err = VerifyFile(filepath.Join(r.Dir, filepath.FromSlash(e.Path)), e)
+	r.mu.Lock()
+	r.verified[e.Path] = err
+	r.mu.Unlock()
+	return err
+}
+
+// VerifyFile checks the size and CRC-32 of a file against its entry.
+func VerifyFile(path string, e FileEntry) error {
+	f, err := fsutil.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := newCRC()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if n != e.Bytes {
+		return fmt.Errorf("%s: %d bytes, but the manifest says %d", path, n, e.Bytes)
+	}
+	if got := fmt.Sprintf("%08x", h.Sum32()); got != strings.ToLower(e.CRC32) {
+		return fmt.Errorf("%s: CRC-32 %s, but the manifest says %s (the file changed or is corrupt)", path, got, e.CRC32)
+	}
+	return nil
+}
+
+// Verify checks every file of the manifest.
+func (r *Reader) Verify() error {
+	for _, e := range r.files {
+		if err := VerifyFile(filepath.Join(r.Dir, filepath.FromSlash(e.Path)), e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// State is one opened state file: a tensor of the parameter's shape, in
+// the manifest's dtype (float32, or a frozen parameter's or buffer's own).
+type State struct {
+	Param, Name string
+	Shape       []int64
+	DType       dtype.DType
+	Path        string
+	f           *torchfile.File
+	t           *torchfile.Tensor
+}
+
+// OpenState opens zero/<param>/<state>.pt and checks that its 'param'
+// tensor has the manifest's dtype and shape. Close it when done.
+func (r *Reader) OpenState(param, state string) (*State, error) {
+	if state == StepState {
+		return nil, fmt.Errorf("%s: the step is not a tensor state; use Step", param)
+	}
+	e, err := r.stateEntry(param, state)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.verify(e); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(r.Dir, filepath.FromSlash(e.Path))
+	f, err := torchfile.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	v := f.Root
+	if d, ok := v.(*pyobj.Dict); ok {
+		v, _ = d.Get("param")
+	}
+	t, ok := v.(*torchfile.Tensor)
+	if !ok {
+		f.Close()
+		return nil, fmt.Errorf("%s: no 'param' tensor", path)
+	}
+	p, _ := r.Param(param)
+	want, err := p.StateDType()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", filepath.Join(r.Dir, ManifestName), err)
+	}
+	if t.DType != want || !torchfile.SameShape(t.Shape, p.Shape) {
+		f.Close()
+		return nil, fmt.Errorf("%s: 'param' is %v%v, but the manifest says %v%v", path, t.DType, t.Shape, want, p.Shape)
+	}
+	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t}, nil
+}
+
+// Numel returns the number of elements.
+func (s *State) Numel() int64 { return s.t.Numel() }
+
+// ReadRange reads elements [start, start+n) as little-endian bytes of
+// s.DType into dst (n·size bytes) with one ranged read.
+func (s *State) ReadRange(start, n int64, dst []byte) error {
+	if err := s.f.ReadRange(s.t, start, n, dst); err != nil {
+		return fmt.Errorf("%s: %w", s.Path, err)
+	}
+	return nil
+}
+
+// ReadFloat32 reads elements [start, start+n) converted to float32.
+func (s *State) ReadFloat32(start, n int64) ([]float32, error) {
+	v, err := s.f.ReadFloat32(s.t, start, n)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.Path, err)
+	}
+	return v, nil
+}
+
+// Close closes the file.
+func (s *State) Close() error { return s.f.Close() }
+
+// maxLoaded bounds a global file or step decoded with its tensors in memory.
+const maxLoaded = 1 << 30
+
+// Step returns the decoded step.pt of a parameter: a Python int or float,
+// or a *torchfile.Blob holding a 0-dim tensor's bytes; ok is false when
+// the parameter has no step.
+func (r *Reader) Step(param string) (v pyobj.Value, ok bool, err error) {
+	e, err := r.stateEntry(param, StepState)
+	if err != nil {
+		if _, has := r.Param(param); has {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	v, err = r.load(e)
+	return v, err == nil, err
+}
+
+// Load decodes a global file listed in the manifest (OptimizerState under
+// zero/, ExtraState): its value with every tensor as a *torchfile.Blob
+// holding its bytes.
+func (r *Reader) Load(rel string) (pyobj.Value, error) {
+	e, ok := r.files[filepath.ToSlash(rel)]
+	if !ok {
+		return nil, fmt.Errorf("%s: the manifest lists no %s", r.Dir, rel)
+	}
+	return r.load(e)
+}
+
+func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
+	if err := r.verify(e); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(r.Dir, filepath.FromSlash(e.Path))
+	f, err := torchfile.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	v, err := f.WithBytes(f.Root, r.opt.Limits, maxLoaded)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return v, nil
+}

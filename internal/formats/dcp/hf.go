@@ -1,0 +1,284 @@
+package dcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/safetensors"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// HFIndexFile is the weight map HuggingFaceStorageWriter (unsharded) and
+// consolidate_safetensors_files write beside the safetensors files.
+const HFIndexFile = "model.safetensors.index.json"
+
+var (
+	hfShardRE = regexp.MustCompile(`^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$`)
+	hfModelRE = regexp.MustCompile(`^model(-\d+-of-\d+)?\.safetensors$`)
+)
+
+// DetectHF reports whether path is a folder of safetensors files in the
+// layouts of DCP's HuggingFaceStorageWriter: per-rank
+// shard-R-model-K-of-N.safetensors (save_sharded), or model-K-of-N.safetensors
+// with model.safetensors.index.json (unsharded or consolidated). A folder
+// with a DCP .metadata is a plain DCP checkpoint instead.
+func DetectHF(path string) bool {
+	st, err := os.Stat(path)
+	if err != nil || !st.IsDir() || Detect(path) {
+		return false
+	}
+	if _, err := os.Stat(filepath.Join(path, HFIndexFile)); err == nil {
+		return true
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if hfShardRE.MatchString(e.Name()) || hfModelRE.MatchString(e.Name()) {
+			return true
+		}
+	}
+	return false
+}
+
+// IndexHF builds the fragment table of a HuggingFaceStorageWriter folder.
+func IndexHF(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
+	c, err := OpenHF(ctx, path, opt)
+	if err != nil {
+		return nil, err
+	}
+	return c.Table()
+}
+
+// hfIndex is model.safetensors.index.json.
+type hfIndex struct {
+	WeightMap map[string]string `json:"weight_map"`
+	order     []string          // weight_map keys in file order
+}
+
+func readHFIndex(path string) (*hfIndex, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var idx hfIndex
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if idx.WeightMap == nil {
+		return nil, fmt.Errorf("%s: no weight_map", path)
+	}
+	// The keys' order in the file is the model's (json maps lose it).
+	var raw struct {
+		WeightMap json.RawMessage `json:"weight_map"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw.WeightMap))
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("%s: weight_map: %w", path, err)
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%s: weight_map: %w", path, err)
+		}
+		k, ok := tok.(string)
+		if !ok {
+			return nil, fmt.Errorf("%s: weight_map has a non-string key", path)
+		}
+		var v string
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("%s: weight_map[%q]: %w", path, k, err)
+		}
+		idx.order = append(idx.order, k)
+	}
+	return &idx, nil
+}
+
+// OpenHF reads the safetensors headers of a HuggingFaceStorageWriter folder
+// and builds the checkpoint HuggingFaceStorageReader.read_metadata would:
+// one chunk per (file, tensor) at the DCP_SHARDING_INFO saved_offsets
+// (zeros without it), each tensor's size the largest offset + shape per
+// dim. The chunks are then checked as a DCP checkpoint's: in bounds, no
+// overlap, no hole (a missing shard file leaves one).
+func OpenHF(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var idx *hfIndex
+	var files []string
+	ip := filepath.Join(dir, HFIndexFile)
+	if _, err := os.Stat(ip); err == nil {
+		if idx, err = readHFIndex(ip); err != nil {
+			return nil, err
+		}
+		seen := map[string]bool{}
+		for _, k := range idx.order {
+			f := idx.WeightMap[k]
+			if err := checkRelative(f); err != nil {
+				return nil, fmt.Errorf("%s: weight_map[%q]: %w", ip, k, err)
+			}
+			if !seen[f] {
+				seen[f] = true
+				files = append(files, f)
+			}
+		}
+	} else {
+		for _, e := range ents {
+			if filepath.Ext(e.Name()) == ".safetensors" && e.Type().IsRegular() {
+				files = append(files, e.Name())
+			}
+		}
+		sort.Slice(files, func(i, j int) bool { return hfLess(files[i], files[j]) })
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("%s: no .safetensors files", dir)
+	}
+	c := &Checkpoint{Dir: dir, Format: "hf", Meta: &Metadata{PlannerData: map[string][]pyobj.Value{},
+		byKey: map[string]*Entry{}, storage: map[string]int{}}}
+	tensors := map[string]*Tensor{}
+	ranks := map[string]bool{}
+	for _, name := range files {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		path := filepath.Join(dir, name)
+		sf, err := safetensors.Open(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s: safetensors file is missing (%s names it)", path, HFIndexFile)
+		}
+		if err != nil {
+			return nil, err
+		}
+		sf.Close() // the header is all Open needs; data is read by path later
+		if m := hfShardRE.FindStringSubmatch(name); m != nil {
+			ranks[m[1]] = true
+		}
+		var sharding map[string]struct {
+			SavedOffsets []int64 `json:"saved_offsets"`
+		}
+		if info, ok := sf.Metadata["DCP_SHARDING_INFO"]; ok {
+			if err := json.Unmarshal([]byte(info), &sharding); err != nil {
+				return nil, fmt.Errorf("%s: DCP_SHARDING_INFO: %w", path, err)
+			}
+		}
+		for i := range sf.Tensors {
+			st := &sf.Tensors[i]
+			if idx != nil {
+				if f, ok := idx.WeightMap[st.Name]; !ok || f != name {
+					return nil, fmt.Errorf("%s: tensor %q is not mapped to this file by %s", path, st.Name, HFIndexFile)
+				}
+			}
+			off := make([]int64, len(st.Shape))
+			if sharding != nil {
+				sh, ok := sharding[st.Name]
+				if !ok {
+					return nil, fmt.Errorf("%s: DCP_SHARDING_INFO has no saved_offsets for %q", path, st.Name)
+				}
+				if len(sh.SavedOffsets) != len(st.Shape) {
+					return nil, fmt.Errorf("%s: %q: saved_offsets %v do not have the %d dims of its shape %v", path, st.Name, sh.SavedOffsets, len(st.Shape), st.Shape)
+				}
+				for d, o := range sh.SavedOffsets {
+					if o < 0 {
+						return nil, fmt.Errorf("%s: %q: negative saved_offsets %v", path, st.Name, sh.SavedOffsets)
+					}
+					off[d] = o
+				}
+			}
+			t := tensors[st.Name]
+			if t == nil {
+				t = &Tensor{Key: st.Name, Path: []pyobj.Value{st.Name}, DType: st.DType}
+				tensors[st.Name] = t
+				c.Tensors = append(c.Tensors, t)
+				c.Meta.PlannerData[st.Name] = t.Path
+				c.Meta.PlannerOrder = append(c.Meta.PlannerOrder, st.Name)
+			} else if t.DType != st.DType {
+				return nil, fmt.Errorf("%s: %q is %v here but %v in another file", path, st.Name, st.DType, t.DType)
+			} else if len(t.Chunks[0].Sizes) != len(st.Shape) {
+				return nil, fmt.Errorf("%s: %q has %d dims here but %d in another file", path, st.Name, len(st.Shape), len(t.Chunks[0].Sizes))
+			}
+			ref := fragment.TensorRef{Path: path, T: &torchfile.Tensor{
+				Storage: &torchfile.Storage{Key: "safetensors:" + st.Name, DType: st.DType, Location: "cpu",
+					Numel: st.Numel(), Offset: st.Offset},
+				DType: st.DType, Shape: clone(st.Shape), Stride: torchfile.ContiguousStrides(st.Shape)}}
+			t.Chunks = append(t.Chunks, ChunkRef{Chunk: Chunk{Offsets: off, Sizes: clone(st.Shape)}, Ref: ref,
+				Item: fmt.Sprintf("%s@%d+%d", name, st.Offset, st.NBytes), Meta: name})
+		}
+	}
+	if idx != nil {
+		for _, k := range idx.order {
+			if tensors[k] == nil {
+				return nil, fmt.Errorf("%s: %s maps %q to %s, which has no such tensor", dir, HFIndexFile, k, idx.WeightMap[k])
+			}
+		}
+	}
+	for _, t := range c.Tensors {
+		t.Size = make([]int64, len(t.Chunks[0].Sizes))
+		for _, ch := range t.Chunks {
+			for d := range t.Size {
+				t.Size[d] = max(t.Size[d], ch.Offsets[d]+ch.Sizes[d])
+			}
+		}
+		e := &Entry{Key: t.Key, DType: t.DType, Size: t.Size}
+		for _, ch := range t.Chunks {
+			e.Chunks = append(e.Chunks, ch.Chunk)
+		}
+		c.Meta.Entries = append(c.Meta.Entries, e)
+		c.Meta.byKey[t.Key] = e
+		if err := markCopies(t); err != nil {
+			return nil, fmt.Errorf("%s: %q: %w (a shard file may be missing; files read: %v)", dir, t.Key, err, files)
+		}
+		c.PlannerOrder = append(c.PlannerOrder, t.Key)
+	}
+	c.World = max(len(ranks), 1)
+	if n := len(ranks); n > 0 {
+		for r := 1; r <= maxRank(ranks); r++ {
+			if !ranks[fmt.Sprintf("%05d", r)] {
+				c.Notes = append(c.Notes, fmt.Sprintf("no shard-%05d-model-*.safetensors file: if that rank saved tensors, the checkpoint is incomplete", r))
+			}
+		}
+	}
+	c.MetaFiles = files
+	return c, nil
+}
+
+func maxRank(ranks map[string]bool) int {
+	m := 0
+	for r := range ranks {
+		if n, err := strconv.Atoi(r); err == nil && n > m {
+			m = n
+		}
+	}
+	return m
+}
+
+// hfLess orders shard files by rank then file index, others by name.
+func hfLess(a, b string) bool {
+	ma, mb := hfShardRE.FindStringSubmatch(a), hfShardRE.FindStringSubmatch(b)
+	if ma != nil && mb != nil {
+		ra, _ := strconv.Atoi(ma[1])
+		rb, _ := strconv.Atoi(mb[1])
+		if ra != rb {
+			return ra < rb
+		}
+		ka, _ := strconv.Atoi(ma[2])
+		kb, _ := strconv.Atoi(mb[2])
+		return ka < kb
+	}
+	return a < b
+}

@@ -1,0 +1,996 @@
+package deepspeed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/formats/dslayout"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// WriteVersion is the DeepSpeed release whose engine Reshard imitates:
+// its file names, key orders, partition and padding rules (FORMAT.md).
+const WriteVersion = "0.14.5"
+
+// ReshardOptions say which DeepSpeed run the written checkpoint is for.
+type ReshardOptions struct {
+	DP, TP int
+	Zero   int         // ZeRO stage: 1, 2 or 3
+	DType  dtype.DType // training dtype; Invalid: the source's (float32 when unknown)
+	// BF16Optimizer writes BF16_Optimizer files (bf16, ZeRO stage 1, fp32
+	// gradient accumulation) instead of DeepSpeedZeroOptimizer ones.
+	BF16Optimizer bool
+	Force         bool // replace DST when it exists
+	NoSync        bool
+}
+
+// ReshardStats tell what was written.
+type ReshardStats struct {
+	Files int
+	Bytes int64
+	Notes []string
+}
+
+// Reshard writes the atomic checkpoint r as the tag folder dst of a native
+// DeepSpeed checkpoint, as DeepSpeed's engine would save that model at the
+// given data-parallel size, tensor-parallel size, ZeRO stage and dtype, and
+// writes 'latest' naming it beside dst. Everything is checked before the
+// first byte is written; dst appears complete or not at all.
+func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
+	p, err := planReshard(r, o)
+	if err != nil {
+		return nil, err
+	}
+	dst = filepath.Clean(dst)
+	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
+		return nil, err
+	}
+	tag := filepath.Base(dst)
+	if tag == "." || tag == ".." || tag == string(filepath.Separator) {
+		return nil, fmt.Errorf("%s: not a tag folder name", dst)
+	}
+	if _, err := os.Stat(dst); err == nil && !o.Force {
+		return nil, fmt.Errorf("%s exists; use --force to replace it", dst)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return nil, err
+	}
+	st := &ReshardStats{Notes: p.notes}
+	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
+		return p.write(ctx, tmp, st)
+	}); err != nil {
+		return nil, err
+	}
+	latest := filepath.Join(filepath.Dir(dst), "latest")
+	if err := fsutil.WriteFileAtomic(latest, []byte(tag), o.NoSync); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// rgroup is one optimizer parameter group of the target.
+type rgroup struct {
+	names []string
+	hyper *pyobj.Dict // the source's param group (hyper-parameters)
+	step  pyobj.Value
+}
+
+// plan is everything Reshard decided before writing.
+type plan struct {
+	r        *atomic.Reader
+	o        ReshardOptions
+	dt       dtype.DType
+	srcT     int
+	groups   []*rgroup
+	params   map[string]*atomic.ParamEntry
+	meta     map[string]load.Meta
+	shards   []map[string]fragment.Shard // per target TP rank
+	optim    *pyobj.Dict                 // zero/optimizer_state.pt
+	tmpl     []string                    // model-state template per target TP rank (relative paths)
+	frozen   []string                    // frozen parameters (not buffers), manifest order
+	buffers  map[string]bool
+	aliases  map[string]string // alias -> parameter
+	notes    []string
+	srcStage int
+	// paddedVocab is the target's vocabulary rows (0: no vocabulary
+	// parameter), written into Megatron-DeepSpeed's args.
+	paddedVocab int64
+	subs        []subGroup // ZeRO-3 sub-groups
+}
+
+func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
+	m := r.Manifest
+	src := m.Source
+	if src.Format != "deepspeed" && src.Format != "deepspeed-zero3" {
+		return nil, fmt.Errorf("%s: converted from a %s checkpoint; --to deepspeed needs one converted from DeepSpeed (its model states and param groups)", r.Dir, src.Format)
+	}
+	if src.Degrees.PP > 1 {
+		return nil, fmt.Errorf("%s: converted from a pipeline-parallel checkpoint (PP %d); writing DeepSpeed pipeline layer files is not supported", r.Dir, src.Degrees.PP)
+	}
+	switch o.Zero {
+	case 1, 2, 3:
+	case 0:
+		return nil, fmt.Errorf("--zero 0 is not supported: without ZeRO DeepSpeed keeps the optimizer state in the model-state file; use 1, 2 or 3")
+	default:
+		return nil, fmt.Errorf("unknown ZeRO stage %d (DeepSpeed has 1, 2 and 3)", o.Zero)
+	}
+	if o.DP < 1 {
+		return nil, fmt.Errorf("--dp must be at least 1, not %d", o.DP)
+	}
+	if o.TP < 1 {
+		return nil, fmt.Errorf("--tp must be at least 1, not %d", o.TP)
+	}
+	p := &plan{r: r, o: o, dt: o.DType, srcT: max(src.Degrees.TP, 1), srcStage: src.Degrees.ZeRO,
+		params: map[string]*atomic.ParamEntry{}, meta: map[string]load.Meta{}, buffers: map[string]bool{},
+		aliases: map[string]string{}}
+	if p.dt == dtype.Invalid {
+		p.dt = dtype.Float32
+		if src.DType != "" {
+			dt, err := dtype.Parse(src.DType)
+			if err != nil {
+				return nil, fmt.Errorf("%s: source dtype: %w", r.Dir, err)
+			}
+			p.dt = dt
+		}
+	}
+	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
+		return nil, fmt.Errorf("training dtype %v: DeepSpeed trains in float32, bfloat16 or float16", p.dt)
+	}
+	if o.BF16Optimizer && (p.dt != dtype.BFloat16 || o.Zero != 1) {
+		return nil, fmt.Errorf("--bf16-optimizer needs --dtype bfloat16 and --zero 1 (DeepSpeed uses BF16_Optimizer for bf16 at ZeRO stage 1 with fp32 gradient accumulation)")
+	}
+	if o.TP > 1 && o.Zero == 3 {
+		return nil, fmt.Errorf("--zero 3 with --tp %d: DeepSpeed ZeRO-3 with tensor parallelism needs AutoTP metadata that ucp does not write; use --tp 1", o.TP)
+	}
+	for i := range m.Params {
+		e := &m.Params[i]
+		p.params[e.Name] = e
+		for _, a := range e.Aliases {
+			p.aliases[a] = e.Name
+		}
+	}
+	ov, err := r.Load(filepath.Join(atomic.ZeroDir, atomic.OptimizerState))
+	if err != nil {
+		return nil, err
+	}
+	var ok bool
+	if p.optim, ok = ov.(*pyobj.Dict); !ok {
+		return nil, fmt.Errorf("%s: optimizer_state.pt is %s, not a dict", r.Dir, pyobj.TypeName(ov))
+	}
+	if err := p.templates(); err != nil {
+		return nil, err
+	}
+	if err := p.readGroups(); err != nil {
+		return nil, err
+	}
+	if err := p.slices(); err != nil {
+		return nil, err
+	}
+	if o.Zero <= 2 {
+		if err := p.checkZero12(); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// templates picks the model-state file each target TP rank starts from:
+// the source's file of that rank when TP is unchanged, else rank 0's.
+func (p *plan) templates() error {
+	byMP := map[int]string{}
+	for _, f := range p.r.Manifest.Files {
+		name := filepath.Base(f.Path)
+		if m := dslayout.ModelStatesFile.FindStringSubmatch(name); m != nil {
+			byMP[dslayout.Atoi(m[1])] = f.Path
+		} else if m := dslayout.Zero3ModelFile.FindStringSubmatch(name); m != nil && dslayout.Atoi(m[1]) == 0 {
+			byMP[dslayout.Atoi(m[2])] = f.Path
+		}
+	}
+	if len(byMP) == 0 {
+		return fmt.Errorf("%s: no DeepSpeed model-state file in the atomic checkpoint (it gives the module layout, counters and param groups)", p.r.Dir)
+	}
+	p.tmpl = make([]string, p.o.TP)
+	for t := range p.tmpl {
+		k := 0
+		if p.o.TP == p.srcT {
+			k = t
+		}
+		path, ok := byMP[k]
+		if !ok {
+			return fmt.Errorf("%s: no model-state file of model-parallel rank %d", p.r.Dir, k)
+		}
+		p.tmpl[t] = path
+	}
+	return nil
+}
+
+// openTemplate decodes a template's pickle (tensors are read lazily).
+func (p *plan) openTemplate(t int) (*torchfile.File, *pyobj.Dict, error) {
+	path := filepath.Join(p.r.Dir, filepath.FromSlash(p.tmpl[t]))
+	f, err := torchfile.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	root, ok := f.Root.(*pyobj.Dict)
+	if !ok {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: model state is %s, not a dict", path, pyobj.TypeName(f.Root))
+	}
+	return f, root, nil
+}
+
+// readGroups pairs the source's param groups with the parameters of each:
+// param_shapes[i] of the model states lists group i's parameters (ZeRO-3:
+// sub-group s, and param_groups[i].params lists group i's sub-groups).
+func (p *plan) readGroups() error {
+	f, root, err := p.openTemplate(0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if bn, ok := root.Get("buffer_names"); ok {
+		names, ok := pyobj.Strings(bn)
+		if !ok {
+			return fmt.Errorf("%s: buffer_names is %s", f.Name, pyobj.TypeName(bn))
+		}
+		for _, n := range names {
+			p.buffers[n] = true
+		}
+	}
+	psv, _ := root.Get("param_shapes")
+	shapes, ok := pyobj.Seq(psv)
+	if !ok || len(shapes) == 0 {
+		return fmt.Errorf("%s: no param_shapes list", f.Name)
+	}
+	pgv, ok := p.optim.Get("param_groups")
+	if !ok {
+		return fmt.Errorf("%s: zero/optimizer_state.pt has no param_groups", p.r.Dir)
+	}
+	pgs, ok := pyobj.Seq(pgv)
+	if !ok || len(pgs) == 0 {
+		return fmt.Errorf("%s: zero/optimizer_state.pt: param_groups is %s", p.r.Dir, pyobj.TypeName(pgv))
+	}
+	names := func(s int) ([]string, error) {
+		if s < 0 || s >= len(shapes) {
+			return nil, fmt.Errorf("%s: param group names flat group %d of %d", f.Name, s, len(shapes))
+		}
+		d, ok := shapes[s].(*pyobj.Dict)
+		if !ok {
+			return nil, fmt.Errorf("%s: param_shapes[%d] is %s", f.Name, s, pyobj.TypeName(shapes[s]))
+		}
+		var out []string
+		for _, k := range d.Keys() {
+			n, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("%s: param_shapes[%d] has a key %s", f.Name, s, pyobj.Repr(k))
+			}
+			out = append(out, n)
+		}
+		return out, nil
+	}
+	seen := map[string]bool{}
+	for i, gv := range pgs {
+		hd, ok := gv.(*pyobj.Dict)
+		if !ok {
+			return fmt.Errorf("%s: param_groups[%d] is %s", p.r.Dir, i, pyobj.TypeName(gv))
+		}
+		g := &rgroup{hyper: hd}
+		subs := []int64{int64(i)}
+		if len(pgs) != len(shapes) {
+			// ZeRO-3 sub-groups: the group's params are sub-group indices.
+			pv, _ := hd.Get("params")
+			if subs, ok = pyobj.Ints(pv); !ok {
+				return fmt.Errorf("%s: %d param groups for %d param_shapes groups, and param_groups[%d].params are not sub-group indices", p.r.Dir, len(pgs), len(shapes), i)
+			}
+		}
+		for _, s := range subs {
+			ns, err := names(int(s))
+			if err != nil {
+				return err
+			}
+			for _, n := range ns {
+				e, ok := p.params[n]
+				if !ok || e.Frozen {
+					return fmt.Errorf("%s: parameter %s of param group %d has no optimizer state in the atomic checkpoint", p.r.Dir, n, i)
+				}
+				if seen[n] {
+					return fmt.Errorf("%s: parameter %s is in two param groups", p.r.Dir, n)
+				}
+				seen[n] = true
+				g.names = append(g.names, n)
+			}
+		}
+		p.groups = append(p.groups, g)
+	}
+	for _, e := range p.r.Manifest.Params {
+		switch {
+		case e.Frozen && !p.buffers[e.Name]:
+			p.frozen = append(p.frozen, e.Name)
+		case !e.Frozen && !seen[e.Name]:
+			return fmt.Errorf("%s: parameter %s is in no param group of the model states", p.r.Dir, e.Name)
+		}
+	}
+	// Steps: one per group, as the torch optimizer holds it.
+	for gi, g := range p.groups {
+		for _, n := range g.names {
+			v, ok, err := p.r.Step(n)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if g.step == nil {
+				g.step = v
+			} else if stepRepr(v) != stepRepr(g.step) {
+				return fmt.Errorf("%s: param group %d holds parameters at different steps (%s: %s, others %s)", p.r.Dir, gi, n, stepRepr(v), stepRepr(g.step))
+			}
+		}
+		if g.step == nil {
+			v, err := pyobj.Path(p.optim, "optimizer_state_dict", "state")
+			if d, ok := v.(*pyobj.Dict); err == nil && ok && d.Len() > 0 {
+				_, s0 := d.Item(0)
+				if sd, ok := s0.(*pyobj.Dict); ok {
+					g.step, _ = sd.Get(fragment.StepState)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func stepRepr(v pyobj.Value) string {
+	if b, ok := v.(*torchfile.Blob); ok {
+		return fmt.Sprintf("tensor %v %x", b.DType, b.Data)
+	}
+	return pyobj.Repr(v)
+}
+
+// model is the target geometry: Megatron-DeepSpeed's heads, query groups
+// and vocabulary divisor when the source recorded its args.
+func (p *plan) model() load.Model {
+	var m load.Model
+	args := p.r.Manifest.Source.Args
+	num := func(k string) int64 {
+		if v, ok := args[k].(float64); ok {
+			return int64(v)
+		}
+		return 0
+	}
+	if h := num("num_attention_heads"); h > 0 {
+		m.Megatron = true
+		m.Heads, m.QueryGroups = h, h
+		if g := num("num_key_value_heads"); g > 0 {
+			m.QueryGroups = g
+		}
+		if g := num("num_query_groups"); g > 0 {
+			m.QueryGroups = g
+		}
+		m.VocabDivisor = num("make_vocab_size_divisible_by")
+	}
+	return m
+}
+
+// slices computes every parameter's shard on every target TP rank, as
+// DeepSpeed's universal loader would cut it, and checks that each rank
+// gets a non-empty shard of every non-empty parameter.
+func (p *plan) slices() error {
+	model := p.model()
+	p.shards = make([]map[string]fragment.Shard, p.o.TP)
+	for t := range p.shards {
+		p.shards[t] = map[string]fragment.Shard{}
+	}
+	for _, e := range p.r.Manifest.Params {
+		if p.buffers[e.Name] {
+			continue
+		}
+		meta, err := load.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
+		if err != nil {
+			return err
+		}
+		p.meta[e.Name] = meta
+		ent := e
+		// The source's padded vocabulary at its own TP; at another TP the
+		// target pads as its framework does.
+		var padded int64
+		if p.o.TP == p.srcT {
+			padded = e.PaddedVocab
+		}
+		for t := 0; t < p.o.TP; t++ {
+			sh, err := model.Slice(&ent, meta, p.o.TP, t, padded)
+			if err != nil {
+				return err
+			}
+			if torchfile.Numel(sh.Shape) == 0 && torchfile.Numel(e.Shape) > 0 {
+				return fmt.Errorf("%s: shape %v cannot be split %d ways (tensor-parallel rank %d gets nothing)", e.Name, e.Shape, p.o.TP, t)
+			}
+			p.shards[t][e.Name] = sh
+			if meta.Vocab && len(sh.Shape) > 0 {
+				p.paddedVocab = sh.Shape[0] * int64(p.o.TP)
+			}
+		}
+	}
+	return nil
+}
+
+// checkZero12 refuses layouts DeepSpeed v0.14.5 saves wrongly: it charges
+// a group's whole alignment padding to the last rank and strips it from
+// that rank's partition, which fails when the padding is larger.
+func (p *plan) checkZero12() error {
+	for t := 0; t < p.o.TP; t++ {
+		for gi := range p.groups {
+			n := p.groupNumel(gi, t)
+			a, s := zero12Layout(n, p.o.DP)
+			if a-n > s {
+				return fmt.Errorf("param group %d has %d elements on tensor-parallel rank %d: at --dp %d its last rank would hold %d padding elements in a partition of %d, "+
+					"which DeepSpeed %s cannot save (use --dp %d or less)", gi, n, t, p.o.DP, a-n, s, WriteVersion, maxDP12(n))
+			}
+		}
+	}
+	return nil
+}
+
+func maxDP12(n int64) int {
+	d := 1
+	for c := 2; c <= 1<<16; c++ {
+		if a, s := zero12Layout(n, c); a-n <= s {
+			d = c
+		}
+	}
+	return d
+}
+
+// zero12Layout is DeepSpeed's flat ZeRO-1/2 group: padded to a multiple of
+// 2*D (A elements), split in D partitions of S.
+func zero12Layout(n int64, D int) (a, s int64) {
+	align := int64(2 * D)
+	a = (n + align - 1) / align * align
+	return a, a / int64(D)
+}
+
+func (p *plan) groupNumel(gi, t int) int64 {
+	var n int64
+	for _, name := range p.groups[gi].names {
+		n += torchfile.Numel(p.shards[t][name].Shape)
+	}
+	return n
+}
+
+func (p *plan) groupNumels(gi, t int) []int64 {
+	out := make([]int64, len(p.groups[gi].names))
+	for i, name := range p.groups[gi].names {
+		out[i] = torchfile.Numel(p.shards[t][name].Shape)
+	}
+	return out
+}
+
+// write writes every file into dir.
+func (p *plan) write(ctx context.Context, dir string, st *ReshardStats) error {
+	cfg, err := p.dsConfig()
+	if err != nil {
+		return err
+	}
+	for t := 0; t < p.o.TP; t++ {
+		if p.o.Zero == 3 {
+			if err := p.writeZero3(ctx, dir, t, cfg, st); err != nil {
+				return err
+			}
+			continue
+		}
+		name := fmt.Sprintf("mp_rank_%02d_model_states.pt", t)
+		if err := p.writeModelStates(ctx, filepath.Join(dir, name), t, -1, cfg, st); err != nil {
+			return err
+		}
+		for r := 0; r < p.o.DP; r++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := p.writeOptim12(dir, t, r, cfg, st); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// optimName is a ZeRO optimizer file name as DeepSpeed gives it.
+func (p *plan) OptimName(t, r int) string {
+	prefix := ""
+	if p.dt == dtype.BFloat16 {
+		prefix = "bf16_"
+	}
+	return fmt.Sprintf("%szero_pp_rank_%d_mp_rank_%02d_optim_states.pt", prefix, r, t)
+}
+
+// dsConfig is the source's DeepSpeed config with the target's ZeRO stage
+// and dtype.
+func (p *plan) dsConfig() (*pyobj.Dict, error) {
+	f, root, err := p.openTemplate(0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cfg := pyobj.NewDict(pyobj.PlainDict)
+	if v, ok := root.Get("ds_config"); ok {
+		if d, ok := v.(*pyobj.Dict); ok {
+			cfg = d.Clone()
+		}
+	}
+	sub := func(key string) *pyobj.Dict {
+		v, _ := cfg.Get(key)
+		d, ok := v.(*pyobj.Dict)
+		if ok {
+			d = d.Clone()
+		} else {
+			d = pyobj.NewDict(pyobj.PlainDict)
+		}
+		cfg.Set(key, d)
+		return d
+	}
+	zo := sub("zero_optimization")
+	zo.Set("stage", int64(p.o.Zero))
+	if _, ok := zo.Get("round_robin_gradients"); ok {
+		zo.Set("round_robin_gradients", false) // the flat order written is the plain one
+	}
+	for _, k := range []string{"bf16", "fp16"} {
+		want := (k == "bf16" && p.dt == dtype.BFloat16) || (k == "fp16" && p.dt == dtype.Float16)
+		if _, has := cfg.Get(k); has || want {
+			sub(k).Set("enabled", want)
+		}
+	}
+	if _, has := cfg.Get("data_types"); has || p.o.BF16Optimizer {
+		dts := sub("data_types")
+		if p.o.BF16Optimizer {
+			dts.Set("grad_accum_dtype", "fp32")
+		} else if p.dt == dtype.BFloat16 && p.o.Zero == 1 {
+			// fp32 accumulation would make DeepSpeed pick BF16_Optimizer.
+			dts.Delete("grad_accum_dtype")
+		}
+	}
+	return cfg, nil
+}
+
+// lossScaler is the loss-scaler state DeepSpeedZeroOptimizer saves: the
+// source's when it suits the target dtype, else what the engine creates
+// (a DynamicLossScaler with DeepSpeed's defaults for fp16, a static scale
+// of 1 otherwise).
+func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool) {
+	want := "LossScaler"
+	if p.dt == dtype.Float16 {
+		want = "DynamicLossScaler"
+	}
+	if v, ok := p.optim.Get("loss_scaler"); ok {
+		if obj, ok := v.(*pyobj.Object); ok && obj.Class != nil && obj.Class.Name == want {
+			d, _ := obj.Attr("dynamic")
+			return obj, d == true
+		}
+	}
+	cls := &pyobj.Global{Module: "deepspeed.runtime.fp16.loss_scaler", Name: want}
+	var st *pyobj.Dict
+	if want == "LossScaler" {
+		st = pyobj.DictOf("cur_scale", 1.0, "dynamic", false)
+	} else {
+		st = pyobj.DictOf("cur_scale", int64(1<<16), "dynamic", true, "cur_iter", int64(0), "last_overflow_iter", int64(-1),
+			"scale_factor", 2.0, "scale_window", int64(1000), "min_scale", int64(1), "delayed_shift", int64(2),
+			"cur_hysteresis", int64(2), "consecutive_hysteresis", false, "raise_error_at_min_scale", true,
+			"dtype", pyobj.DType{DType: dtype.Float16})
+		p.notes = append(p.notes, "the source has no fp16 loss scaler: a DynamicLossScaler with DeepSpeed's defaults (scale 2^16) is written")
+	}
+	return &pyobj.Object{Class: cls, Via: pyobj.ByNewObj, State: st, Built: true}, want == "DynamicLossScaler"
+}
+
+// clipGrad is the source's gradient clipping (optimizer state, else config).
+func (p *plan) clipGrad(cfg *pyobj.Dict) pyobj.Value {
+	if v, ok := p.optim.Get("clip_grad"); ok {
+		return v
+	}
+	if v, ok := cfg.Get("gradient_clipping"); ok {
+		if f, ok := pyobj.Float(v); ok {
+			return f
+		}
+	}
+	return 0.0
+}
+
+// paramGroup is the torch optimizer's state_dict entry of flat group g:
+// the source's hyper-parameters, params last.
+func paramGroup(h *pyobj.Dict, params ...int64) *pyobj.Dict {
+	d := pyobj.NewDict(h.Kind)
+	for i := 0; i < h.Len(); i++ {
+		k, v := h.Item(i)
+		if k != "params" {
+			d.Set(k, v)
+		}
+	}
+	l := &pyobj.List{}
+	for _, x := range params {
+		l.Items = append(l.Items, x)
+	}
+	d.Set("params", l)
+	return d
+}
+
+// stateNames are the optimizer states besides fp32 (exp_avg, exp_avg_sq, or
+// another optimizer's), in the atomic checkpoint's order.
+func (p *plan) stateNames(g *rgroup) []string {
+	var out []string
+	e := p.params[g.names[0]]
+	for _, f := range e.Files {
+		if f.State != fragment.FP32 && f.State != fragment.StepState {
+			out = append(out, f.State)
+		}
+	}
+	return out
+}
+
+var fragmentAddress = &pyobj.Global{Module: "deepspeed.utils.tensor_fragment", Name: "fragment_address"}
+
+func fragmentAddr(numel, start int64) *pyobj.Object {
+	return &pyobj.Object{Class: fragmentAddress, Via: pyobj.ByNewObj, Built: true,
+		State: pyobj.DictOf("numel", numel, "start", start)}
+}
+
+// fill and fillPiece are load's streaming writes.
+type (
+	fill      = load.StateFill
+	fillPiece = load.StatePiece
+)
+
+// writeOptim12 writes the ZeRO-1/2 (or BF16_Optimizer) optimizer file of
+// TP rank t, DP rank r.
+func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
+	D := p.o.DP
+	var fills []fill
+	states := pyobj.NewDict(pyobj.PlainDict)
+	var pgroups, fp32s, paddings, counts, mappings pyobj.List
+	for gi, g := range p.groups {
+		numels := p.groupNumels(gi, t)
+		pieces, S, err := load.Zero12Pieces(numels, D, r)
+		if err != nil {
+			return err
+		}
+		n := p.groupNumel(gi, t)
+		a, _ := zero12Layout(n, D)
+		var pad int64
+		if r == D-1 {
+			pad = a - n // v0.14.5 charges all padding to the last rank
+		}
+		fp32Len := S - pad
+		if p.o.BF16Optimizer {
+			fp32Len = S
+		}
+		fp32 := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{fp32Len}, RequiresGrad: true}
+		sd := pyobj.NewDict(pyobj.PlainDict)
+		if g.step != nil {
+			sd.Set(fragment.StepState, g.step)
+		}
+		mp := pyobj.NewDict(pyobj.OrderedDict)
+		var fps []fillPiece
+		for _, pc := range pieces {
+			name := g.names[pc.Param]
+			mp.Set(name, fragmentAddr(pc.N, pc.At))
+			fps = append(fps, fillPiece{Param: name, Shard: p.shards[t][name], Local: pc.Local, N: pc.N, At: pc.At})
+		}
+		fills = append(fills, fill{Blob: fp32, Pieces: withState(fps, fragment.FP32)})
+		for _, s := range p.stateNames(g) {
+			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{S}}
+			sd.Set(s, b)
+			fills = append(fills, fill{Blob: b, Pieces: withState(fps, s)})
+		}
+		states.Set(int64(gi), sd)
+		pgroups.Items = append(pgroups.Items, paramGroup(g.hyper, int64(gi)))
+		fp32s.Items = append(fp32s.Items, fp32)
+		paddings.Items = append(paddings.Items, pad)
+		counts.Items = append(counts.Items, int64(D))
+		mappings.Items = append(mappings.Items, mp)
+	}
+	base := pyobj.DictOf("state", states, "param_groups", &pgroups)
+	osd := pyobj.NewDict(pyobj.PlainDict)
+	if p.o.BF16Optimizer {
+		osd.Set("clip_grad", p.clipGrad(cfg))
+		osd.Set("base_optimizer_state", base)
+		osd.Set("single_partition_of_fp32_groups", &fp32s)
+		osd.Set("group_paddings", &paddings)
+		osd.Set("partition_count", &counts)
+		osd.Set("ds_version", WriteVersion)
+		osd.Set("param_slice_mappings", &mappings)
+	} else {
+		scaler, dynamic := p.lossScaler()
+		osd.Set("loss_scaler", scaler)
+		osd.Set("dynamic_loss_scale", dynamic)
+		osd.Set("overflow", false)
+		osd.Set("clip_grad", p.clipGrad(cfg))
+		osd.Set("base_optimizer_state", base)
+		osd.Set("single_partition_of_fp32_groups", &fp32s)
+		osd.Set("zero_stage", zeroStageEnum(p.o.Zero))
+		osd.Set("group_paddings", &paddings)
+		osd.Set("partition_count", &counts)
+		osd.Set("ds_version", WriteVersion)
+		osd.Set("param_slice_mappings", &mappings)
+	}
+	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", WriteVersion)
+	return p.writeFile(filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
+}
+
+func withState(ps []fillPiece, state string) []fillPiece {
+	out := make([]fillPiece, len(ps))
+	for i, x := range ps {
+		x.State = state
+		out[i] = x
+	}
+	return out
+}
+
+// zeroStageEnum is ZeroStageEnum pickled by name, as DeepSpeed's files hold it.
+func zeroStageEnum(stage int) pyobj.Enum {
+	name := map[int]string{1: "optimizer_states", 2: "gradients", 3: "weights"}[stage]
+	return pyobj.Enum{Class: &pyobj.Global{Module: "deepspeed.runtime.zero.config", Name: "ZeroStageEnum"}, Name: name, ByName: true}
+}
+
+// writeFile writes root, streaming the fills' tensors (cast to each blob's
+// dtype) and zeros between their pieces; blobs with Data are written as is.
+func (p *plan) writeFile(path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
+	n, err := load.WriteFile(p.r, path, root, fills)
+	if err != nil {
+		return err
+	}
+	st.Files++
+	st.Bytes += n
+	return nil
+}
+
+// engineKeys are the keys DeepSpeed v0.14.5's engine writes into a model
+// state, in order; every other key of the template is client state.
+var engineKeys = []string{"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+	"frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names", "skipped_steps",
+	"global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version"}
+
+// newerKeys are engine keys of later DeepSpeed releases that v0.14.5 does
+// not write (and that would describe the source's degrees).
+var newerKeys = map[string]bool{"checkpoint_parallel_dimensions": true}
+
+// writeModelStates writes the model-state file of TP rank t (ZeRO-3: of DP
+// rank r too; r < 0 for ZeRO-1/2).
+func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
+	f, tmpl, err := p.openTemplate(t)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var fills []fill
+	modv, _ := tmpl.Get("module")
+	tm, ok := modv.(*pyobj.Dict)
+	if !ok {
+		return fmt.Errorf("%s: module is %s, not a state dict", f.Name, pyobj.TypeName(modv))
+	}
+	lp := map[string]*torchfile.Blob{} // one tensor per parameter, shared by its aliases
+	module, err := p.module(f, tm, "", t, r, lp, &fills)
+	if err != nil {
+		return err
+	}
+	state := pyobj.NewDict(pyobj.PlainDict)
+	get := func(k string, def pyobj.Value) pyobj.Value {
+		if v, ok := tmpl.Get(k); ok {
+			return v
+		}
+		return def
+	}
+	shapes := &pyobj.List{}
+	for gi, g := range p.groups {
+		if p.o.Zero == 3 {
+			break
+		}
+		d := pyobj.NewDict(pyobj.OrderedDict)
+		for _, n := range g.names {
+			d.Set(n, pyobj.Size(p.shards[t][n].Shape))
+		}
+		_ = gi
+		shapes.Items = append(shapes.Items, d)
+	}
+	if p.o.Zero == 3 {
+		shapes = p.zero3Shapes()
+	}
+	var frozenShapes, frozenFrags pyobj.Value
+	if p.o.Zero >= 2 {
+		fs, ff := pyobj.NewDict(pyobj.OrderedDict), pyobj.NewDict(pyobj.OrderedDict)
+		for _, n := range p.frozen {
+			e := p.params[n]
+			sh := p.shards[t][n]
+			fs.Set(n, pyobj.Size(sh.Shape))
+			b, pieces := p.frozenFragment(e, sh, r)
+			ff.Set(n, b)
+			fills = append(fills, fill{Blob: b, Pieces: pieces})
+		}
+		frozenShapes, frozenFrags = fs, ff
+	}
+	shared := pyobj.NewDict(pyobj.PlainDict)
+	if t == 0 && r <= 0 {
+		for _, e := range p.r.Manifest.Params {
+			for _, a := range e.Aliases {
+				shared.Set(a, e.Name)
+			}
+		}
+	}
+	for _, k := range engineKeys {
+		var v pyobj.Value
+		switch k {
+		case "module":
+			v = module
+		case "buffer_names":
+			v = get(k, &pyobj.List{})
+		case "optimizer":
+			v = nil
+		case "param_shapes":
+			v = shapes
+		case "frozen_param_shapes":
+			v = frozenShapes
+		case "shared_params":
+			v = shared
+		case "frozen_param_fragments":
+			v = frozenFrags
+		case "sparse_tensor_module_names":
+			v = get(k, &pyobj.Set{})
+		case "skipped_steps", "global_steps", "global_samples":
+			v = get(k, int64(0))
+		case "dp_world_size":
+			v = int64(p.o.DP)
+		case "mp_world_size":
+			v = int64(p.o.TP)
+		case "ds_config":
+			v = cfg
+		case "ds_version":
+			v = WriteVersion
+		default:
+			v = get(k, nil)
+		}
+		state.Set(k, v)
+	}
+	for i := 0; i < tmpl.Len(); i++ {
+		k, v := tmpl.Item(i)
+		ks, isStr := k.(string) // client keys of other types are copied as they are
+		if _, done := state.Get(k); done || (isStr && newerKeys[ks]) {
+			continue
+		}
+		if isStr && ks == "args" {
+			v = p.args(v)
+		}
+		cv, err := f.WithBytes(v, pyobj.DefaultLimits(), 0)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", f.Name, pyobj.Repr(k), err)
+		}
+		state.Set(k, cv)
+	}
+	return p.writeFile(path, state, fills, st)
+}
+
+// args updates Megatron-DeepSpeed's saved arguments to the target degrees.
+func (p *plan) args(v pyobj.Value) pyobj.Value {
+	o, ok := v.(*pyobj.Object)
+	if !ok {
+		return v
+	}
+	d, ok := o.State.(*pyobj.Dict)
+	if !ok {
+		return v
+	}
+	c := *o
+	nd := d.Clone()
+	set := func(k string, x int64) {
+		if _, ok := nd.Get(k); ok {
+			nd.Set(k, x)
+		}
+	}
+	set("tensor_model_parallel_size", int64(p.o.TP))
+	set("data_parallel_size", int64(p.o.DP))
+	set("world_size", int64(p.o.TP*p.o.DP))
+	set("zero_stage", int64(p.o.Zero))
+	if p.paddedVocab > 0 {
+		set("padded_vocab_size", p.paddedVocab)
+	}
+	c.State = nd
+	return &c
+}
+
+// module rebuilds a (possibly nested) module state dict for TP rank t:
+// parameters are their shards in the training dtype (ZeRO-3: empty, as
+// partitioned parameters are saved), buffers are the template's, frozen
+// parameters come from the atomic checkpoint.
+func (p *plan) module(f *torchfile.File, d *pyobj.Dict, prefix string, t, r int, lp map[string]*torchfile.Blob, fills *[]fill) (*pyobj.Dict, error) {
+	out := pyobj.NewDict(d.Kind)
+	out.Attrs = d.Attrs
+	for i := 0; i < d.Len(); i++ {
+		k, v := d.Item(i)
+		ks, ok := k.(string)
+		if !ok {
+			return nil, fmt.Errorf("%s: module has a key %s", f.Name, pyobj.Repr(k))
+		}
+		name := prefix + ks
+		switch x := v.(type) {
+		case *pyobj.Dict:
+			sub, err := p.module(f, x, name+".", t, r, lp, fills)
+			if err != nil {
+				return nil, err
+			}
+			out.Set(k, sub)
+			continue
+		case *torchfile.Tensor:
+			canon := name
+			if c, ok := p.aliases[name]; ok {
+				canon = c
+			}
+			if b, ok := lp[canon]; ok {
+				out.Set(k, b)
+				continue
+			}
+			e, inAtomic := p.params[canon]
+			switch {
+			case inAtomic && !p.buffers[canon]:
+				dt := p.dt
+				if e.Frozen && e.SourceDType != "" {
+					if sdt, err := dtype.Parse(e.SourceDType); err == nil && sdt.IsFloat() {
+						dt = sdt
+					}
+				}
+				sh := p.shards[t][canon]
+				b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...), RequiresGrad: false}
+				if p.o.Zero == 3 {
+					// Partitioned parameters are saved as empty tensors.
+					b.Shape, b.Data = []int64{0}, []byte{}
+				} else {
+					*fills = append(*fills, fill{Blob: b, Pieces: []fillPiece{{Param: canon, State: fragment.FP32, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
+				}
+				lp[canon] = b
+				out.Set(k, b)
+			case p.buffers[canon] || p.o.TP == p.srcT:
+				b, err := readBlob(f, x)
+				if err != nil {
+					return nil, err
+				}
+				out.Set(k, b)
+			default:
+				return nil, fmt.Errorf("%s: module tensor %s is neither a parameter nor a buffer of the checkpoint; it cannot be resharded to --tp %d", f.Name, name, p.o.TP)
+			}
+			continue
+		}
+		out.Set(k, v)
+	}
+	return out, nil
+}
+
+func readBlob(f *torchfile.File, t *torchfile.Tensor) (*torchfile.Blob, error) {
+	b, err := f.ReadTensor(t)
+	if err != nil {
+		return nil, err
+	}
+	bl := torchfile.NewBlob(t.DType, t.Shape, b)
+	bl.RequiresGrad = t.RequiresGrad
+	return bl, nil
+}
+
+// frozenFragment is a frozen parameter as DeepSpeed saves it: the whole
+// (TP-local) tensor in its dtype for ZeRO-2, this rank's partition for ZeRO-3.
+func (p *plan) frozenFragment(e *atomic.ParamEntry, sh fragment.Shard, r int) (*torchfile.Blob, []fillPiece) {
+	dt := p.dt
+	if e.SourceDType != "" {
+		if sdt, err := dtype.Parse(e.SourceDType); err == nil && sdt.IsFloat() {
+			dt = sdt
+		}
+	}
+	n := torchfile.Numel(sh.Shape)
+	if p.o.Zero == 3 {
+		pn := (n + int64(p.o.DP) - 1) / int64(p.o.DP)
+		valid := max(0, min(pn, n-int64(r)*pn))
+		b := &torchfile.Blob{DType: dt, Shape: []int64{pn}}
+		return b, []fillPiece{{Param: e.Name, State: fragment.FP32, Shard: sh, Local: int64(r) * pn, N: valid}}
+	}
+	b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
+	return b, []fillPiece{{Param: e.Name, State: fragment.FP32, Shard: sh, N: n}}
+}

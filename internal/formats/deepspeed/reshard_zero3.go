@@ -1,0 +1,150 @@
+package deepspeed
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// defaultSubGroupSize is DeepSpeed's zero_optimization.sub_group_size default.
+const defaultSubGroupSize = 1_000_000_000
+
+// subGroup is one ZeRO-3 sub-group: consecutive parameters of one param
+// group, flattened and partitioned together by the optimizer.
+type subGroup struct {
+	group int
+	names []string
+}
+
+// zero3SubGroups splits each param group as DeepSpeed's ZeRO-3 optimizer
+// does: parameters accumulate into a sub-group until their partition sizes
+// (ceil(n/D) each) reach sub_group_size, and the group's last parameter
+// closes its sub-group.
+func (p *plan) zero3SubGroups(cfg *pyobj.Dict) []subGroup {
+	size := int64(defaultSubGroupSize)
+	if v, err := pyobj.Path(cfg, "zero_optimization", "sub_group_size"); err == nil {
+		if n, ok := pyobj.Int(v); ok {
+			size = n
+		} else if f, ok := pyobj.Float(v); ok {
+			size = int64(f)
+		}
+	}
+	D := int64(p.o.DP)
+	var out []subGroup
+	for gi, g := range p.groups {
+		var total int64
+		for _, n := range g.names {
+			total += (torchfile.Numel(p.shards[0][n].Shape) + D - 1) / D
+		}
+		if size >= total {
+			out = append(out, subGroup{group: gi, names: g.names})
+			continue
+		}
+		cur := subGroup{group: gi}
+		var acc int64
+		for i, n := range g.names {
+			cur.names = append(cur.names, n)
+			acc += (torchfile.Numel(p.shards[0][n].Shape) + D - 1) / D
+			if acc >= size || i == len(g.names)-1 {
+				out = append(out, cur)
+				cur, acc = subGroup{group: gi}, 0
+			}
+		}
+	}
+	return out
+}
+
+// zero3Shapes is param_shapes of a ZeRO-3 model state: one ordered map
+// name -> full shape per sub-group.
+func (p *plan) zero3Shapes() *pyobj.List {
+	l := &pyobj.List{}
+	for _, sg := range p.subs {
+		d := pyobj.NewDict(pyobj.OrderedDict)
+		for _, n := range sg.names {
+			d.Set(n, pyobj.Size(p.shards[0][n].Shape))
+		}
+		l.Items = append(l.Items, d)
+	}
+	return l
+}
+
+// writeZero3 writes every DP rank's model-state and optimizer files of TP
+// rank t (t is 0: ZeRO-3 targets have no tensor parallelism).
+func (p *plan) writeZero3(ctx context.Context, dir string, t int, cfg *pyobj.Dict, st *ReshardStats) error {
+	p.subs = p.zero3SubGroups(cfg)
+	for r := 0; r < p.o.DP; r++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name := fmt.Sprintf("zero_pp_rank_%d_mp_rank_%02d_model_states.pt", r, t)
+		if err := p.writeModelStates(ctx, filepath.Join(dir, name), t, r, cfg, st); err != nil {
+			return err
+		}
+		if err := p.writeOptim3(dir, t, r, cfg, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeOptim3 writes DeepSpeedZeroOptimizer_Stage3's rigid state of DP
+// rank r: per sub-group the flat fp32 partition (each parameter's
+// ceil(n/D) slice, zero padded) and the torch optimizer's state of it.
+func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
+	D := p.o.DP
+	var fills []fill
+	states := pyobj.NewDict(pyobj.PlainDict)
+	var flats pyobj.List
+	groupSubs := make([][]int64, len(p.groups))
+	for s, sg := range p.subs {
+		numels := make([]int64, len(sg.names))
+		for i, n := range sg.names {
+			numels[i] = torchfile.Numel(p.shards[t][n].Shape)
+		}
+		pieces, size, err := load.Zero3Pieces(numels, D, r)
+		if err != nil {
+			return err
+		}
+		var fps []fillPiece
+		for _, pc := range pieces {
+			n := sg.names[pc.Param]
+			fps = append(fps, fillPiece{Param: n, Shard: p.shards[t][n], Local: pc.Local, N: pc.N, At: pc.At})
+		}
+		g := p.groups[sg.group]
+		sd := pyobj.NewDict(pyobj.PlainDict)
+		if g.step != nil {
+			sd.Set(fragment.StepState, g.step)
+		}
+		for _, k := range p.stateNames(g) {
+			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{size}}
+			sd.Set(k, b)
+			fills = append(fills, fill{Blob: b, Pieces: withState(fps, k)})
+		}
+		states.Set(int64(s), sd)
+		flat := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{size}, RequiresGrad: true}
+		flats.Items = append(flats.Items, flat)
+		fills = append(fills, fill{Blob: flat, Pieces: withState(fps, fragment.FP32)})
+		groupSubs[sg.group] = append(groupSubs[sg.group], int64(s))
+	}
+	var pgroups pyobj.List
+	for gi, g := range p.groups {
+		pgroups.Items = append(pgroups.Items, paramGroup(g.hyper, groupSubs[gi]...))
+	}
+	scaler, dynamic := p.lossScaler()
+	osd := pyobj.NewDict(pyobj.PlainDict)
+	osd.Set("zero_stage", zeroStageEnum(3))
+	osd.Set("loss_scaler", scaler)
+	osd.Set("dynamic_loss_scale", dynamic)
+	osd.Set("overflow", false)
+	osd.Set("partition_count", int64(D))
+	osd.Set("optimizer_state_dict", pyobj.DictOf("state", states, "param_groups", &pgroups))
+	osd.Set("fp32_flat_groups", &flats)
+	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", WriteVersion)
+	return p.writeFile(filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
+}

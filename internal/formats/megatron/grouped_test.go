@@ -1,0 +1,226 @@
+package megatron
+
+import (
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/patterns"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// fullIndex lists, for each element of a shard in row-major order, its
+// row-major index in the full tensor (-1 where nothing is placed).
+func fullIndex(sh fragment.Shard, full []int64) []int64 {
+	n := torchfile.Numel(sh.Shape)
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = -1
+	}
+	sh.Runs(full, 0, n, func(r fragment.Run) {
+		for k := int64(0); k < r.N; k++ {
+			out[r.Local+k] = r.Full + k
+		}
+	})
+	return out
+}
+
+// TestGroupedShards places GroupedMLP weights of 4 experts over EP 2 and
+// TP 2 and compares with mappings worked out by hand from Megatron's
+// views (NOTES.md §4.1).
+func TestGroupedShards(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		weight1 bool
+		local   []int64
+		H       int64
+		G       int64
+		full    []int64
+		want    map[int][]int64 // shard e*T+r -> full index of each local element
+	}{
+		{
+			// H 2, F 4, SwiGLU: full weight1 [2, 32] is [E 4, H 2, gate 4 | up 4]
+			// in memory. Rank (e, r) stores [2, 8] = [j 2, h 2, gate 2 | up 2]:
+			// local element (j, h, g, c) is full (2e+j)*16 + h*8 + g*4 + 2r + c.
+			// EP rank e owns full row e; TP rank r columns 4k+2r, 4k+2r+1.
+			name: "weight1", weight1: true, local: []int64{2, 8}, H: 2, G: 2, full: []int64{2, 32},
+			want: map[int][]int64{
+				0: {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+				1: {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31},
+				2: {32, 33, 36, 37, 40, 41, 44, 45, 48, 49, 52, 53, 56, 57, 60, 61},
+				3: {34, 35, 38, 39, 42, 43, 46, 47, 50, 51, 54, 55, 58, 59, 62, 63},
+			},
+		},
+		{
+			// H 4, F 2, SwiGLU: [E 4, H 4, gate 2 | up 2]; rank (e, r) stores
+			// [4, 2] = [j 2, h 4, gate 1 | up 1]: full rows 2e, 2e+1 (H/EP = 2
+			// rows hold the 8 (expert, hidden) lines of experts 2e, 2e+1).
+			name: "weight1 two rows per EP rank", weight1: true, local: []int64{4, 4}, H: 4, G: 2, full: []int64{4, 16},
+			want: map[int][]int64{
+				1: {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31},
+				2: {32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62},
+			},
+		},
+		{
+			// No gating, H 2, F 4: [E 4, H 2, F 4]; rank (e, r) stores [2, 4] =
+			// [j 2, h 2, 2]: full (2e+j)*8 + h*4 + 2r + c.
+			name: "weight1 not gated", weight1: true, local: []int64{2, 4}, H: 2, G: 1, full: []int64{2, 16},
+			want: map[int][]int64{
+				3: {18, 19, 22, 23, 26, 27, 30, 31},
+			},
+		},
+		{
+			// weight2 [E*F, H] with F 4, H 3: rank (e, r) stores [j 2 x F/T 2, 3]:
+			// local row 2j+f is full row (2e+j)*4 + 2r + f.
+			name: "weight2", local: []int64{4, 3}, H: 3, G: 2, full: []int64{16, 3},
+			want: map[int][]int64{
+				0: {0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17},
+				1: {6, 7, 8, 9, 10, 11, 18, 19, 20, 21, 22, 23},
+				2: {24, 25, 26, 27, 28, 29, 36, 37, 38, 39, 40, 41},
+				3: {30, 31, 32, 33, 34, 35, 42, 43, 44, 45, 46, 47},
+			},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			full, shards, err := groupedShards(c.weight1, c.local, c.H, 4, 2, 2, c.G)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(full, c.full) {
+				t.Fatalf("full shape %v, want %v", full, c.full)
+			}
+			for i, want := range c.want {
+				if got := fullIndex(shards[i], full); !reflect.DeepEqual(got, want) {
+					t.Errorf("shard %d (%s): full indices\n got %v\nwant %v", i, shards[i].Label, got, want)
+				}
+			}
+			// Every shard holds one stored tensor of the local shape, and
+			// together they tile the full tensor: Shard-NC.
+			p := &fragment.Param{Name: c.name, Shape: full}
+			st := p.AddState(fragment.FP32)
+			for i, sh := range shards {
+				if torchfile.Numel(sh.Shape) != torchfile.Numel(c.local) {
+					t.Fatalf("shard %d has %v elements, the stored tensor %v", i, sh.Shape, c.local)
+				}
+				st.Shards = append(st.Shards, sh)
+				src := fragment.TensorRef{Path: "x", T: &torchfile.Tensor{Shape: c.local, Stride: torchfile.ContiguousStrides(c.local)}}
+				st.Frags = append(st.Frags, fragment.Fragment{Shard: i, Len: torchfile.Numel(c.local), Src: src})
+			}
+			if err := st.Validate(full); err != nil {
+				t.Fatal(err)
+			}
+			if k, _ := patterns.Classify(p); k != patterns.ShardNC {
+				t.Errorf("pattern %v, want Shard-NC", k)
+			}
+		})
+	}
+}
+
+// At TP 1 an EP rank holds whole experts: one block of rows (Shard-V).
+func TestGroupedShardsTP1(t *testing.T) {
+	full, shards, err := groupedShards(true, []int64{4, 8}, 4, 4, 2, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(full, []int64{4, 16}) {
+		t.Fatalf("full shape %v", full)
+	}
+	want := make([]int64, 32)
+	for i := range want {
+		want[i] = 32 + int64(i) // EP rank 1: experts 2, 3 = the second half of the memory
+	}
+	if got := fullIndex(shards[1], full); !reflect.DeepEqual(got, want) {
+		t.Errorf("EP rank 1: %v", got)
+	}
+	p := &fragment.Param{Shape: full}
+	st := p.AddState(fragment.FP32)
+	st.Shards = shards
+	if k, dims := patterns.Classify(p); k != patterns.ShardV || !reflect.DeepEqual(dims, []int{0}) {
+		t.Errorf("pattern %v %v, want Shard-V [0]", k, dims)
+	}
+}
+
+func TestGroupedShardsErrors(t *testing.T) {
+	for _, c := range []struct {
+		weight1 bool
+		local   []int64
+		H       int64
+		EP      int
+		want    string
+	}{
+		{true, []int64{6, 8}, 6, 4, "hidden_size 6 does not split over expert parallel 4"},
+		{true, []int64{8, 6}, 8, 2, "weight1 has shape [8 6]"},
+		{true, []int64{4, 8}, 8, 2, "weight1 has shape [4 8]"},
+		{false, []int64{8, 4}, 8, 2, "weight2 has shape [8 4]"},
+		{false, []int64{8, 8, 1}, 8, 2, "not 2 dims"},
+		{false, []int64{8, 8}, 8, 3, "4 experts do not split over expert parallel 3"},
+	} {
+		_, _, err := groupedShards(c.weight1, c.local, c.H, 4, c.EP, 2, 2)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("groupedShards(%v, %v, H %d, EP %d) = %v, want %q", c.weight1, c.local, c.H, c.EP, err, c.want)
+		}
+	}
+}
+
+// Experts are expert-parallel (own optimizer, own DDP buffers) only with
+// EP > 1, for GroupedMLP as for the other expert layouts.
+func TestExpertParallel(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ep   int
+		want bool
+	}{
+		{"decoder.layers.0.mlp.experts.weight1", 2, true},
+		{"decoder.layers.0.mlp.experts.weight1", 1, false},
+		{"decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight", 1, false},
+		{"decoder.layers.0.mlp.experts.linear_fc2.weight3", 4, true},
+		{"decoder.layers.0.mlp.shared_experts.linear_fc1.weight", 2, false},
+		{"decoder.layers.0.mlp.router.weight", 2, false},
+	} {
+		if got := expertParallel(c.name, c.ep); got != c.want {
+			t.Errorf("expertParallel(%s, %d) = %v", c.name, c.ep, got)
+		}
+	}
+}
+
+// Rewritten copies of the GroupedMLP fixture: args that contradict the
+// fused shapes, or layouts ucp does not read, are errors naming the file.
+func TestGroupedArgsErrors(t *testing.T) {
+	const c = "moe_groupedmlp_tp2_ep2_distopt"
+	w1 := "decoder.layers.0.mlp.experts.weight1"
+	for _, tc := range []struct {
+		name string
+		edit func(args *pyobj.Dict)
+		want []string
+	}{
+		{"moe_ffn_hidden_size", func(a *pyobj.Dict) { a.Set("moe_ffn_hidden_size", int64(16)) },
+			[]string{w1, "expert hidden size of 8 but args.moe_ffn_hidden_size is 16"}},
+		{"ffn_hidden_size fallback", func(a *pyobj.Dict) { a.Set("moe_ffn_hidden_size", nil); a.Set("ffn_hidden_size", int64(12)) },
+			[]string{w1, "args.ffn_hidden_size is 12"}},
+		{"num_experts", func(a *pyobj.Dict) { a.Set("num_experts", nil) },
+			[]string{w1, "GroupedMLP weight", "args.num_experts is not set"}},
+		{"moe_extended_tp", func(a *pyobj.Dict) { a.Set("moe_extended_tp", true) },
+			[]string{"model_optim_rng.pt", "moe_extended_tp"}},
+		{"swiglu", func(a *pyobj.Dict) { a.Set("swiglu", false) },
+			// not gated: weight1's 16 columns are 2 experts of 8 / TP 2 = F 16
+			[]string{w1, "expert hidden size of 16 but args.moe_ffn_hidden_size is 8"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root, iter := fixtureCopy(t, c)
+			dirs, err := filepath.Glob(filepath.Join(iter, "mp_rank_*"))
+			if err != nil || len(dirs) != 4 {
+				t.Fatalf("%v: %v", dirs, err)
+			}
+			for _, d := range dirs {
+				rewrite(t, filepath.Join(d, "model_optim_rng.pt"), func(r pyobj.Value) pyobj.Value {
+					tc.edit(argsOf(r))
+					return r
+				})
+			}
+			wantError(t, root, Options{}, tc.want...)
+		})
+	}
+}

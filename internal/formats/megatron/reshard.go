@@ -1,0 +1,685 @@
+package megatron
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// ReshardOptions say which Megatron-LM run the written checkpoint is for.
+type ReshardOptions struct {
+	TP, PP, VPP, DP int
+	// DistOptimizer writes Megatron's distributed optimizer: param groups
+	// in model_optim_rng.pt, states in distrib_optim.pt (F3, core >= 0.13).
+	DistOptimizer bool
+	Force, NoSync bool
+}
+
+// ReshardStats tell what was written.
+type ReshardStats struct {
+	Files int
+	Bytes int64
+	Notes []string
+}
+
+// rsParam is one tensor of a target rank's model state dict.
+type rsParam struct {
+	local string // key in the written state dict (stage-local layer number)
+	src   string // atomic parameter whose shard it holds
+}
+
+// rsPlan is everything Reshard decided before writing (RESHARD.md).
+type rsPlan struct {
+	r       *atomic.Reader
+	o       ReshardOptions
+	dt      dtype.DType
+	extra   *pyobj.Dict
+	args    *pyobj.Object
+	optim   *pyobj.Dict
+	groups  []*pyobj.Dict
+	flags   []groupFlags
+	qkWD    bool
+	te      bool                        // TransformerEngine spec: core_attention saves _extra_state too
+	shards  []map[string]fragment.Shard // per target TP rank
+	chunks  [][][]rsParam               // [pp][chunk] tensors in state-dict order
+	states  map[string][]string         // parameter -> optimizer tensor states (fp32 first)
+	steps   map[string]pyobj.Value
+	iter    int64
+	vocab   int64 // target padded vocabulary (0: none)
+	layers  int
+	untie   bool
+	modelCP int64
+}
+
+// Reshard writes the atomic checkpoint r (converted from a Megatron-LM
+// checkpoint) as a Megatron-LM --ckpt-format torch save folder dst at the
+// given tensor, pipeline and virtual pipeline sizes: iter_XXXXXXX with one
+// mp_rank_TT[_PPP]/model_optim_rng.pt per model-parallel rank, and
+// latest_checkpointed_iteration.txt naming it. Everything is checked before
+// the first byte is written; the iteration folder appears complete or not
+// at all.
+func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
+	p, err := planMegatron(r, o)
+	if err != nil {
+		return nil, err
+	}
+	dst = filepath.Clean(dst)
+	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
+		return nil, err
+	}
+	iterDir := filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter))
+	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
+		// Another checkpoint's tracker would be repointed: also only with --force.
+		if _, err := os.Stat(x); err == nil && !o.Force {
+			return nil, fmt.Errorf("%s exists; use --force to replace it", x)
+		}
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return nil, err
+	}
+	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
+	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
+		return p.write(ctx, tmp, st)
+	}); err != nil {
+		return nil, err
+	}
+	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(strconv.FormatInt(p.iter, 10)), o.NoSync); err != nil {
+		return nil, err
+	}
+	st.Files++
+	return st, nil
+}
+
+func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
+	m := r.Manifest
+	if m.Source.Format != "megatron" {
+		return nil, fmt.Errorf("%s: converted from a %s checkpoint; --to megatron needs one converted from Megatron-LM (its args and param groups)", r.Dir, m.Source.Format)
+	}
+	switch {
+	case o.TP < 1:
+		return nil, fmt.Errorf("--tp must be at least 1, not %d", o.TP)
+	case o.PP < 1:
+		return nil, fmt.Errorf("--pp must be at least 1, not %d", o.PP)
+	case o.DP < 1:
+		return nil, fmt.Errorf("--dp must be at least 1, not %d", o.DP)
+	case o.VPP < 0 || o.VPP == 1:
+		return nil, fmt.Errorf("--vpp %d: give 2 or more model chunks per stage, or leave it out", o.VPP)
+	case o.VPP > 0 && o.PP < 2:
+		return nil, fmt.Errorf("--vpp %d needs --pp 2 or more (Megatron interleaves chunks over pipeline stages)", o.VPP)
+	}
+	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}}
+	var err error
+	if p.dt, err = dtype.Parse(m.Source.DType); err != nil {
+		return nil, fmt.Errorf("%s: source training dtype: %w", r.Dir, err)
+	}
+	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
+		return nil, fmt.Errorf("%s: source training dtype %v: Megatron trains in float32, bfloat16 or float16", r.Dir, p.dt)
+	}
+	ev, err := r.Load(atomic.ExtraState)
+	if err != nil {
+		return nil, err
+	}
+	var ok bool
+	if p.extra, ok = ev.(*pyobj.Dict); !ok {
+		return nil, fmt.Errorf("%s/%s is %s, not a dict", r.Dir, atomic.ExtraState, pyobj.TypeName(ev))
+	}
+	av, _ := p.extra.Get("args")
+	if p.args, ok = av.(*pyobj.Object); !ok {
+		return nil, fmt.Errorf("%s/%s: no args Namespace (%s); the model geometry is unknown", r.Dir, atomic.ExtraState, pyobj.TypeName(av))
+	}
+	if _, ok := p.args.State.(*pyobj.Dict); !ok {
+		return nil, fmt.Errorf("%s/%s: args has no attribute dict", r.Dir, atomic.ExtraState)
+	}
+	intArg := func(k string, def int64) (int64, error) {
+		v, ok := p.args.Attr(k)
+		if !ok || v == nil {
+			return def, nil
+		}
+		n, ok := pyobj.Int(v)
+		if !ok {
+			return 0, fmt.Errorf("%s/%s: args.%s is %s, not an int", r.Dir, atomic.ExtraState, k, pyobj.Repr(v))
+		}
+		return n, nil
+	}
+	boolArg := func(k string) bool { v, _ := p.args.Attr(k); return v == true }
+	L, err := intArg("num_layers", 0)
+	if err != nil {
+		return nil, err
+	}
+	if L <= 0 {
+		return nil, fmt.Errorf("%s/%s: args.num_layers is missing", r.Dir, atomic.ExtraState)
+	}
+	p.layers = int(L)
+	if p.modelCP, err = intArg("context_parallel_size", 1); err != nil {
+		return nil, err
+	}
+	if n, err := intArg("num_experts", 0); err != nil || n > 0 {
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s: a mixture-of-experts model (args.num_experts %d): --to megatron does not write expert layouts yet", r.Dir, n)
+	}
+	if boolArg("use_legacy_models") {
+		return nil, fmt.Errorf("%s: a legacy (non-MCore) Megatron model: --to megatron writes MCore state dicts only", r.Dir)
+	}
+	p.untie = boolArg("untie_embeddings_and_output_weights")
+	p.qkWD = boolArg("apply_wd_to_qk_layernorm")
+	if impl, ok := p.args.Attr("transformer_impl"); ok {
+		p.te = impl == "transformer_engine"
+	}
+	V := max(o.VPP, 1)
+	if p.layers%(o.PP*V) != 0 {
+		return nil, fmt.Errorf("--pp %d x --vpp %d does not divide the %d layers (args.num_layers); ucp writes even pipeline splits only", o.PP, V, p.layers)
+	}
+	if it, ok := p.extra.Get("iteration"); ok {
+		if p.iter, ok = pyobj.Int(it); !ok || p.iter < 0 {
+			return nil, fmt.Errorf("%s/%s: iteration is %s", r.Dir, atomic.ExtraState, pyobj.Repr(it))
+		}
+	}
+	model, err := load.ReadModel(r)
+	if err != nil {
+		return nil, err
+	}
+	if o.TP > 1 {
+		// Megatron divides heads and query groups by TP in every layer.
+		for _, c := range []struct {
+			what string
+			n    int64
+		}{{"attention heads", model.Heads}, {"query groups", model.QueryGroups}} {
+			if c.n <= 0 || c.n%int64(o.TP) != 0 {
+				return nil, fmt.Errorf("--tp %d does not divide the %d %s of the model", o.TP, c.n, c.what)
+			}
+		}
+	}
+	ov, err := r.Load(filepath.Join(atomic.ZeroDir, atomic.OptimizerState))
+	if err != nil {
+		return nil, err
+	}
+	if p.optim, ok = ov.(*pyobj.Dict); !ok {
+		return nil, fmt.Errorf("%s: optimizer_state.pt is %s, not a dict", r.Dir, pyobj.TypeName(ov))
+	}
+	if p.groups, p.flags, err = readGroups(filepath.Join(r.Dir, atomic.ZeroDir, atomic.OptimizerState), 0, p.optim); err != nil {
+		return nil, err
+	}
+	if err := p.slices(model); err != nil {
+		return nil, err
+	}
+	return p, p.place()
+}
+
+// slices computes every parameter's shard on every target TP rank as
+// Megatron holds it (load: vocabulary re-padded, QKV per query group,
+// SwiGLU [gate_r; up_r]).
+func (p *rsPlan) slices(model load.Model) error {
+	T := p.o.TP
+	p.shards = make([]map[string]fragment.Shard, T)
+	for t := range p.shards {
+		p.shards[t] = map[string]fragment.Shard{}
+	}
+	srcT := max(p.r.Manifest.Source.Degrees.TP, 1)
+	for i := range p.r.Manifest.Params {
+		e := &p.r.Manifest.Params[i]
+		switch {
+		case e.Frozen:
+			return fmt.Errorf("%s: frozen parameter or buffer %s: --to megatron writes trained parameters only", p.r.Dir, e.Name)
+		case isExpert(e.Name) || strings.HasPrefix(e.Name, "language_model."):
+			return fmt.Errorf("%s: parameter %s: --to megatron does not write expert or legacy-model layouts yet", p.r.Dir, e.Name)
+		}
+		meta, err := load.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
+		if err != nil {
+			return err
+		}
+		var padded int64
+		if T == srcT {
+			padded = e.PaddedVocab
+		}
+		for t := 0; t < T; t++ {
+			sh, err := model.Slice(e, meta, T, t, padded)
+			if err != nil {
+				return err
+			}
+			if torchfile.Numel(sh.Shape) == 0 && torchfile.Numel(e.Shape) > 0 {
+				return fmt.Errorf("%s: shape %v cannot be split %d ways", e.Name, e.Shape, T)
+			}
+			p.shards[t][e.Name] = sh
+			if meta.Vocab && len(sh.Shape) > 0 {
+				p.vocab = sh.Shape[0] * int64(T)
+			}
+		}
+		var states []string
+		for _, f := range e.Files {
+			if f.State != fragment.StepState {
+				states = append(states, f.State)
+			}
+		}
+		p.states[e.Name] = fragment.StateOrder(states)
+		if len(p.states[e.Name]) == 0 || p.states[e.Name][0] != fragment.FP32 {
+			return fmt.Errorf("%s: parameter %s has no fp32 state", p.r.Dir, e.Name)
+		}
+		v, ok, err := p.r.Step(e.Name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			p.steps[e.Name] = v
+		}
+	}
+	return nil
+}
+
+// place puts every parameter on its pipeline stage and model chunk:
+// global layer n lives in chunk v of stage s when n / (L/(PP*V)) is
+// v*PP + s (get_transformer_layer_offset), renumbered from 0 there; the
+// embedding on the first chunk, the rest (final norm, output layer) on
+// the last; a tied output layer gets the embedding's copy there unless
+// one chunk is both first and last.
+func (p *rsPlan) place() error {
+	P, V := p.o.PP, max(p.o.VPP, 1)
+	per := p.layers / (P * V)
+	p.chunks = make([][][]rsParam, P)
+	for s := range p.chunks {
+		p.chunks[s] = make([][]rsParam, V)
+	}
+	var embedding string
+	for _, e := range p.r.Manifest.Params {
+		n := layerIndex(e.Name)
+		s, v := P-1, V-1
+		local := e.Name
+		switch {
+		case n >= 0:
+			if n >= p.layers {
+				return fmt.Errorf("%s: %s is beyond num_layers %d", p.r.Dir, e.Name, p.layers)
+			}
+			c := n / per
+			s, v = c%P, c/P
+			local = globalName(e.Name, -c*per, 0)
+		case strings.HasPrefix(e.Name, "embedding."):
+			s, v = 0, 0
+			if isWordEmbedding(e.Name) {
+				embedding = e.Name
+			}
+		}
+		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: e.Name})
+	}
+	if embedding != "" && !p.untie && P*V > 1 {
+		p.chunks[P-1][V-1] = append(p.chunks[P-1][V-1], rsParam{local: "output_layer.weight", src: embedding})
+	}
+	for s := range p.chunks {
+		for v, list := range p.chunks[s] {
+			if len(list) == 0 {
+				return fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
+			}
+		}
+	}
+	return nil
+}
+
+// write writes every mp_rank folder into dir.
+func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error {
+	for s := 0; s < p.o.PP; s++ {
+		for t := 0; t < p.o.TP; t++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			name := fmt.Sprintf("mp_rank_%02d", t)
+			if p.o.PP > 1 {
+				name += fmt.Sprintf("_%03d", s)
+			}
+			sub := filepath.Join(dir, name)
+			if err := os.Mkdir(sub, 0o755); err != nil {
+				return err
+			}
+			if err := p.writeRank(filepath.Join(sub, modelFile), t, s, st); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeRank writes model_optim_rng.pt of TP rank t, pipeline stage s.
+func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
+	var fills []load.StateFill
+	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
+		sh := p.shards[t][name]
+		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
+		fills = append(fills, load.StateFill{Blob: b, Pieces: []load.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
+		return b
+	}
+	root := pyobj.NewDict(pyobj.PlainDict)
+	root.Set("args", p.targetArgs())
+	cv, ok := p.extra.Get("checkpoint_version")
+	if !ok {
+		cv = 3.0
+	}
+	root.Set("checkpoint_version", cv)
+	root.Set("iteration", p.iter)
+	var members []rsParam // this rank's parameters, chunk then state-dict order
+	for v, list := range p.chunks[s] {
+		md := pyobj.NewDict(pyobj.OrderedDict)
+		// Modules with get_extra_state save '_extra_state' after their own
+		// parameters (TE modules, MCore's parallel linears: None without
+		// FP8); a strict load_state_dict expects the keys.
+		for i, rp := range list {
+			mod := linearModule(rp.local)
+			if p.te && strings.HasSuffix(mod, ".self_attention.linear_proj") && (i == 0 || linearModule(list[i-1].local) != mod) {
+				md.Set(strings.TrimSuffix(mod, "linear_proj")+"core_attention._extra_state", nil)
+			}
+			md.Set(rp.local, blob(rp.src, fragment.FP32, p.dt))
+			if mod != "" && (i+1 == len(list) || linearModule(list[i+1].local) != mod) {
+				md.Set(mod+"._extra_state", nil)
+			}
+		}
+		if s == p.o.PP-1 && v == len(p.chunks[s])-1 {
+			if _, ok := md.Get("output_layer._extra_state"); !ok {
+				md.Set("output_layer._extra_state", nil) // tied output layer without its weight
+			}
+		}
+		key := "model"
+		if p.o.VPP > 0 {
+			key += strconv.Itoa(v)
+		}
+		root.Set(key, md)
+		members = append(members, list...)
+	}
+	var opt pyobj.Value
+	var err error
+	if p.o.DistOptimizer {
+		opt, err = p.distGroups(members)
+	} else {
+		opt, err = p.optimizer(members, blob)
+	}
+	if err != nil {
+		return err
+	}
+	root.Set("optimizer", opt)
+	for _, k := range []string{"opt_param_scheduler", "lr_scheduler", "num_floating_point_operations_so_far"} {
+		if v, ok := p.extra.Get(k); ok {
+			root.Set(k, v)
+		}
+	}
+	if err := p.writeFile(path, root, fills, st); err != nil {
+		return err
+	}
+	if p.o.DistOptimizer {
+		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
+	}
+	return nil
+}
+
+// reLinear matches the parameters of modules that save '_extra_state'.
+var reLinear = regexp.MustCompile(`^(.*\.(?:linear_qkv|linear_proj|linear_fc1|linear_fc2)|output_layer)\.[^.]+$`)
+
+// linearModule returns the module of a parameter that saves
+// '_extra_state', or "".
+func linearModule(local string) string {
+	if m := reLinear.FindStringSubmatch(local); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// groupFlagsOf are the param-group flags of a rank tensor (flagsOf).
+func (p *rsPlan) groupFlagsOf(rp rsParam) groupFlags {
+	e, _ := p.r.Param(rp.src)
+	noWD := strings.HasSuffix(rp.local, ".bias") || len(e.Shape) == 1
+	if p.qkWD && (strings.Contains(rp.local, "q_layernorm.") || strings.Contains(rp.local, "k_layernorm.")) {
+		noWD = false
+	}
+	return groupFlags{noWD: noWD}
+}
+
+// distGroups is DistributedOptimizer.state_dict(): the param groups
+// without 'params' and with the group's step (a float for a torch Adam
+// 0-dim step tensor, as Megatron saves state['step'].item()), and the
+// grad scaler.
+func (p *rsPlan) distGroups(members []rsParam) (pyobj.Value, error) {
+	groups := &pyobj.List{}
+	for g, grp := range p.groups {
+		gd := grp.Clone()
+		gd.Delete("params")
+		for _, rp := range members {
+			if p.groupFlagsOf(rp) != p.flags[g] {
+				continue
+			}
+			v, ok := p.steps[rp.src]
+			if !ok {
+				break
+			}
+			if b, isTensor := v.(*torchfile.Blob); isTensor {
+				f, err := blobScalar(b)
+				if err != nil {
+					return nil, fmt.Errorf("%s: step of %s: %w", p.r.Dir, rp.src, err)
+				}
+				v = f
+			}
+			gd.Set(fragment.StepState, v)
+			break
+		}
+		groups.Items = append(groups.Items, gd)
+	}
+	inner := pyobj.NewDict(pyobj.PlainDict)
+	inner.Set("param_groups", groups)
+	out := pyobj.NewDict(pyobj.PlainDict)
+	out.Set("optimizer", inner)
+	if gs, ok := p.optim.Get("grad_scaler"); ok && p.dt != dtype.Float32 {
+		out.Set("grad_scaler", gs)
+	}
+	return out, nil
+}
+
+// blobScalar is the value of a 0-dim float tensor.
+func blobScalar(b *torchfile.Blob) (float64, error) {
+	if torchfile.Numel(b.Shape) != 1 || !b.DType.IsFloat() || int64(len(b.Data)) != int64(b.DType.Size()) {
+		return 0, fmt.Errorf("a %v%v tensor is not a float scalar", b.DType, b.Shape)
+	}
+	f32 := make([]byte, 4)
+	if b.DType == dtype.Float32 {
+		copy(f32, b.Data)
+	} else if err := dtype.ToFloat32(f32, b.Data, b.DType); err != nil {
+		return 0, err
+	}
+	return float64(math.Float32frombits(binary.LittleEndian.Uint32(f32))), nil
+}
+
+// writeDistrib writes distrib_optim.pt of TP rank t, stage s as DP rank 0
+// saves it (get_parameter_state_dp_zero, core >= 0.7 'buckets_coalesced'):
+// per DDP buffer (model chunk, then dtype) one fp32 tensor per state of
+// numel_unpadded elements, each parameter at its place in Megatron's
+// bucket layout with the bucket-end padding removed, zeros between.
+func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
+	holder := pyobj.NewDict(pyobj.PlainDict)
+	holder.Set("args", p.targetArgs())
+	a, err := parseArgs(path, holder)
+	if err != nil {
+		return err
+	}
+	var total int64
+	for _, list := range p.chunks[s] {
+		for _, rp := range list {
+			total += torchfile.Numel(p.shards[t][rp.src].Shape)
+		}
+	}
+	P := p.o.PP
+	V := len(p.chunks[s])
+	root := pyobj.NewDict(pyobj.PlainDict)
+	root.Set("buckets_coalesced", true)
+	var fills []load.StateFill
+	for v, list := range p.chunks[s] {
+		lps := make([]layoutParam, len(list))
+		for i, rp := range list {
+			first, last := s == 0 && v == 0, s == P-1 && v == V-1
+			shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
+			lps[i] = layoutParam{numel: torchfile.Numel(p.shards[t][rp.src].Shape), shared: shared}
+		}
+		lay := computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
+		base := make([]int64, len(lay.unpadded)+1)
+		for i, u := range lay.unpadded {
+			base[i+1] = base[i] + u
+		}
+		nu := base[len(lay.unpadded)]
+		world := pyobj.NewDict(pyobj.PlainDict)
+		for _, state := range []string{fragment.FP32, "exp_avg", "exp_avg_sq"} {
+			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{nu}}
+			f := load.StateFill{Blob: b}
+			for i, rp := range list {
+				if !p.hasState(rp.src, state) {
+					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
+				}
+				sh := p.shards[t][rp.src]
+				f.Pieces = append(f.Pieces, load.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
+			}
+			sort.Slice(f.Pieces, func(i, j int) bool { return f.Pieces[i].At < f.Pieces[j].At })
+			fills = append(fills, f)
+			key := state
+			if state == fragment.FP32 {
+				key = "param"
+			}
+			world.Set(key, b)
+		}
+		world.Set("numel_unpadded", nu)
+		buf := pyobj.NewDict(pyobj.PlainDict)
+		buf.Set(pyobj.Tuple{pyobj.DType{DType: p.dt}, pyobj.DType{DType: a.gradDType(p.dt)}}, world)
+		root.Set(int64(v), buf)
+	}
+	return p.writeFile(path, root, fills, st)
+}
+
+func (p *rsPlan) hasState(param, state string) bool {
+	for _, s := range p.states[param] {
+		if s == state {
+			return true
+		}
+	}
+	return false
+}
+
+// optimizer builds the non-distributed optimizer state of one rank:
+// Float16OptimizerWithFloat16Params for 16-bit training ('optimizer',
+// 'grad_scaler', 'fp32_from_fp16_params'), FP32Optimizer's bare torch
+// state dict for float32. Group g's members are the rank's parameters with
+// its flags; ids run over the groups in order, as torch numbers them.
+func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt dtype.DType) *torchfile.Blob) (pyobj.Value, error) {
+	state := pyobj.NewDict(pyobj.PlainDict)
+	groups := &pyobj.List{}
+	mains := &pyobj.List{}
+	var id int64
+	used := 0
+	for g, grp := range p.groups {
+		gd := grp.Clone()
+		var ids []pyobj.Value
+		gm := &pyobj.List{}
+		for _, rp := range members {
+			if p.groupFlagsOf(rp) != p.flags[g] {
+				continue
+			}
+			used++
+			sd := pyobj.NewDict(pyobj.PlainDict)
+			if v, ok := p.steps[rp.src]; ok {
+				if _, isTensor := v.(*torchfile.Blob); isTensor {
+					sd.Set(fragment.StepState, v)
+				} else if _, has := gd.Get(fragment.StepState); !has {
+					gd.Set(fragment.StepState, v)
+				}
+			}
+			for _, sn := range p.states[rp.src][1:] {
+				sd.Set(sn, blob(rp.src, sn, dtype.Float32))
+			}
+			state.Set(id, sd)
+			ids = append(ids, id)
+			id++
+			gm.Items = append(gm.Items, blob(rp.src, fragment.FP32, dtype.Float32))
+		}
+		gd.Delete("params")
+		gd.Set("params", &pyobj.List{Items: ids})
+		groups.Items = append(groups.Items, gd)
+		mains.Items = append(mains.Items, gm)
+	}
+	if used != len(members) {
+		return nil, fmt.Errorf("%s: %d of this rank's %d parameters fit no param group of optimizer_state.pt (custom param-group overrides?)", p.r.Dir, len(members)-used, len(members))
+	}
+	inner := pyobj.NewDict(pyobj.PlainDict)
+	inner.Set("state", state)
+	inner.Set("param_groups", groups)
+	if p.dt == dtype.Float32 {
+		return inner, nil
+	}
+	out := pyobj.NewDict(pyobj.PlainDict)
+	out.Set("optimizer", inner)
+	if gs, ok := p.optim.Get("grad_scaler"); ok {
+		out.Set("grad_scaler", gs)
+	}
+	out.Set("fp32_from_fp16_params", mains)
+	return out, nil
+}
+
+// targetArgs is the source's args Namespace at the target degrees.
+func (p *rsPlan) targetArgs() pyobj.Value {
+	c := *p.args
+	nd := p.args.State.(*pyobj.Dict).Clone()
+	T, P, D := int64(p.o.TP), int64(p.o.PP), int64(p.o.DP)
+	nd.Set("tensor_model_parallel_size", T)
+	nd.Set("pipeline_model_parallel_size", P)
+	nd.Set("data_parallel_size", D)
+	nd.Set("world_size", T*P*D*max(p.modelCP, 1))
+	nd.Set("use_distributed_optimizer", p.o.DistOptimizer)
+	if p.o.VPP > 0 {
+		nd.Set("virtual_pipeline_model_parallel_size", int64(p.o.VPP))
+		nd.Set("num_layers_per_virtual_pipeline_stage", int64(p.layers/(p.o.PP*p.o.VPP)))
+	} else {
+		nd.Set("virtual_pipeline_model_parallel_size", nil)
+		if _, ok := nd.Get("num_layers_per_virtual_pipeline_stage"); ok {
+			nd.Set("num_layers_per_virtual_pipeline_stage", nil)
+		}
+	}
+	if _, ok := nd.Get("expert_tensor_parallel_size"); ok {
+		nd.Set("expert_tensor_parallel_size", T)
+	}
+	if p.vocab > 0 {
+		nd.Set("padded_vocab_size", p.vocab)
+	}
+	// The even split ucp writes: no uneven-pipeline arguments.
+	for _, k := range []string{"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+		"num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "pipeline_model_parallel_layout"} {
+		if _, ok := nd.Get(k); ok {
+			nd.Set(k, nil)
+		}
+	}
+	for _, k := range []string{"account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "standalone_embedding_stage"} {
+		if _, ok := nd.Get(k); ok {
+			nd.Set(k, false)
+		}
+	}
+	if _, ok := nd.Get("rank"); ok {
+		nd.Set("rank", int64(0))
+	}
+	c.State = nd
+	return &c
+}
+
+// writeFile writes one torch.save file, streaming each tensor from its
+// atomic states.
+func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []load.StateFill, st *ReshardStats) error {
+	n, err := load.WriteFile(p.r, path, root, fills)
+	if err != nil {
+		return err
+	}
+	st.Files++
+	st.Bytes += n
+	return nil
+}

@@ -1,0 +1,35 @@
+package zero3
+
+import (
+	"fmt"
+
+	"github.com/ucp-project/ucp/internal/formats/agree"
+	"github.com/ucp-project/ucp/internal/formats/dslayout"
+)
+
+// checkRanks refuses rank files of different runs: all files agree on the
+// DeepSpeed config and version and what the optimizer files share
+// (dslayout.OptimizerFields), and the ranks of one tensor-parallel
+// column on the names and shapes of the parameters.
+func checkRanks(dir string, grid [][]*rank) error {
+	r := &agree.Ranks{Dir: dir}
+	for tp, col := range grid {
+		for dp, rk := range col {
+			label := fmt.Sprintf("rank dp %d mp %d", dp, tp)
+			for _, k := range []string{"ds_config", "ds_version", "dp_world_size", "mp_world_size", "global_steps"} {
+				v, _ := rk.model.AsDict().Get(k)
+				if err := r.Field(rk.mpath, label, k, v); err != nil {
+					return err
+				}
+			}
+			shapes, _ := rk.model.AsDict().Get("param_shapes")
+			if err := r.Field(rk.mpath, label, fmt.Sprintf("param_shapes (names and shapes of model-parallel rank %d)", tp), shapes); err != nil {
+				return err
+			}
+			if err := dslayout.OptimizerFields(r, rk.opath, label, rk.oroot); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

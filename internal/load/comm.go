@@ -1,0 +1,188 @@
+package load
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// Comm exchanges blocks of bytes among the ranks of a group.
+type Comm interface {
+	Rank() int
+	Size() int
+	// AllGather contributes this rank's block and returns every rank's
+	// block, indexed by rank. Blocks may differ in size.
+	AllGather(ctx context.Context, block []byte) ([][]byte, error)
+	Close() error
+}
+
+// maxBlock bounds a block announced by a peer, so a corrupt frame cannot
+// make a rank allocate without limit.
+const maxBlock = 1 << 40
+
+// TCPComm is a ring over TCP: each rank sends to the next and receives from
+// the previous; an all-gather takes Size-1 steps, each forwarding the block
+// received in the step before.
+type TCPComm struct {
+	rank, size int
+	next, prev net.Conn
+	ln         net.Listener
+}
+
+// DialTCP joins the ring of len(addrs) ranks as rank, listening on
+// addrs[rank] and connecting to the next rank's address, retrying until
+// ctx is done (the peers start in any order).
+func DialTCP(ctx context.Context, rank int, addrs []string) (*TCPComm, error) {
+	if rank < 0 || rank >= len(addrs) {
+		return nil, fmt.Errorf("rank %d of %d", rank, len(addrs))
+	}
+	ln, err := net.Listen("tcp", addrs[rank])
+	if err != nil {
+		return nil, err
+	}
+	return NewTCPComm(ctx, rank, ln, addrs)
+}
+
+// NewTCPComm is DialTCP with a listener the caller opened (port 0 in tests).
+func NewTCPComm(ctx context.Context, rank int, ln net.Listener, addrs []string) (*TCPComm, error) {
+	c := &TCPComm{rank: rank, size: len(addrs), ln: ln}
+	if c.size == 1 {
+		return c, nil
+	}
+	type accepted struct {
+		conn net.Conn
+		err  error
+	}
+	acc := make(chan accepted, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err == nil {
+			err = expectRank(conn, (rank+c.size-1)%c.size)
+		}
+		acc <- accepted{conn, err}
+	}()
+	var d net.Dialer
+	for {
+		conn, err := d.DialContext(ctx, "tcp", addrs[(rank+1)%c.size])
+		if err == nil {
+			c.next = conn
+			break
+		}
+		select {
+		case <-ctx.Done():
+			ln.Close()
+			return nil, fmt.Errorf("rank %d: connecting to rank %d at %s: %w", rank, (rank+1)%c.size, addrs[(rank+1)%c.size], ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	var hello [4]byte
+	binary.LittleEndian.PutUint32(hello[:], uint32(rank))
+	if _, err := c.next.Write(hello[:]); err != nil {
+		c.Close()
+		return nil, err
+	}
+	select {
+	case a := <-acc:
+		if a.err != nil {
+			c.Close()
+			return nil, fmt.Errorf("rank %d: accepting the previous rank: %w", rank, a.err)
+		}
+		c.prev = a.conn
+	case <-ctx.Done():
+		c.Close()
+		return nil, fmt.Errorf("rank %d: waiting for rank %d: %w", rank, (rank+c.size-1)%c.size, ctx.Err())
+	}
+	return c, nil
+}
+
+func expectRank(conn net.Conn, want int) error {
+	var hello [4]byte
+	if _, err := io.ReadFull(conn, hello[:]); err != nil {
+		return err
+	}
+	if got := int(binary.LittleEndian.Uint32(hello[:])); got != want {
+		return fmt.Errorf("rank %d connected, expected rank %d", got, want)
+	}
+	return nil
+}
+
+func (c *TCPComm) Rank() int { return c.rank }
+func (c *TCPComm) Size() int { return c.size }
+
+// AllGather runs the ring: in step s a rank sends the block of rank
+// (rank-s) mod N and receives that of rank (rank-s-1) mod N.
+func (c *TCPComm) AllGather(ctx context.Context, block []byte) ([][]byte, error) {
+	out := make([][]byte, c.size)
+	out[c.rank] = block
+	if c.size == 1 {
+		return out, nil
+	}
+	stop := context.AfterFunc(ctx, func() {
+		c.next.SetDeadline(time.Now())
+		c.prev.SetDeadline(time.Now())
+	})
+	defer stop()
+	for s := 0; s < c.size-1; s++ {
+		send := (c.rank - s + c.size) % c.size
+		recv := (c.rank - s - 1 + 2*c.size) % c.size
+		errc := make(chan error, 1)
+		go func() { errc <- writeFrame(c.next, send, out[send]) }()
+		from, b, err := readFrame(c.prev)
+		if serr := <-errc; err == nil {
+			err = serr
+		}
+		if err == nil && from != recv {
+			err = fmt.Errorf("received the block of rank %d, expected rank %d", from, recv)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return nil, fmt.Errorf("rank %d: all-gather step %d: %w", c.rank, s, err)
+		}
+		out[recv] = b
+	}
+	return out, nil
+}
+
+func writeFrame(w io.Writer, from int, b []byte) error {
+	var h [12]byte
+	binary.LittleEndian.PutUint32(h[:4], uint32(from))
+	binary.LittleEndian.PutUint64(h[4:], uint64(len(b)))
+	if _, err := w.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+func readFrame(r io.Reader) (int, []byte, error) {
+	var h [12]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.LittleEndian.Uint64(h[4:])
+	if n > maxBlock {
+		return 0, nil, errors.New("peer announced an impossible block size")
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return 0, nil, err
+	}
+	return int(binary.LittleEndian.Uint32(h[:4])), b, nil
+}
+
+// Close closes the ring's connections and the listener.
+func (c *TCPComm) Close() error {
+	var errs []error
+	for _, cl := range []io.Closer{c.next, c.prev, c.ln} {
+		if cl != nil {
+			errs = append(errs, cl.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
