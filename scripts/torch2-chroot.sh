@@ -4,8 +4,8 @@
 #
 #   scripts/torch2-chroot.sh build          make the chroot once (about 5 minutes, 1.6 GB); reused after
 #   scripts/torch2-chroot.sh path           print the chroot's folder
-#   scripts/torch2-chroot.sh run DIR CMD..  run CMD inside with the host folder DIR mounted at /work
-#                                           (CMD's paths relative to DIR; PYTHONPATH unset)
+#   scripts/torch2-chroot.sh run DIR CMD..  run CMD inside, in the host folder DIR mounted at a path of
+#                                           its own (CMD's paths relative to DIR; PYTHONPATH unset)
 #
 # The chroot lives in $UCP_TORCH2_CHROOT (default /var/cache/ucp/trixie): outside the
 # repository, so a fresh clone on the same machine reuses it. It is complete only when
@@ -100,6 +100,9 @@ install_pkgs() {
 
 unmount_all() {
   local d=${1:-$root} m
+  for m in "$d"/run/ucp-work.*; do
+    [ -d "$m" ] && { umount -l "$m" 2>/dev/null || true; }
+  done
   for m in work dev/shm dev proc; do
     mountpoint -q "$d/$m" 2>/dev/null && umount -l "$d/$m" || true
   done
@@ -110,19 +113,23 @@ run() {
   build
   local dir=$1; shift
   dir=$(readlink -f "$dir")
+  # The shared mounts are set up once, under a short lock; each run then gets its
+  # own mount point, so runs from different folders go on side by side.
+  exec 9>"$root/.ucp-run.lock"
+  flock 9
   mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
   if ! mountpoint -q "$root/dev"; then mount --rbind /dev "$root/dev"; mount --make-rslave "$root/dev"; fi
   mountpoint -q "$root/dev/shm" || mount -t tmpfs tmpfs "$root/dev/shm"
-  mkdir -p "$root/work"
-  # One mount of /work at a time: a concurrent run with another DIR would be wrong.
-  exec 9>"$root/.ucp-run.lock"
-  flock 9
-  mountpoint -q "$root/work" && umount -l "$root/work"
-  mount --bind "$dir" "$root/work"
+  flock -u 9
+  exec 9>&-
+  local mnt=/run/ucp-work.$$
+  mkdir -p "$root$mnt"
+  mount --bind "$dir" "$root$mnt"
   local rc=0
   chroot "$root" /usr/bin/env -u PYTHONPATH HOME=/tmp PYTHONDONTWRITEBYTECODE=1 \
-    /bin/sh -c 'cd /work && exec "$@"' sh "$@" || rc=$?
-  umount -l "$root/work" || true
+    /bin/sh -c 'cd "$0" && exec "$@"' "$mnt" "$@" || rc=$?
+  umount -l "$root$mnt" || true
+  rmdir "$root$mnt" 2>/dev/null || true
   return $rc
 }
 
