@@ -18,10 +18,8 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/formats/hf"
 	"github.com/ucp-project/ucp/internal/formats/megatron"
-	"github.com/ucp-project/ucp/internal/formats/zero3"
 	"github.com/ucp-project/ucp/internal/fragment"
 )
 
@@ -54,9 +52,9 @@ func All() []Format {
 		{
 			Name:   "zero3",
 			Help:   "DeepSpeed ZeRO-3, including AutoTP grids",
-			Detect: zero3.Detect,
+			Detect: deepspeed.DetectZero3,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return zero3.Index(ctx, path, zero3.Options{Tag: o.Tag, Workers: o.Workers})
+				return deepspeed.IndexZero3(ctx, path, deepspeed.Zero3Options{Tag: o.Tag, Workers: o.Workers})
 			},
 		},
 		{
@@ -194,8 +192,8 @@ func partlyClaimed(path string) []string {
 		m, err := filepath.Glob(filepath.Join(path, pattern))
 		return err == nil && len(m) > 0
 	}
-	if dir, tag, err := dslayout.ResolveTag(path, ""); err == nil {
-		if f, err := dslayout.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
+	if dir, tag, err := deepspeed.ResolveTag(path, ""); err == nil {
+		if f, err := deepspeed.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
 			out = append(out, "zero3")
 		} else {
 			out = append(out, "deepspeed")

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"sort"
 
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
@@ -24,7 +23,7 @@ type modelState struct {
 	path   string
 	dec    pyobj.Dec // the root, for strict reads
 	root   *pyobj.Dict
-	shapes []dslayout.GroupShapes // param_shapes, per group
+	shapes []GroupShapes // param_shapes, per group
 }
 
 // optimState is one ZeRO-1/2 or BF16_Optimizer optimizer file.
@@ -52,11 +51,11 @@ type group struct {
 // Index builds the fragment table of a DeepSpeed ZeRO-1/2 checkpoint at
 // path (a save folder with 'latest', or a tag folder).
 func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
-	dir, tag, err := dslayout.ResolveTag(path, opt.Tag)
+	dir, tag, err := ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := dslayout.ListFiles(dir, tag)
+	files, err := ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +149,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err != nil {
 		return nil, err
 	}
-	r, err := dslayout.ReadRules(models[0].dec)
+	r, err := ReadRules(models[0].dec)
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +220,7 @@ func parseModelState(f *torchfile.File) (*modelState, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: no param_shapes (not a ZeRO checkpoint, or BF16 without ZeRO); ucp needs them to place fragments", f.Name)
 	}
-	ms.shapes = dslayout.ParamShapes(groups)
+	ms.shapes = ParamShapes(groups)
 	if err := dec.Err(); err != nil {
 		return nil, err
 	}
@@ -240,7 +239,7 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	o := &optimState{path: f.Name, dp: dp, mp: mp, root: root.AsDict(), osd: osd.AsDict(), stage: 1}
 	if osd.Has("zero_stage") {
 		zs := osd.Key("zero_stage")
-		o.stage = dslayout.ZeroStage(zs.Value())
+		o.stage = ZeroStage(zs.Value())
 		if o.stage == 3 {
 			return fail("a ZeRO-3 optimizer file; ZeRO-3 checkpoints are read by the zero3 reader")
 		}
@@ -333,7 +332,7 @@ func perGroupInts(v pyobj.Dec, n int) []int64 {
 }
 
 // degrees infers tensor and pipeline parallelism (FORMAT.md, "Degrees").
-func degrees(files *dslayout.Files, models []*modelState) (T, P int, err error) {
+func degrees(files *Files, models []*modelState) (T, P int, err error) {
 	M := len(models)
 	ms0 := models[0]
 	if d, ok := ms0.dec.OptDict("checkpoint_parallel_dimensions"); ok {
@@ -408,7 +407,7 @@ type builder struct {
 	T, P, D int
 	models  []*modelState
 	optims  map[[2]int]*optimState
-	rules   *dslayout.Rules
+	rules   *Rules
 	table   *fragment.Table
 }
 
@@ -597,7 +596,7 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
 	gr := o.groups[g]
-	names, srcs := dslayout.FlatStates(gr.fp32, gr.state, gr.size)
+	names, srcs := FlatStates(gr.fp32, gr.state, gr.size)
 	if err := gr.state.Err(); err != nil {
 		return err
 	}
@@ -717,10 +716,10 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, paths []str
 	for t, tt := range tensors {
 		shapes[t] = tt.Shape
 	}
-	var pl *dslayout.Placement
+	var pl *Placement
 	var err error
 	if buffer && b.T > 1 {
-		pl = &dslayout.Placement{Pattern: patterns.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
+		pl = &Placement{Pattern: patterns.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
 	} else if pl, err = b.rules.Classify(name, shapes); err != nil {
 		return err
 	}

@@ -1,49 +1,49 @@
-// Package zero3 indexes DeepSpeed ZeRO-3 checkpoints (including AutoTP
+// IndexZero3 indexes DeepSpeed ZeRO-3 checkpoints (including AutoTP
 // grids of tensor x data parallel ranks) into a fragment table.
 //
 // ZeRO-3 partitions every parameter on its own: flattened, padded to a
 // multiple of the data-parallel degree D and split evenly, Pn = ceil(n/D)
 // elements per rank, the padding at the end of the last rank(s). Each
 // rank's flat fp32 partition of a sub-group is the concatenation of its
-// Pn-element pieces of the sub-group's parameters (FORMAT.md, "Partitions",
+// Pn-element pieces of the sub-group's parameters (ZERO3.md, "Partitions",
 // documents what is read).
-package zero3
+
+package deepspeed
 
 import (
 	"context"
 	"fmt"
 	"path/filepath"
 
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
-// Options configure Index.
-type Options struct {
+// Zero3Options configure IndexZero3.
+type Zero3Options struct {
 	Tag     string
 	Workers int
 }
 
-// Detect reports whether path holds a ZeRO-3 checkpoint: per-rank
+// DetectZero3 reports whether path holds a ZeRO-3 checkpoint: per-rank
 // zero_pp_rank_*_model_states.pt files and no mp_rank_* model states.
-func Detect(path string) bool {
-	dir, tag, err := dslayout.ResolveTag(path, "")
+func DetectZero3(path string) bool {
+	dir, tag, err := ResolveTag(path, "")
 	if err != nil {
 		return false
 	}
-	f, err := dslayout.ListFiles(dir, tag)
+	f, err := ListFiles(dir, tag)
 	return err == nil && len(f.Zero3) > 0 && len(f.Model) == 0
 }
 
 // rank is one (tp, dp) cell of the grid.
 type rank struct {
 	tp, dp int
-	model  pyobj.Dec              // the model state's root, a dict
-	shapes []dslayout.GroupShapes // param_shapes per sub-group
-	oroot  *pyobj.Dict            // the optimizer file's root
-	osd    *pyobj.Dict            // optimizer_state_dict
+	model  pyobj.Dec     // the model state's root, a dict
+	shapes []GroupShapes // param_shapes per sub-group
+	oroot  *pyobj.Dict   // the optimizer file's root
+	osd    *pyobj.Dict   // optimizer_state_dict
 	flat   []*torchfile.Tensor
 	states []pyobj.Dec // torch optimizer state per sub-group, dicts
 	count  []int64     // partition count per sub-group
@@ -52,13 +52,13 @@ type rank struct {
 	opath  string
 }
 
-// Index builds the fragment table of the ZeRO-3 checkpoint at path.
-func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
-	dir, tag, err := dslayout.ResolveTag(path, opt.Tag)
+// IndexZero3 builds the fragment table of the ZeRO-3 checkpoint at path.
+func IndexZero3(ctx context.Context, path string, opt Zero3Options) (*fragment.Table, error) {
+	dir, tag, err := ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := dslayout.ListFiles(dir, tag)
+	files, err := ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +102,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			grid[tp][dp] = r
 		}
 	}
-	if err := checkRanks(dir, grid); err != nil {
+	if err := checkRanksZero3(dir, grid); err != nil {
 		return nil, err
 	}
 	return build(dir, tag, grid)
@@ -115,7 +115,7 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	if !ok && r.model.Err() == nil {
 		return nil, fmt.Errorf("%s: no param_shapes list", mf.Name)
 	}
-	r.shapes = dslayout.ParamShapes(sv)
+	r.shapes = ParamShapes(sv)
 	if err := r.model.Err(); err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	}
 	r.osd, r.oroot = osd.AsDict(), root.AsDict()
 	zs, _ := r.osd.Get("zero_stage")
-	if dslayout.ZeroStage(zs) != 3 {
+	if ZeroStage(zs) != 3 {
 		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
 	}
 	flats, ok := osd.Opt("fp32_flat_groups")
@@ -187,7 +187,7 @@ type piece struct {
 func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	T, D := len(grid), len(grid[0])
 	r00 := grid[0][0]
-	rules, err := dslayout.ReadRules(r00.model)
+	rules, err := ReadRules(r00.model)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +287,7 @@ func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc 
 			p.Info.Padding = c*pn - n
 		}
 		st := r.states[pc.sub]
-		names, srcs := dslayout.FlatStates(r.flat[pc.sub], st, r.flat[pc.sub].Numel())
+		names, srcs := FlatStates(r.flat[pc.sub], st, r.flat[pc.sub].Numel())
 		if err := st.Err(); err != nil {
 			return err
 		}
@@ -336,7 +336,7 @@ func addAliases(t *fragment.Table, model pyobj.Dec) error {
 
 // addFrozen adds frozen parameters (each rank holds its ZeRO-3 partition
 // in frozen_param_fragments) and buffers (full in every rank's module).
-func addFrozen(t *fragment.Table, grid [][]*rank, rules *dslayout.Rules) error {
+func addFrozen(t *fragment.Table, grid [][]*rank, rules *Rules) error {
 	T := len(grid)
 	r00 := grid[0][0]
 	// frozen returns rank r's frozen_param_<what>[name], ok false when the

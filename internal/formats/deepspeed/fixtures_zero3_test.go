@@ -1,4 +1,4 @@
-package zero3
+package deepspeed
 
 import (
 	"bytes"
@@ -9,14 +9,13 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/atomic"
-	"github.com/ucp-project/ucp/internal/formats/deepspeed"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
-func TestFixtures(t *testing.T) {
+func TestFixturesZero3(t *testing.T) {
 	testkit.ConvertCases(t, "zero3", 13, func(t *testing.T, dir string) *fragment.Table {
-		tbl, err := Index(context.Background(), dir, Options{})
+		tbl, err := IndexZero3(context.Background(), dir, Zero3Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -26,7 +25,7 @@ func TestFixtures(t *testing.T) {
 
 // TestPaperPadding: 1024 elements on DP 3 pad to 1026, 342 per rank.
 func TestPaperPadding(t *testing.T) {
-	tbl, err := Index(context.Background(), testkit.Fixture("zero3", "paper_1024_dp3", "checkpoint"), Options{})
+	tbl, err := IndexZero3(context.Background(), testkit.Fixture("zero3", "paper_1024_dp3", "checkpoint"), Zero3Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,13 +44,13 @@ func TestPaperPadding(t *testing.T) {
 // DeepSpeed ZeRO-1 checkpoint z1_dp2_fp32; both convert to byte-identical atomic files.
 func TestSameStateAsZeRO1(t *testing.T) {
 	z1dir := testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint")
-	z1, err := deepspeed.Index(context.Background(), z1dir, deepspeed.Options{})
+	z1, err := Index(context.Background(), z1dir, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ref := testkit.Convert(t, z1, 2)
 	for _, c := range []string{"tinylm_dp2", "tinylm_dp3"} {
-		z3, err := Index(context.Background(), testkit.Fixture("zero3", c, "checkpoint"), Options{})
+		z3, err := IndexZero3(context.Background(), testkit.Fixture("zero3", c, "checkpoint"), Zero3Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +78,7 @@ func TestMissingGridCell(t *testing.T) {
 	if err := os.Remove(victim); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Index(context.Background(), d, Options{})
+	_, err := IndexZero3(context.Background(), d, Zero3Options{})
 	if err == nil || !strings.Contains(err.Error(), "missing rank file zero_pp_rank_1_mp_rank_01_model_states.pt") {
 		t.Fatalf("error %v", err)
 	}

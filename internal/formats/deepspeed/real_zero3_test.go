@@ -1,4 +1,4 @@
-package zero3
+package deepspeed
 
 import (
 	"context"
@@ -10,10 +10,10 @@ import (
 
 func TestRealZero3Checkpoint(t *testing.T) {
 	dir := testkit.Fixture("deepspeed-real", "z3_dp2_fp32")
-	if !Detect(filepath.Join(dir, "checkpoint")) {
+	if !DetectZero3(filepath.Join(dir, "checkpoint")) {
 		t.Fatal("not detected as ZeRO-3")
 	}
-	tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), Options{})
+	tbl, err := IndexZero3(context.Background(), filepath.Join(dir, "checkpoint"), Zero3Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,20 +1,19 @@
-package dslayout
+package deepspeed
 
 import (
 	"fmt"
 
-	"github.com/ucp-project/ucp/internal/formats/agree"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // OptimizerFields records what the optimizer file of one rank (ZeRO-1/2,
 // BF16_Optimizer or ZeRO-3) shares with the other ranks of its run.
-func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error {
+func OptimizerFields(r *Ranks, path, rank string, root *pyobj.Dict) error {
 	field := func(name string, v pyobj.Value) error { return r.Field(path, rank, name, v) }
 	dec := pyobj.NewDec(path, root)
 	osd := dec.Dict("optimizer_state_dict")
-	// get returns d[k], nil when absent (agree.Ranks: absent everywhere agrees).
+	// get returns d[k], nil when absent (Ranks: absent everywhere agrees).
 	get := func(d pyobj.Dec, k string) pyobj.Value {
 		v, _ := d.AsDict().Get(k)
 		return v
@@ -84,7 +83,7 @@ func OptimizerFields(r *agree.Ranks, path, rank string, root *pyobj.Dict) error 
 		if !ok {
 			continue
 		}
-		sv, err := agree.Step(path, step)
+		sv, err := Step(path, step)
 		if err != nil {
 			return err
 		}

@@ -1,18 +1,13 @@
-package zero3
+package deepspeed
 
-import (
-	"fmt"
+import "fmt"
 
-	"github.com/ucp-project/ucp/internal/formats/agree"
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
-)
-
-// checkRanks refuses rank files of different runs: all files agree on the
+// checkRanksZero3 refuses rank files of different runs: all files agree on the
 // DeepSpeed config and version and what the optimizer files share
-// (dslayout.OptimizerFields), and the ranks of one tensor-parallel
+// (OptimizerFields), and the ranks of one tensor-parallel
 // column on the names and shapes of the parameters.
-func checkRanks(dir string, grid [][]*rank) error {
-	r := &agree.Ranks{Dir: dir}
+func checkRanksZero3(dir string, grid [][]*rank) error {
+	r := &Ranks{Dir: dir}
 	for tp, col := range grid {
 		for dp, rk := range col {
 			label := fmt.Sprintf("rank dp %d mp %d", dp, tp)
@@ -26,7 +21,7 @@ func checkRanks(dir string, grid [][]*rank) error {
 			if err := r.Field(rk.mpath, label, fmt.Sprintf("param_shapes (names and shapes of model-parallel rank %d)", tp), shapes); err != nil {
 				return err
 			}
-			if err := dslayout.OptimizerFields(r, rk.opath, label, rk.oroot); err != nil {
+			if err := OptimizerFields(r, rk.opath, label, rk.oroot); err != nil {
 				return err
 			}
 		}

@@ -1,9 +1,10 @@
-// Package agree checks that the rank files of one checkpoint agree on
+// Ranks checks that the rank files of one checkpoint agree on
 // what every rank of one training run shares (configuration, optimizer
 // class and hyper-parameters, step, dtypes), so that rank files mixed in
 // from another run are refused instead of converted into a checkpoint
 // that mixes two runs.
-package agree
+
+package deepspeed
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package zero3
+package deepspeed
 
 import (
 	"context"
@@ -10,10 +10,10 @@ import (
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
-// TestMixedRunsRefused: the real ZeRO-3 checkpoint with rank 1's files
+// TestMixedRunsRefusedZero3: the real ZeRO-3 checkpoint with rank 1's files
 // from another run, or rank 1 at another step, is refused, naming the
 // files, the ranks and the values.
-func TestMixedRunsRefused(t *testing.T) {
+func TestMixedRunsRefusedZero3(t *testing.T) {
 	const step = "global_step3"
 	real := testkit.Fixture("deepspeed-real", "z3_dp2_fp32", "checkpoint")
 	tests := []struct {
@@ -42,7 +42,7 @@ func TestMixedRunsRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := testkit.CopyTree(t, real)
 			tc.break_(t, d)
-			_, err := Index(context.Background(), d, Options{})
+			_, err := IndexZero3(context.Background(), d, Zero3Options{})
 			if err == nil {
 				t.Fatal("converted rank files of two runs")
 			}

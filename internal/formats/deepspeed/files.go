@@ -1,4 +1,4 @@
-package dslayout
+package deepspeed
 
 import (
 	"fmt"
