@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -58,7 +57,7 @@ type partSet struct {
 	ranks []int
 }
 
-func indexMoE(ctx context.Context, dir, tag string, files *dslayout.Files, model *torchfile.File, opt Options) (*fragment.Table, error) {
+func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfile.File, opt Options) (*fragment.Table, error) {
 	if len(files.Model) != 1 {
 		return nil, fmt.Errorf("%s: DeepSpeed-MoE with %d model-parallel ranks (tensor or pipeline parallelism) is not read yet", dir, len(files.Model))
 	}
@@ -189,7 +188,7 @@ func indexMoE(ctx context.Context, dir, tag string, files *dslayout.Files, model
 		return nil, fmt.Errorf("%s: %d param groups but %d flat groups", o0.path, len(groups), len(o0.groups))
 	}
 
-	r, err := dslayout.ReadRules(md)
+	r, err := ReadRules(md)
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +297,7 @@ func expertFiles(dir string, layers []moeLayer) (map[[2]int]string, error) {
 		if m == nil {
 			continue
 		}
-		l, x, mp := dslayout.Atoi(m[1]), dslayout.Atoi(m[2]), dslayout.Atoi(m[3])
+		l, x, mp := Atoi(m[1]), Atoi(m[2]), Atoi(m[3])
 		if mp != 0 || l >= len(layers) || x >= layers[l].experts {
 			extra = append(extra, n)
 			continue
