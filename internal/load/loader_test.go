@@ -11,7 +11,6 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
-	"github.com/ucp-project/ucp/internal/formats/zero3"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/load"
 	"github.com/ucp-project/ucp/internal/pyobj"
@@ -202,7 +201,7 @@ func TestZero3SameParallelism(t *testing.T) {
 	}{{"subgroups_2pg_dp3", 1, 3, false}, {"dp3_bf16", 1, 3, true}, {"tp2_dp2_bf16", 2, 2, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			ckpt := testkit.Fixture("zero3", c.name, "checkpoint")
-			tbl, err := zero3.Index(context.Background(), ckpt, zero3.Options{})
+			tbl, err := deepspeed.IndexZero3(context.Background(), ckpt, deepspeed.Zero3Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

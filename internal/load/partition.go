@@ -40,7 +40,7 @@ func Zero12Pieces(numels []int64, D, r int) ([]Piece, int64, error) {
 }
 
 // Zero3Pieces lays out one ZeRO-3 sub-group over D ranks
-// (formats/zero3/FORMAT.md, "Partitions"): each parameter on its own, padded to D*ceil(n/D) and split
+// (formats/deepspeed/ZERO3.md, "Partitions"): each parameter on its own, padded to D*ceil(n/D) and split
 // evenly, rank r's parts concatenated. It returns rank r's pieces and the
 // partition size; each parameter's padding stays zero.
 func Zero3Pieces(numels []int64, D, r int) ([]Piece, int64, error) {

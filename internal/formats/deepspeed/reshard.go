@@ -8,7 +8,6 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/load"
@@ -188,10 +187,10 @@ func (p *plan) templates() error {
 	byMP := map[int]string{}
 	for _, f := range p.r.Manifest.Files {
 		name := filepath.Base(f.Path)
-		if m := dslayout.ModelStatesFile.FindStringSubmatch(name); m != nil {
-			byMP[dslayout.Atoi(m[1])] = f.Path
-		} else if m := dslayout.Zero3ModelFile.FindStringSubmatch(name); m != nil && dslayout.Atoi(m[1]) == 0 {
-			byMP[dslayout.Atoi(m[2])] = f.Path
+		if m := ModelStatesFile.FindStringSubmatch(name); m != nil {
+			byMP[Atoi(m[1])] = f.Path
+		} else if m := Zero3ModelFile.FindStringSubmatch(name); m != nil && Atoi(m[1]) == 0 {
+			byMP[Atoi(m[2])] = f.Path
 		}
 	}
 	if len(byMP) == 0 {
