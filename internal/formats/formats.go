@@ -16,6 +16,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
 	"github.com/ucp-project/ucp/internal/formats/hf"
@@ -141,7 +142,25 @@ func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 	if err != nil {
 		return nil, err
 	}
+	detectFamily(t)
 	return validated(path, t)
+}
+
+// detectFamily sets the table's model family from its training
+// arguments when the reader did not set it. A model no family describes
+// is left without one, silently: exports say why (from the recorded
+// args) when they need the family.
+func detectFamily(t *fragment.Table) {
+	if t.Model != nil || t.Args == nil {
+		return
+	}
+	var ps []family.Param
+	for _, p := range t.Params {
+		ps = append(ps, family.Param{Name: p.Name, Shape: p.Shape})
+	}
+	if c, err := family.Detect(t.Args, ps, t.Format); err == nil {
+		t.Model = c
+	}
 }
 
 // validated returns t when its coverage is proven, else closes it.
