@@ -89,6 +89,9 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err != nil {
 		return nil, err
 	}
+	if isMoE(decoded[0]) {
+		return indexMoE(ctx, dir, tag, files, decoded[0], opt)
+	}
 	models := make([]*modelState, M)
 	for mp := 0; mp < M; mp++ {
 		if models[mp], err = parseModelState(decoded[mp]); err != nil {
@@ -672,7 +675,7 @@ func (b *builder) extras() error {
 					return err
 				}
 			}
-			if err := b.addWhole(name, tensors, b.models, false); err != nil {
+			if err := b.addWhole(name, tensors, b.modelPaths(), false); err != nil {
 				return err
 			}
 		}
@@ -695,7 +698,7 @@ func (b *builder) extras() error {
 					return err
 				}
 			}
-			if err := b.addWhole(name, tensors, b.models, true); err != nil {
+			if err := b.addWhole(name, tensors, b.modelPaths(), true); err != nil {
 				return err
 			}
 		}
@@ -705,7 +708,7 @@ func (b *builder) extras() error {
 
 // addWhole adds a parameter whose TP shards are whole stored tensors (frozen
 // parameters, buffers); buffers are replicated across TP ranks.
-func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*modelState, buffer bool) error {
+func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, paths []string, buffer bool) error {
 	if b.table.Param(name) != nil {
 		return nil
 	}
@@ -730,12 +733,20 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 	st.Shards = shards
 	for t, tt := range tensors {
 		if tt.Numel() != torchfile.Numel(shards[t].Shape) {
-			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", models[t].path, name, tt.Numel(), torchfile.Numel(shards[t].Shape))
+			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", paths[t], name, tt.Numel(), torchfile.Numel(shards[t].Shape))
 		}
-		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(models[t].path, tt, 0), 0, tt.Numel(), t, 0))
+		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(paths[t], tt, 0), 0, tt.Numel(), t, 0))
 	}
 	b.table.Params = append(b.table.Params, p)
 	return nil
+}
+
+func (b *builder) modelPaths() []string {
+	out := make([]string, len(b.models))
+	for i, m := range b.models {
+		out[i] = m.path
+	}
+	return out
 }
 
 // moduleDType is the dtype of the first floating-point tensor of the saved

@@ -1,4 +1,4 @@
-package load_test
+package layout_test
 
 import (
 	"path/filepath"
@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/dtype"
-	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -31,7 +31,7 @@ func TestReadMetaMalformed(t *testing.T) {
 			if err := torchfile.Save(path, root); err != nil {
 				t.Fatal(err)
 			}
-			_, err := load.ReadMeta(path)
+			_, err := layout.ReadMeta(path)
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), path) {
 				t.Fatalf("error %v, want one naming %s and containing %s", err, path, c.want)
 			}
@@ -42,7 +42,7 @@ func TestReadMetaMalformed(t *testing.T) {
 	if err := torchfile.Save(good, root); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := load.ReadMeta(good); err != nil || m.CatDim != 1 || !m.Vocab {
+	if m, err := layout.ReadMeta(good); err != nil || m.CatDim != 1 || !m.Vocab {
 		t.Fatalf("%+v %v", m, err)
 	}
 }

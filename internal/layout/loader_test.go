@@ -1,4 +1,4 @@
-package load_test
+package layout_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -87,7 +87,7 @@ func targetParams(t *testing.T, d *pyobj.Dict) ([]string, [][]int64) {
 // loadPartition builds one rank's flat partition of a state from the atomic
 // checkpoint, for parameters with the given TP-local shapes.
 func loadPartition(t *testing.T, r *atomic.Reader, state string, names []string, shapes [][]int64, T, tp int,
-	pieces func([]int64) ([]load.Piece, int64, error)) ([]float32, []load.Piece) {
+	pieces func([]int64) ([]layout.Piece, int64, error)) ([]float32, []layout.Piece) {
 	t.Helper()
 	numels := make([]int64, len(names))
 	shards := make([]fragment.Shard, len(names))
@@ -99,11 +99,11 @@ func loadPartition(t *testing.T, r *atomic.Reader, state string, names []string,
 		}
 		defer st.Close()
 		states[i] = st
-		meta, err := load.ReadMeta(st.Path)
+		meta, err := layout.ReadMeta(st.Path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sh, err := load.TPShard(meta, st.Shape, T, tp, shapes[i][0])
+		sh, err := layout.TPShard(meta, st.Shape, T, tp, shapes[i][0])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,8 +116,8 @@ func loadPartition(t *testing.T, r *atomic.Reader, state string, names []string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	part, err := load.Fill(size, ps, func(p load.Piece, dst []float32) error {
-		return load.ReadLocal(states[p.Param], shards[p.Param], p.Local, p.N, dst)
+	part, err := layout.Fill(size, ps, func(p layout.Piece, dst []float32) error {
+		return layout.ReadLocal(states[p.Param], shards[p.Param], p.Local, p.N, dst)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +125,7 @@ func loadPartition(t *testing.T, r *atomic.Reader, state string, names []string,
 	return part, ps
 }
 
-func compare(t *testing.T, what string, got, want []float32, ps []load.Piece, skip func(int) bool) int {
+func compare(t *testing.T, what string, got, want []float32, ps []layout.Piece, skip func(int) bool) int {
 	t.Helper()
 	n := 0
 	for _, p := range ps {
@@ -175,8 +175,8 @@ func TestZero12SameParallelism(t *testing.T) {
 				{fragment.FP32, []any{"optimizer_state_dict", "single_partition_of_fp32_groups", 0}},
 				{fragment.ExpAvg, []any{"optimizer_state_dict", "base_optimizer_state", "state", int64(0), "exp_avg"}},
 			} {
-				got, ps := loadPartition(t, r, c.state, names, shapes, 2, tp, func(n []int64) ([]load.Piece, int64, error) {
-					return load.Zero12Pieces(n, 2, dp)
+				got, ps := loadPartition(t, r, c.state, names, shapes, 2, tp, func(n []int64) ([]layout.Piece, int64, error) {
+					return layout.Zero12Pieces(n, 2, dp)
 				})
 				want := os.floats(t, c.keys...)
 				if int64(len(want)) != int64(len(got)) {
@@ -222,8 +222,8 @@ func TestZero3SameParallelism(t *testing.T) {
 					groups := ms.get(t, "param_shapes").(*pyobj.List)
 					for s := range groups.Items {
 						names, shapes := targetParams(t, groups.Items[s].(*pyobj.Dict))
-						got, ps := loadPartition(t, r, fragment.FP32, names, shapes, c.T, tp, func(n []int64) ([]load.Piece, int64, error) {
-							return load.Zero3Pieces(n, c.D, dp)
+						got, ps := loadPartition(t, r, fragment.FP32, names, shapes, c.T, tp, func(n []int64) ([]layout.Piece, int64, error) {
+							return layout.Zero3Pieces(n, c.D, dp)
 						})
 						want := os.floats(t, "optimizer_state_dict", "fp32_flat_groups", s)
 						if len(want) != len(got) {
@@ -255,22 +255,22 @@ func TestZero3SameParallelism(t *testing.T) {
 func TestTPShardSemantics(t *testing.T) {
 	tests := []struct {
 		name  string
-		m     load.Meta
+		m     layout.Meta
 		full  []int64
 		T, t  int
 		rows  int64
 		shape []int64
 	}{
-		{"chunk uneven", load.Meta{CatDim: 0}, []int64{10, 2}, 4, 3, 0, []int64{1, 2}},
-		{"row parallel", load.Meta{CatDim: 1}, []int64{3, 8}, 2, 1, 0, []int64{3, 4}},
-		{"replicated", load.Meta{CatDim: -1}, []int64{5}, 4, 2, 0, []int64{5}},
-		{"vocab repadded", load.Meta{CatDim: 0, Vocab: true}, []int64{43, 9}, 4, 3, 16, []int64{16, 9}},
-		{"swiglu", load.Meta{CatDim: 0, NSubParams: 2}, []int64{8, 3}, 2, 1, 0, []int64{4, 3}},
-		{"gqa sub-params", load.Meta{CatDim: 0, SubSizes: []int64{8, 4, 4}, PartDim: 0}, []int64{16, 9}, 2, 0, 0, []int64{8, 9}},
+		{"chunk uneven", layout.Meta{CatDim: 0}, []int64{10, 2}, 4, 3, 0, []int64{1, 2}},
+		{"row parallel", layout.Meta{CatDim: 1}, []int64{3, 8}, 2, 1, 0, []int64{3, 4}},
+		{"replicated", layout.Meta{CatDim: -1}, []int64{5}, 4, 2, 0, []int64{5}},
+		{"vocab repadded", layout.Meta{CatDim: 0, Vocab: true}, []int64{43, 9}, 4, 3, 16, []int64{16, 9}},
+		{"swiglu", layout.Meta{CatDim: 0, NSubParams: 2}, []int64{8, 3}, 2, 1, 0, []int64{4, 3}},
+		{"gqa sub-params", layout.Meta{CatDim: 0, SubSizes: []int64{8, 4, 4}, PartDim: 0}, []int64{16, 9}, 2, 0, 0, []int64{8, 9}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			sh, err := load.TPShard(tc.m, tc.full, tc.T, tc.t, tc.rows)
+			sh, err := layout.TPShard(tc.m, tc.full, tc.T, tc.t, tc.rows)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -281,7 +281,7 @@ func TestTPShardSemantics(t *testing.T) {
 	}
 	// The vocabulary rank 3 of 4 with 16 local rows holds rows 48..63 of a
 	// 64-row padded table: all padding for a 43-row vocabulary.
-	sh, _ := load.TPShard(load.Meta{CatDim: 0, Vocab: true}, []int64{43, 9}, 4, 3, 16)
+	sh, _ := layout.TPShard(layout.Meta{CatDim: 0, Vocab: true}, []int64{43, 9}, 4, 3, 16)
 	if sh.MappedCount() != 0 {
 		t.Errorf("rank 3 places %d elements, want 0", sh.MappedCount())
 	}
@@ -290,17 +290,17 @@ func TestTPShardSemantics(t *testing.T) {
 func TestPieces(t *testing.T) {
 	// The example of formats/deepspeed/FORMAT.md, "Partitions": A=1026, B=10, D=3: S=346, rank 2 holds
 	// A[692:1026] at 0 and B at 334.
-	ps, S, _ := load.Zero12Pieces([]int64{1026, 10}, 3, 2)
-	if S != 346 || len(ps) != 2 || ps[0] != (load.Piece{Param: 0, Local: 692, N: 334, At: 0}) || ps[1] != (load.Piece{Param: 1, Local: 0, N: 10, At: 334}) {
+	ps, S, _ := layout.Zero12Pieces([]int64{1026, 10}, 3, 2)
+	if S != 346 || len(ps) != 2 || ps[0] != (layout.Piece{Param: 0, Local: 692, N: 334, At: 0}) || ps[1] != (layout.Piece{Param: 1, Local: 0, N: 10, At: 334}) {
 		t.Errorf("ZeRO-1/2 pieces %+v, size %d", ps, S)
 	}
 	// §4.3: A=1026, B=10, D=3: every rank 346 elements, rank 2's B part is B[8:10].
-	ps, S, _ = load.Zero3Pieces([]int64{1026, 10}, 3, 2)
-	if S != 346 || ps[1] != (load.Piece{Param: 1, Local: 8, N: 2, At: 342}) {
+	ps, S, _ = layout.Zero3Pieces([]int64{1026, 10}, 3, 2)
+	if S != 346 || ps[1] != (layout.Piece{Param: 1, Local: 8, N: 2, At: 342}) {
 		t.Errorf("ZeRO-3 pieces %+v, size %d", ps, S)
 	}
 	// A 1-element parameter over 4 ranks: ranks 1-3 hold only padding.
-	ps, S, _ = load.Zero3Pieces([]int64{1}, 4, 2)
+	ps, S, _ = layout.Zero3Pieces([]int64{1}, 4, 2)
 	if S != 1 || len(ps) != 0 {
 		t.Errorf("tiny: %+v %d", ps, S)
 	}

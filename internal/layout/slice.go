@@ -1,15 +1,15 @@
-// Package load loads atomic checkpoints into a target parallelism at
-// resume time: it computes, for one target rank, which elements of each
-// atomic tensor it holds (tensor-parallel slices as DeepSpeed's universal
-// loader cuts them, ZeRO-1/2 and ZeRO-3 flat partitions, FSDP dim-0
-// chunks), reads exactly those, and can share the reading among the ranks
-// of a data-parallel group: each reads 1/N from storage and an all-gather
-// (TCP here; NCCL with the cuda build tag) gives every rank the rest.
+// Package layout computes target layouts from an atomic checkpoint: for
+// one target rank, which elements of each atomic tensor it holds
+// (tensor-parallel slices as DeepSpeed's universal loader and Megatron cut
+// them, ZeRO-1/2 and ZeRO-3 flat partitions, FSDP dim-0 chunks), and reads
+// exactly those. The resume-time loader (capi, internal/load) and the
+// reshard writers (formats/deepspeed, formats/megatron) share it; the
+// writers stream their tensors through StateFill and WriteFile.
 //
 // The geometry is the one the converter uses, run backwards: a
 // fragment.Shard's box maps say where each local element lives in the
 // full tensor.
-package load
+package layout
 
 import (
 	"fmt"
