@@ -58,7 +58,7 @@ func TestExclusiveDestination(t *testing.T) {
 		t.Run(phase, func(t *testing.T) {
 			kill := stopped(t, phase, "convert", "--quiet", src, dst)
 			r := ucp(t, nil, "convert", "--quiet", src, dst)
-			if r.code == 0 || !strings.Contains(r.stderr, "another ucp convert is writing") {
+			if r.code == 0 || !strings.Contains(r.stderr, "another ucp run (convert, reshard or export) is writing") {
 				kill()
 				t.Fatalf("second conversion into a DST being written: exit %d, %s", r.code, r.stderr)
 			}
