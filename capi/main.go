@@ -31,6 +31,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/load"
 )
 
@@ -39,9 +40,9 @@ func main() {} // required by -buildmode=c-shared; never runs
 // ckpt is what a handle refers to: an opened atomic checkpoint.
 type ckpt struct {
 	r     *atomic.Reader
-	model load.Model
+	model layout.Model
 	mu    sync.Mutex
-	metas map[string]load.Meta // state file path -> its meta keys
+	metas map[string]layout.Meta // state file path -> its meta keys
 }
 
 // Layouts of ucp_shard and ucp_read.
@@ -100,11 +101,11 @@ func ucp_open(path *C.char, verify C.int, handle *C.uintptr_t) (msg *C.char) {
 	if err != nil {
 		return cerr(fmt.Errorf("%s is not an atomic checkpoint (convert it with `ucp convert` first): %w", dir, err))
 	}
-	m, err := load.ReadModel(r)
+	m, err := layout.ReadModel(r)
 	if err != nil {
 		return cerr(err)
 	}
-	*handle = C.uintptr_t(cgo.NewHandle(&ckpt{r: r, model: m, metas: map[string]load.Meta{}}))
+	*handle = C.uintptr_t(cgo.NewHandle(&ckpt{r: r, model: m, metas: map[string]layout.Meta{}}))
 	return nil
 }
 
@@ -122,7 +123,7 @@ func ucp_close(h C.uintptr_t) (msg *C.char) {
 type info struct {
 	Dir      string           `json:"dir"`
 	Manifest *atomic.Manifest `json:"manifest"`
-	Model    load.Model       `json:"model"`
+	Model    layout.Model     `json:"model"`
 }
 
 //export ucp_info
@@ -141,10 +142,10 @@ func ucp_info(h C.uintptr_t, out **C.char) (msg *C.char) {
 }
 
 // meta reads (once) the meta keys of a parameter's state file.
-func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) {
+func (c *ckpt) meta(param, state string) (layout.Meta, *atomic.ParamEntry, error) {
 	p, ok := c.r.Param(param)
 	if !ok {
-		return load.Meta{}, nil, fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, param)
+		return layout.Meta{}, nil, fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, param)
 	}
 	var path string
 	var have []string
@@ -157,7 +158,7 @@ func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) 
 		}
 	}
 	if path == "" || state == fragment.StepState {
-		return load.Meta{}, nil, fmt.Errorf("%s: parameter %s has no state %q (it has %v)", c.r.Dir, param, state, have)
+		return layout.Meta{}, nil, fmt.Errorf("%s: parameter %s has no state %q (it has %v)", c.r.Dir, param, state, have)
 	}
 	c.mu.Lock()
 	m, ok := c.metas[path]
@@ -165,7 +166,7 @@ func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) 
 	if ok {
 		return m, p, nil
 	}
-	m, err := load.ReadMeta(path)
+	m, err := layout.ReadMeta(path)
 	if err != nil {
 		return m, nil, err
 	}
@@ -176,32 +177,32 @@ func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) 
 }
 
 // shard is the part of a parameter's state one target rank holds.
-func (c *ckpt) shard(param, state string, layout, n, rank int, paddedVocab int64) (fragment.Shard, error) {
+func (c *ckpt) shard(param, state string, kind, n, rank int, paddedVocab int64) (fragment.Shard, error) {
 	m, p, err := c.meta(param, state)
 	if err != nil {
 		return fragment.Shard{}, err
 	}
-	switch layout {
+	switch kind {
 	case layoutTP:
 		return c.model.Slice(p, m, n, rank, paddedVocab)
 	case layoutChunk:
 		if n < 1 || rank < 0 || rank >= n {
 			return fragment.Shard{}, fmt.Errorf("%s: rank %d of %d", param, rank, n)
 		}
-		return load.DimChunk(p.Shape, rank, n)
+		return layout.DimChunk(p.Shape, rank, n)
 	}
-	return fragment.Shard{}, fmt.Errorf("unknown layout %d", layout)
+	return fragment.Shard{}, fmt.Errorf("unknown layout %d", kind)
 }
 
 //export ucp_shard
-func ucp_shard(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, paddedVocab C.int64_t,
+func ucp_shard(h C.uintptr_t, param, state *C.char, kind, n, rank C.int, paddedVocab C.int64_t,
 	shape *C.int64_t, ndim *C.int) (msg *C.char) {
 	defer guard(&msg)
 	c, err := lookup(h)
 	if err != nil {
 		return cerr(err)
 	}
-	sh, err := c.shard(C.GoString(param), C.GoString(state), int(layout), int(n), int(rank), int64(paddedVocab))
+	sh, err := c.shard(C.GoString(param), C.GoString(state), int(kind), int(n), int(rank), int64(paddedVocab))
 	if err != nil {
 		return cerr(err)
 	}
@@ -217,7 +218,7 @@ func ucp_shard(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, padde
 }
 
 //export ucp_read
-func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, paddedVocab, start, count C.int64_t,
+func ucp_read(h C.uintptr_t, param, state *C.char, kind, n, rank C.int, paddedVocab, start, count C.int64_t,
 	dt C.int, dst unsafe.Pointer, dstBytes C.int64_t, bytesRead *C.int64_t) (msg *C.char) {
 	defer guard(&msg)
 	c, err := lookup(h)
@@ -229,7 +230,7 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, padded
 		return cerr(fmt.Errorf("unknown element type code %d", int(dt)))
 	}
 	name, st := C.GoString(param), C.GoString(state)
-	sh, err := c.shard(name, st, int(layout), int(n), int(rank), int64(paddedVocab))
+	sh, err := c.shard(name, st, int(kind), int(n), int(rank), int64(paddedVocab))
 	if err != nil {
 		return cerr(err)
 	}
@@ -256,7 +257,7 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank C.int, padded
 		*bytesRead = 0
 		return nil
 	}
-	got, err := load.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
+	got, err := layout.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
 	*bytesRead = C.int64_t(got)
 	return cerr(err)
 }
@@ -288,14 +289,14 @@ func ucp_zero_pieces(stage, dp, rank C.int, numels *C.int64_t, count C.int, out 
 	if count > 0 {
 		copy(ns, unsafe.Slice((*int64)(unsafe.Pointer(numels)), int(count)))
 	}
-	var ps []load.Piece
+	var ps []layout.Piece
 	var size int64
 	var err error
 	switch stage {
 	case 1, 2:
-		ps, size, err = load.Zero12Pieces(ns, int(dp), int(rank))
+		ps, size, err = layout.Zero12Pieces(ns, int(dp), int(rank))
 	case 3:
-		ps, size, err = load.Zero3Pieces(ns, int(dp), int(rank))
+		ps, size, err = layout.Zero3Pieces(ns, int(dp), int(rank))
 	default:
 		err = fmt.Errorf("ZeRO stage %d (1, 2 or 3)", int(stage))
 	}

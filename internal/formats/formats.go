@@ -16,12 +16,11 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/formats/hf"
 	"github.com/ucp-project/ucp/internal/formats/megatron"
-	"github.com/ucp-project/ucp/internal/formats/zero3"
 	"github.com/ucp-project/ucp/internal/fragment"
 )
 
@@ -54,9 +53,9 @@ func All() []Format {
 		{
 			Name:   "zero3",
 			Help:   "DeepSpeed ZeRO-3, including AutoTP grids",
-			Detect: zero3.Detect,
+			Detect: deepspeed.DetectZero3,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return zero3.Index(ctx, path, zero3.Options{Tag: o.Tag, Workers: o.Workers})
+				return deepspeed.IndexZero3(ctx, path, deepspeed.Zero3Options{Tag: o.Tag, Workers: o.Workers})
 			},
 		},
 		{
@@ -143,7 +142,25 @@ func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 	if err != nil {
 		return nil, err
 	}
+	detectFamily(t)
 	return validated(path, t)
+}
+
+// detectFamily sets the table's model family from its training
+// arguments when the reader did not set it. A model no family describes
+// is left without one, silently: exports say why (from the recorded
+// args) when they need the family.
+func detectFamily(t *fragment.Table) {
+	if t.Model != nil || t.Args == nil {
+		return
+	}
+	var ps []family.Param
+	for _, p := range t.Params {
+		ps = append(ps, family.Param{Name: p.Name, Shape: p.Shape})
+	}
+	if c, err := family.Detect(t.Args, ps, t.Format); err == nil {
+		t.Model = c
+	}
 }
 
 // validated returns t when its coverage is proven, else closes it.
@@ -194,8 +211,8 @@ func partlyClaimed(path string) []string {
 		m, err := filepath.Glob(filepath.Join(path, pattern))
 		return err == nil && len(m) > 0
 	}
-	if dir, tag, err := dslayout.ResolveTag(path, ""); err == nil {
-		if f, err := dslayout.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
+	if dir, tag, err := deepspeed.ResolveTag(path, ""); err == nil {
+		if f, err := deepspeed.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
 			out = append(out, "zero3")
 		} else {
 			out = append(out, "deepspeed")

@@ -16,7 +16,7 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -191,7 +191,7 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 			return nil, fmt.Errorf("%s/%s: iteration is %s", r.Dir, atomic.ExtraState, pyobj.Repr(it))
 		}
 	}
-	model, err := load.ReadModel(r)
+	model, err := layout.ReadModel(r)
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +225,7 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 // slices computes every parameter's shard on every target TP rank as
 // Megatron holds it (load: vocabulary re-padded, QKV per query group,
 // SwiGLU [gate_r; up_r]).
-func (p *rsPlan) slices(model load.Model) error {
+func (p *rsPlan) slices(model layout.Model) error {
 	T := p.o.TP
 	p.shards = make([]map[string]fragment.Shard, T)
 	for t := range p.shards {
@@ -240,7 +240,7 @@ func (p *rsPlan) slices(model load.Model) error {
 		case isExpert(e.Name) || strings.HasPrefix(e.Name, "language_model."):
 			return fmt.Errorf("%s: parameter %s: --to megatron does not write expert or legacy-model layouts yet", p.r.Dir, e.Name)
 		}
-		meta, err := load.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
+		meta, err := layout.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
 		if err != nil {
 			return err
 		}
@@ -354,11 +354,11 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 
 // writeRank writes model_optim_rng.pt of TP rank t, pipeline stage s.
 func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
-	var fills []load.StateFill
+	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
 		sh := p.shards[t][name]
 		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
-		fills = append(fills, load.StateFill{Blob: b, Pieces: []load.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
+		fills = append(fills, layout.StateFill{Blob: b, Pieces: []layout.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
 		return b
 	}
 	root := pyobj.NewDict(pyobj.PlainDict)
@@ -519,7 +519,7 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 	V := len(p.chunks[s])
 	root := pyobj.NewDict(pyobj.PlainDict)
 	root.Set("buckets_coalesced", true)
-	var fills []load.StateFill
+	var fills []layout.StateFill
 	for v, list := range p.chunks[s] {
 		lps := make([]layoutParam, len(list))
 		for i, rp := range list {
@@ -536,13 +536,13 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 		world := pyobj.NewDict(pyobj.PlainDict)
 		for _, state := range []string{fragment.FP32, "exp_avg", "exp_avg_sq"} {
 			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{nu}}
-			f := load.StateFill{Blob: b}
+			f := layout.StateFill{Blob: b}
 			for i, rp := range list {
 				if !p.hasState(rp.src, state) {
 					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
 				}
 				sh := p.shards[t][rp.src]
-				f.Pieces = append(f.Pieces, load.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
+				f.Pieces = append(f.Pieces, layout.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
 			}
 			sort.Slice(f.Pieces, func(i, j int) bool { return f.Pieces[i].At < f.Pieces[j].At })
 			fills = append(fills, f)
@@ -674,8 +674,8 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 
 // writeFile writes one torch.save file, streaming each tensor from its
 // atomic states.
-func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []load.StateFill, st *ReshardStats) error {
-	n, err := load.WriteFile(p.r, path, root, fills)
+func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
+	n, err := layout.WriteFile(p.r, path, root, fills)
 	if err != nil {
 		return err
 	}
