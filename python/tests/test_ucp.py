@@ -147,6 +147,14 @@ class Megatron(unittest.TestCase):
             want = self.truth["fp32"][name] if r == 0 else torch.zeros(100, 8)
             self.assertTrue(bits_equal(t, want))
 
+    def test_states_string(self):
+        # One state given as a string is that state, not its letters.
+        one = ucp.load_state_dict(MEG, tp=2, tp_rank=1, states="fp32")
+        two = ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=("fp32",))
+        self.assertEqual(list(one), ["fp32"])
+        for n, t in two["fp32"].items():
+            self.assertTrue(bits_equal(one["fp32"][n], t), n)
+
     def test_bad_input(self):
         cases = [
             (lambda: ucp.open(os.path.dirname(MEG)), "is not an atomic checkpoint"),
@@ -159,9 +167,21 @@ class Megatron(unittest.TestCase):
              "smaller than the checkpoint's 100"),
             (lambda: ucp.load_state_dict(MEG, states=("fp32", "momentum")), "has no state 'momentum'"),
             (lambda: ucp.load_state_dict(MEG, params=["nope.weight"]), "no parameter 'nope.weight'"),
-            (lambda: ucp.load_state_dict(MEG, tp=2, tp_rank=2), "tensor-parallel rank 2 of 2"),
-            (lambda: ucp.load_zero_partition(MEG, 2, 0, 4, ["output_layer.weight"]), "ZeRO stage 4"),
-            (lambda: ucp.load_zero_partition(MEG, 2, 5, 1, ["output_layer.weight"]), "rank 5 of 2"),
+            (lambda: ucp.load_state_dict(MEG, tp=2, tp_rank=2),
+             "load_state_dict: tp_rank=2 is out of range for tp=2: ranks are 0 to 1"),
+            (lambda: ucp.load_state_dict(MEG, tp=0),
+             "load_state_dict: tp=0: the number of ranks must be at least 1"),
+            (lambda: ucp.load_state_dict(MEG, tp="2"), "load_state_dict: tp='2' must be an integer"),
+            (lambda: ucp.load_state_dict(MEG, states=None), "states=None: give a state name or a sequence"),
+            (lambda: ucp.load_state_dict(MEG, states=("fp32", 1)), "1 is not a state name"),
+            (lambda: ucp.load_fsdp_chunk(MEG, rank=-1, world=2),
+             "load_fsdp_chunk: rank=-1 is out of range for world=2: ranks are 0 to 1"),
+            (lambda: ucp.load_zero_partition(MEG, 2, 0, 4, ["output_layer.weight"]),
+             "stage=4: ZeRO stage 4 is not 1, 2 or 3"),
+            (lambda: ucp.load_zero_partition(MEG, 2, 5, 1, ["output_layer.weight"]),
+             "load_zero_partition: dp_rank=5 is out of range for dp=2: ranks are 0 to 1"),
+            (lambda: ucp.load_zero_partition(MEG, 0, 0, 1, ["output_layer.weight"]),
+             "load_zero_partition: dp=0: the number of ranks must be at least 1"),
         ]
         for fn, msg in cases:
             with self.assertRaises(ucp.UCPError, msg=msg) as cm:

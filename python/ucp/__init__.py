@@ -19,10 +19,18 @@ group), each rank reads about 1/N of the bytes and the group exchanges the rest,
 """
 
 import collections
+import operator
 import os
 import re
+import sys
 
-import torch
+try:
+    import torch
+except ImportError as _e:  # say which interpreter lacks torch and what to do
+    raise ModuleNotFoundError(
+        f"ucp needs PyTorch, and this Python ({sys.executable}, {sys.version.split()[0]}) cannot import torch: "
+        f"{_e}. Run ucp with a Python that has torch (on Debian: /usr/bin/python3 with the python3-torch "
+        f"package), or install torch into this environment (pip install torch).", name="torch") from _e
 
 from . import _lib
 from ._lib import UCPError
@@ -236,9 +244,42 @@ def _names(ck, params):
     return params
 
 
-def _check_states(ck, names, states):
+def _states(states):
+    """The states argument as a tuple of names: a single string is one state ("fp32")."""
     if isinstance(states, str):
-        raise UCPError(f"states must be a sequence of state names, not the string {states!r}")
+        return (states,)
+    try:
+        states = tuple(states)
+    except TypeError:
+        raise UCPError(f"states={states!r}: give a state name or a sequence of them, "
+                       f"e.g. 'fp32' or ('fp32', 'exp_avg')") from None
+    for s in states:
+        if not isinstance(s, str):
+            raise UCPError(f"states={states!r}: {s!r} is not a state name (a string such as 'fp32' or 'exp_avg')")
+    return states
+
+
+def _int_arg(fn, name, v):
+    if isinstance(v, bool):
+        raise UCPError(f"{fn}: {name}={v!r} must be an integer")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise UCPError(f"{fn}: {name}={v!r} must be an integer") from None
+
+
+def _rank_args(fn, size_name, size, rank_name, rank):
+    """Checks a (size, rank) pair such as tp/tp_rank and says which argument is wrong and why."""
+    size, rank = _int_arg(fn, size_name, size), _int_arg(fn, rank_name, rank)
+    if size < 1:
+        raise UCPError(f"{fn}: {size_name}={size}: the number of ranks must be at least 1")
+    if not 0 <= rank < size:
+        raise UCPError(f"{fn}: {rank_name}={rank} is out of range for {size_name}={size}: "
+                       f"ranks are 0 to {size - 1}")
+    return size, rank
+
+
+def _check_states(ck, names, states):
     for n in names:
         for s in states:
             if s not in ck.params[n].states:
@@ -277,11 +318,10 @@ def load_state_dict(path, tp=1, tp_rank=0, states=("fp32",), dtype=None, params=
         sd = ucp.load_state_dict("out/atomic", tp=2, tp_rank=1, states=("fp32", "exp_avg", "exp_avg_sq"))
         model.load_state_dict(sd["fp32"])
     """
-    if tp < 1 or not 0 <= tp_rank < tp:
-        raise UCPError(f"tensor-parallel rank {tp_rank} of {tp}")
+    tp, tp_rank = _rank_args("load_state_dict", "tp", tp, "tp_rank", tp_rank)
+    states = _states(states)
     with _Opened(path) as ck:
         names = _names(ck, params)
-        states = tuple(states)
         _check_states(ck, names, states)
         want, code = _dtype_code(dtype)
         out, reqs = {}, []
@@ -311,11 +351,10 @@ def load_fsdp_chunk(path, rank, world, states=("fp32",), dtype=None, params=None
 
         local = ucp.load_fsdp_chunk("out/atomic", rank=dist.get_rank(), world=dist.get_world_size())
     """
-    if world < 1 or not 0 <= rank < world:
-        raise UCPError(f"rank {rank} of {world}")
+    world, rank = _rank_args("load_fsdp_chunk", "world", world, "rank", rank)
+    states = _states(states)
     with _Opened(path) as ck:
         names = _names(ck, params)
-        states = tuple(states)
         _check_states(ck, names, states)
         want, code = _dtype_code(dtype)
         out, reqs = {}, []
@@ -348,10 +387,12 @@ def load_zero_partition(path, dp, dp_rank, stage, param_order, states=("fp32", "
         parts["fp32"].shape   # torch.Size([partition size])
     """
     if stage not in (1, 2, 3):
-        raise UCPError(f"ZeRO stage {stage} (1, 2 or 3)")
+        raise UCPError(f"load_zero_partition: stage={stage!r}: ZeRO stage {stage} is not 1, 2 or 3")
+    dp, dp_rank = _rank_args("load_zero_partition", "dp", dp, "dp_rank", dp_rank)
+    tp, tp_rank = _rank_args("load_zero_partition", "tp", tp, "tp_rank", tp_rank)
+    states = _states(states)
     with _Opened(path) as ck:
         names = _names(ck, param_order)
-        states = tuple(states)
         if STEP in states:
             raise UCPError("the step is not part of a flat partition: load it with load_state_dict(states=('step',))")
         _check_states(ck, names, states)
