@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -244,5 +246,58 @@ func TestLoadGroupSilentRank(t *testing.T) {
 	}
 	if el := time.Since(start); el > 4*time.Second {
 		t.Fatalf("the others took %v to fail", el)
+	}
+}
+
+// TestStateLinkOutside: a state file replaced by a symbolic link to a copy
+// outside the checkpoint is refused (with and without verify), one to a
+// file inside it is read.
+func TestStateLinkOutside(t *testing.T) {
+	r := groupReader(t)
+	p := r.Params()[0]
+	rel := p.Files[0].Path
+	for _, f := range p.Files {
+		if f.State == "fp32" {
+			rel = f.Path
+		}
+	}
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	if err := os.CopyFS(ck, os.DirFS(r.Dir)); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(ck, filepath.FromSlash(rel))
+	outside := filepath.Join(dir, "elsewhere.pt")
+	inside := filepath.Join(ck, "copy.pt")
+	for _, c := range []string{outside, inside} {
+		b, err := os.ReadFile(state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(c, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		target string
+		ok     bool
+	}{{outside, false}, {inside, true}} {
+		os.Remove(state)
+		if err := os.Symlink(c.target, state); err != nil {
+			t.Fatal(err)
+		}
+		for _, verify := range []bool{false, true} {
+			lr, err := atomic.OpenReader(ck, atomic.ReaderOptions{Verify: verify})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := lr.OpenState(p.Name, "fp32")
+			if c.ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "outside the checkpoint")) {
+				t.Fatalf("link to %s, verify %v: %v", c.target, verify, err)
+			}
+			if s != nil {
+				s.Close()
+			}
+		}
 	}
 }
