@@ -31,6 +31,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/load"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -40,9 +41,9 @@ func main() {} // required by -buildmode=c-shared; never runs
 // ckpt is what a handle refers to: an opened atomic checkpoint.
 type ckpt struct {
 	r     *atomic.Reader
-	model load.Model
+	model layout.Model
 	mu    sync.Mutex
-	metas map[string]load.Meta // state file path -> its meta keys
+	metas map[string]layout.Meta // state file path -> its meta keys
 }
 
 // Layouts of ucp_shard and ucp_read.
@@ -103,11 +104,11 @@ func ucp_open(path *C.char, verify C.int, handle *C.uintptr_t) (msg *C.char) {
 	if err != nil {
 		return cerr(fmt.Errorf("%s is not an atomic checkpoint (convert it with `ucp convert` first): %w", dir, err))
 	}
-	m, err := load.ReadModel(r)
+	m, err := layout.ReadModel(r)
 	if err != nil {
 		return cerr(err)
 	}
-	*handle = C.uintptr_t(cgo.NewHandle(&ckpt{r: r, model: m, metas: map[string]load.Meta{}}))
+	*handle = C.uintptr_t(cgo.NewHandle(&ckpt{r: r, model: m, metas: map[string]layout.Meta{}}))
 	return nil
 }
 
@@ -125,7 +126,7 @@ func ucp_close(h C.uintptr_t) (msg *C.char) {
 type info struct {
 	Dir      string           `json:"dir"`
 	Manifest *atomic.Manifest `json:"manifest"`
-	Model    load.Model       `json:"model"`
+	Model    layout.Model     `json:"model"`
 }
 
 //export ucp_info
@@ -144,10 +145,10 @@ func ucp_info(h C.uintptr_t, out **C.char) (msg *C.char) {
 }
 
 // meta reads (once) the meta keys of a parameter's state file.
-func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) {
+func (c *ckpt) meta(param, state string) (layout.Meta, *atomic.ParamEntry, error) {
 	p, ok := c.r.Param(param)
 	if !ok {
-		return load.Meta{}, nil, fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, param)
+		return layout.Meta{}, nil, fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, param)
 	}
 	var path string
 	var have []string
@@ -160,7 +161,7 @@ func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) 
 		}
 	}
 	if path == "" || state == fragment.StepState {
-		return load.Meta{}, nil, fmt.Errorf("%s: parameter %s has no state %q (it has %v)", c.r.Dir, param, state, have)
+		return layout.Meta{}, nil, fmt.Errorf("%s: parameter %s has no state %q (it has %v)", c.r.Dir, param, state, have)
 	}
 	c.mu.Lock()
 	m, ok := c.metas[path]
@@ -168,7 +169,7 @@ func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) 
 	if ok {
 		return m, p, nil
 	}
-	m, err := load.ReadMeta(path)
+	m, err := layout.ReadMeta(path)
 	if err != nil {
 		return m, nil, err
 	}
@@ -182,7 +183,7 @@ func (c *ckpt) meta(param, state string) (load.Meta, *atomic.ParamEntry, error) 
 // Every size and count crossing the ABI is 64-bit and checked here before
 // anything is allocated: a degree beyond load.MaxRanks, a negative rank or
 // element count is refused by name, never truncated or trusted.
-func (c *ckpt) shard(param, state string, layout, n, rank, paddedVocab int64) (fragment.Shard, error) {
+func (c *ckpt) shard(param, state string, kind, n, rank, paddedVocab int64) (fragment.Shard, error) {
 	if n < 1 || n > load.MaxRanks || rank < 0 || rank >= n {
 		return fragment.Shard{}, fmt.Errorf("%s: rank %d of %d (the number of ranks must be 1 to %d)", param, rank, n, load.MaxRanks)
 	}
@@ -193,17 +194,17 @@ func (c *ckpt) shard(param, state string, layout, n, rank, paddedVocab int64) (f
 	if err != nil {
 		return fragment.Shard{}, err
 	}
-	switch layout {
+	switch kind {
 	case layoutTP:
 		return c.model.Slice(p, m, int(n), int(rank), paddedVocab)
 	case layoutChunk:
-		return load.DimChunk(p.Shape, int(rank), int(n))
+		return layout.DimChunk(p.Shape, int(rank), int(n))
 	}
-	return fragment.Shard{}, fmt.Errorf("unknown layout %d", layout)
+	return fragment.Shard{}, fmt.Errorf("unknown layout %d", kind)
 }
 
 //export ucp_shard
-func ucp_shard(h C.uintptr_t, param, state *C.char, layout, n, rank, paddedVocab C.int64_t,
+func ucp_shard(h C.uintptr_t, param, state *C.char, kind, n, rank, paddedVocab C.int64_t,
 	shape *C.int64_t, ndim *C.int) (msg *C.char) {
 	defer guard(&msg)
 	c, err := lookup(h)
@@ -213,7 +214,7 @@ func ucp_shard(h C.uintptr_t, param, state *C.char, layout, n, rank, paddedVocab
 	if shape == nil || ndim == nil {
 		return cerr(errors.New("ucp_shard: NULL output"))
 	}
-	sh, err := c.shard(C.GoString(param), C.GoString(state), int64(layout), int64(n), int64(rank), int64(paddedVocab))
+	sh, err := c.shard(C.GoString(param), C.GoString(state), int64(kind), int64(n), int64(rank), int64(paddedVocab))
 	if err != nil {
 		return cerr(err)
 	}
@@ -229,7 +230,7 @@ func ucp_shard(h C.uintptr_t, param, state *C.char, layout, n, rank, paddedVocab
 }
 
 //export ucp_read
-func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank, paddedVocab, start, count C.int64_t,
+func ucp_read(h C.uintptr_t, param, state *C.char, kind, n, rank, paddedVocab, start, count C.int64_t,
 	dt C.int, dst unsafe.Pointer, dstBytes C.int64_t, bytesRead *C.int64_t) (msg *C.char) {
 	defer guard(&msg)
 	c, err := lookup(h)
@@ -244,7 +245,7 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank, paddedVocab,
 	if bytesRead == nil {
 		return cerr(errors.New("ucp_read: NULL bytes_read"))
 	}
-	sh, err := c.shard(name, st, int64(layout), int64(n), int64(rank), int64(paddedVocab))
+	sh, err := c.shard(name, st, int64(kind), int64(n), int64(rank), int64(paddedVocab))
 	if err != nil {
 		return cerr(err)
 	}
@@ -268,7 +269,7 @@ func ucp_read(h C.uintptr_t, param, state *C.char, layout, n, rank, paddedVocab,
 		*bytesRead = 0
 		return nil
 	}
-	got, err := load.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
+	got, err := layout.ReadLocalAs(sf, sh, s, k, t, unsafe.Slice((*byte)(dst), int64(dstBytes)))
 	*bytesRead = C.int64_t(got)
 	return cerr(err)
 }
@@ -315,14 +316,14 @@ func ucp_zero_pieces(stage, dp, rank C.int64_t, numels *C.int64_t, count C.int64
 			return cerr(fmt.Errorf("ucp_zero_pieces: the parameters add up to more than %d elements", int64(maxElements)))
 		}
 	}
-	var ps []load.Piece
+	var ps []layout.Piece
 	var size int64
 	var err error
 	switch stage {
 	case 1, 2:
-		ps, size, err = load.Zero12Pieces(ns, int(dp), int(rank))
+		ps, size, err = layout.Zero12Pieces(ns, int(dp), int(rank))
 	case 3:
-		ps, size, err = load.Zero3Pieces(ns, int(dp), int(rank))
+		ps, size, err = layout.Zero3Pieces(ns, int(dp), int(rank))
 	default:
 		err = fmt.Errorf("ZeRO stage %d (1, 2 or 3)", int(stage))
 	}

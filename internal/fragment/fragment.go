@@ -22,6 +22,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -202,6 +203,9 @@ type Table struct {
 	// geometry (Hugging Face config.json).
 	DType string
 	Args  map[string]any
+	// Model is the model family and configuration (formats.Index detects
+	// it from Args when the reader does not set it).
+	Model *family.Config
 	// Scratch lists temporary folders the reader made that hold source
 	// data (DCP items decoded from zstd); Close removes them.
 	Scratch []string

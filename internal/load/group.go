@@ -14,6 +14,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -264,7 +265,7 @@ func readItem(r *atomic.Reader, it Item, dst []byte) (int64, error) {
 	var read int64
 	for done := int64(0); done < it.N; {
 		n := min(it.N-done, readChunk)
-		got, err := ReadLocalAs(s, it.Shard, it.Start+done, n, dt, dst[done*es:(done+n)*es])
+		got, err := layout.ReadLocalAs(s, it.Shard, it.Start+done, n, dt, dst[done*es:(done+n)*es])
 		read += got
 		if err != nil {
 			return read, err

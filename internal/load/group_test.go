@@ -14,6 +14,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/load"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
@@ -29,12 +30,12 @@ func groupItems(t *testing.T, r *atomic.Reader, T, tp int) []load.Item {
 			if err != nil {
 				t.Fatal(err)
 			}
-			meta, err := load.ReadMeta(s.Path)
+			meta, err := layout.ReadMeta(s.Path)
 			s.Close()
 			if err != nil {
 				t.Fatal(err)
 			}
-			sh, err := load.TPShard(meta, p.Shape, T, tp, 0)
+			sh, err := layout.TPShard(meta, p.Shape, T, tp, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +122,7 @@ func TestLoadGroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := make([]byte, it.Bytes())
-		_, err = load.ReadLocalAs(s, it.Shard, 0, it.N, it.DType, b)
+		_, err = layout.ReadLocalAs(s, it.Shard, 0, it.N, it.DType, b)
 		s.Close()
 		if err != nil || !bytes.Equal(b, solo[i]) {
 			t.Fatalf("%s/%s: one-rank group load differs from ReadLocalAs (%v)", it.Param, it.State, err)

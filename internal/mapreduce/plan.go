@@ -157,7 +157,7 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 	pl := &Plan{Nodes: opt.Nodes, Cores: opt.Cores, ChunkElems: chunk, NodeBytes: make([]int64, opt.Nodes), t: t,
 		Manifest: atomic.Manifest{Format: atomic.ManifestFormat, Version: atomic.ManifestVersion,
 			Source: atomic.SourceInfo{Format: t.Format, Path: t.Source, Tag: t.Tag, Degrees: t.Degrees,
-				DType: t.DType, Args: t.Args},
+				DType: t.DType, Args: t.Args, Model: t.Model},
 			Notes: t.Notes}}
 	var tasks []Task
 	add := func(o Output) int {
