@@ -76,6 +76,7 @@ written as DST.partial and renamed when complete.`,
 	f.IntVar(&opts.PP, "pp", 1, "pipeline-parallel size of the target run (megatron)")
 	f.IntVar(&opts.VPP, "vpp", 0, "model chunks per pipeline stage, virtual pipeline parallelism (megatron; 0: none)")
 	f.BoolVar(&opts.DistOptimizer, "distributed-optimizer", false, "Megatron distributed optimizer files (distrib_optim.pt)")
+	f.StringVar(&opts.MegatronSpec, "megatron-spec", "", "--to megatron from a non-Megatron source (Hugging Face, DeepSpeed, DCP) of a known model family: the layer spec of the loading run, te (Transformer Engine, the default) or local")
 	f.StringVar(&opts.MegatronOptimizer, "megatron-optimizer", "", "the Adam of the loading Megatron run, which decides where the step is written: adamw (torch.optim.AdamW, Megatron without TE/Apex) or fused (TE/Apex FusedAdam); default: the source's")
 	f.IntVar(&opts.FirstStageLayers, "decoder-first-pipeline-num-layers", 0, "megatron: layers on the first pipeline stage (Megatron's uneven split; 0: even)")
 	f.IntVar(&opts.LastStageLayers, "decoder-last-pipeline-num-layers", 0, "megatron: layers on the last pipeline stage (Megatron's uneven split; 0: even)")

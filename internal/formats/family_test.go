@@ -2,6 +2,7 @@ package formats
 
 import (
 	"bytes"
+	"fmt"
 	"context"
 	"encoding/json"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/formats/hf"
 	"github.com/ucp-project/ucp/internal/safetensors"
@@ -138,4 +140,80 @@ func TestHFFamilyBadConfig(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 	_ = dcp.HFConfigCopy
+}
+
+// TestHFMegatronRoundTrip: each transformers-written folder goes HF ->
+// atomic -> Megatron-LM (reshard --to megatron at TP 2, TP 1 x PP 2 and
+// TP 2 x PP 2; local and TE names) ->
+// atomic (ucp's Megatron reader, family detected from the written args)
+// -> HF, and must come back bit for bit with the same family config.
+func TestHFMegatronRoundTrip(t *testing.T) {
+	tg, err := LookupTarget("megatron")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range testkit.Cases(t, "hf_family", 6) {
+		src := testkit.Fixture("hf_family", name)
+		tbl, err := Index(context.Background(), src, "", Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := hfFolderTensors(t, src)
+		for _, deg := range []struct {
+			tp, pp int
+			spec   string
+		}{{2, 1, "local"}, {1, 2, "te"}, {2, 2, "te"}} {
+			t.Run(fmt.Sprintf("%s/tp%d_pp%d_%s", name, deg.tp, deg.pp, deg.spec), func(t *testing.T) {
+				mg := filepath.Join(t.TempDir(), "megatron")
+				if _, err := tg.Reshard(context.Background(), a, mg, ReshardOptions{TP: deg.tp, PP: deg.pp, DP: 1, Zero: -1, MegatronSpec: deg.spec, NoSync: true}); err != nil {
+					t.Fatal(err)
+				}
+				tb2, err := Index(context.Background(), mg, "", Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Megatron's args cannot tell mistral from llama (the same
+				// math): the way back names it.
+				fam, arch := a.Manifest.Source.Model.Family, hf.ArchAuto
+				if fam == "mistral" {
+					fam, arch = "llama", "mistral"
+				}
+				if tb2.Format != "megatron" || tb2.Model == nil || tb2.Model.Family != fam {
+					t.Fatalf("read back as %s, model %+v", tb2.Format, tb2.Model)
+				}
+				wantC, gotC := *a.Manifest.Source.Model, *tb2.Model
+				wantC.Family, wantC.VocabDivisor, gotC.VocabDivisor = fam, 0, 0
+				if !reflect.DeepEqual(wantC, gotC) {
+					t.Errorf("config read back from the written args:\n got %+v\nwant %+v", gotC, wantC)
+				}
+				b, err := atomic.OpenReader(testkit.Convert(t, tb2, 2), atomic.ReaderOptions{Verify: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := filepath.Join(t.TempDir(), "hf")
+				dt := dtype.Float32
+				if d, err := dtype.Parse(a.Manifest.Source.DType); err == nil {
+					dt = d
+				}
+				if _, err := hf.Export(context.Background(), b, out, hf.Options{Arch: arch, DType: dt, NoSync: true}); err != nil {
+					t.Fatal(err)
+				}
+				got := hfFolderTensors(t, out)
+				if len(got) != len(want) {
+					t.Errorf("%d tensors, want %d", len(got), len(want))
+				}
+				for n, w := range want {
+					if g, ok := got[n]; !ok {
+						t.Errorf("no %s", n)
+					} else if g != w {
+						t.Errorf("%s differs", n)
+					}
+				}
+			})
+		}
+	}
 }

@@ -241,7 +241,10 @@ type ReshardOptions struct {
 	// source's) and an uneven pipeline split (0: not set).
 	MegatronOptimizer                 string
 	FirstStageLayers, LastStageLayers int
-	Force, NoSync                     bool
+	// MegatronSpec: the layer spec of a Megatron target written from a
+	// non-Megatron source ("local" or "te"; "": te).
+	MegatronSpec  string
+	Force, NoSync bool
 }
 
 // ReshardStats tell what a writer wrote.
@@ -352,7 +355,7 @@ func Targets() []Target {
 					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer) and keeps the source's training dtype (--dtype)")
 				}
 				st, err := megatron.Reshard(ctx, r, dst, megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
-					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers,
+					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers, Spec: o.MegatronSpec,
 					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync})
 				if err != nil {
 					return nil, err

@@ -155,6 +155,9 @@ func (b *builder) readModels() error {
 
 // readOptimizers maps every rank's optimizer state onto its parameters.
 func (b *builder) readOptimizers(ctx context.Context) error {
+	if b.weightsOnly() {
+		return nil
+	}
 	var dpaths []string
 	var dfiles []*rankFile
 	for _, f := range b.files {
@@ -197,6 +200,32 @@ func (b *builder) readOptimizers(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// weightsOnly handles a save in which no rank file has optimizer state
+// (--no-save-optim, or a converter's 'release' checkpoint such as ucp's
+// reshard from a Hugging Face source): every weight is its own fp32
+// state, as stored, with no Adam moments or step. A save in which only
+// some files lack it is not one (readSubs refuses it).
+func (b *builder) weightsOnly() bool {
+	if b.a.DistOpt {
+		return false
+	}
+	for _, f := range b.files {
+		if v, ok := f.root.Get("optimizer"); ok && v != nil {
+			return false
+		}
+		if f.rd.distrib != "" {
+			return false
+		}
+	}
+	for _, f := range b.files {
+		for _, lp := range f.params {
+			lp.states = map[string]srcRef{fragment.FP32: {ref: fragment.Ref(f.rd.model, lp.t, 0)}}
+		}
+	}
+	b.note("no optimizer state in any rank file (a weights-only save): the weights are converted as stored, with no Adam moments or step")
+	return true
 }
 
 // source is one copy of a parameter's local tensor (a TP shard, or a

@@ -35,7 +35,11 @@ type ReshardOptions struct {
 	// FirstStageLayers and LastStageLayers are Megatron's
 	// --decoder-first/last-pipeline-num-layers (0: not set).
 	FirstStageLayers, LastStageLayers int
-	Force, NoSync                     bool
+	// Spec is the layer spec of a target written from a non-Megatron
+	// source (planFamily): "local" or "te" ("": te, Megatron's default
+	// transformer_impl); a Megatron source keeps its own.
+	Spec          string
+	Force, NoSync bool
 }
 
 // ReshardStats tell what was written.
@@ -68,6 +72,10 @@ type rsPlan struct {
 	states  map[string][]string         // parameter -> optimizer tensor states (fp32 first)
 	steps   map[string]pyobj.Value
 	iter    int64
+	// release: a weights-only save from another framework's source
+	// (planFamily), in the 'release' folder; virt holds its tensors.
+	release bool
+	virt    map[string][]virtTensor
 	vocab   int64 // target padded vocabulary (0: none)
 	layers  int
 	untie   bool
@@ -93,6 +101,10 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 		return nil, err
 	}
 	iterDir := filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter))
+	tracker := strconv.FormatInt(p.iter, 10)
+	if p.release {
+		iterDir, tracker = filepath.Join(dst, "release"), "release"
+	}
 	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
 		// Another checkpoint's tracker would be repointed: also only with --force.
 		if _, err := os.Stat(x); err == nil && !o.Force {
@@ -108,7 +120,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}); err != nil {
 		return nil, err
 	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(strconv.FormatInt(p.iter, 10)), o.NoSync); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(tracker), o.NoSync); err != nil {
 		return nil, err
 	}
 	st.Files++
@@ -117,9 +129,6 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 
 func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	m := r.Manifest
-	if m.Source.Format != "megatron" && m.Source.Format != DistFormat {
-		return nil, fmt.Errorf("%s: converted from a %s checkpoint; --to megatron needs one converted from Megatron-LM (its args and param groups)", r.Dir, m.Source.Format)
-	}
 	switch {
 	case o.TP < 1:
 		return nil, fmt.Errorf("--tp must be at least 1, not %d", o.TP)
@@ -131,6 +140,12 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		return nil, fmt.Errorf("--vpp %d: give 2 or more model chunks per stage, or leave it out", o.VPP)
 	case o.VPP > 0 && o.PP < 2:
 		return nil, fmt.Errorf("--vpp %d needs --pp 2 or more (Megatron interleaves chunks over pipeline stages)", o.VPP)
+	}
+	if m.Source.Format != "megatron" && m.Source.Format != DistFormat {
+		return planFamily(r, o) // weights of a known model family
+	}
+	if o.Spec != "" {
+		return nil, fmt.Errorf("--megatron-spec is for sources not converted from Megatron-LM; this one keeps its own (args.transformer_impl)")
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}}
 	var err error
@@ -367,6 +382,11 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
+		if vt, ok := p.virt[name]; ok {
+			b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), vt[t].shape...)}
+			fills = append(fills, layout.StateFill{Blob: b, Pieces: vt[t].pieces})
+			return b
+		}
 		sh := p.shards[t][name]
 		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
 		fills = append(fills, layout.StateFill{Blob: b, Pieces: []layout.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
@@ -407,6 +427,9 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 		}
 		root.Set(key, md)
 		members = append(members, list...)
+	}
+	if p.release { // weights only: loaded with --finetune --no-load-optim
+		return p.writeFile(path, root, fills, st)
 	}
 	var opt pyobj.Value
 	var err error

@@ -1,0 +1,276 @@
+package megatron
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/layout"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// virtTensor is a target rank's tensor built from pieces of several
+// atomic parameters (a family source: fused QKV and fc1 from separate
+// q/k/v and gate/up, vocabulary re-padded).
+type virtTensor struct {
+	shape  []int64
+	pieces []layout.StatePiece
+}
+
+// planFamily plans a Megatron-LM save of an atomic checkpoint converted
+// from another framework whose model family is known (RESHARD.md, "Other
+// sources"): the model weights only, named and fused as megatron-core's
+// GPTModel holds them at the target TP/PP/VPP, args synthesized from the
+// family config, written as the 'release' checkpoint Megatron's own
+// converters write; it loads with --finetune --no-load-optim
+// --no-load-rng. The source's optimizer state, if any, is not carried.
+func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
+	c, err := r.Model()
+	if err != nil {
+		return nil, fmt.Errorf("--to megatron from a %s source needs its model family: %w", r.Manifest.Source.Format, err)
+	}
+	if err := c.MegatronCheck(); err != nil {
+		return nil, fmt.Errorf("%s: %w", r.Dir, err)
+	}
+	if o.Spec != "" && o.Spec != "te" && o.Spec != "local" {
+		return nil, fmt.Errorf("--megatron-spec %q: te or local", o.Spec)
+	}
+	if o.DistOptimizer || o.Optimizer != "" {
+		return nil, fmt.Errorf("%s: converted from a %s checkpoint: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need a Megatron-LM source", r.Dir, r.Manifest.Source.Format)
+	}
+	T := o.TP
+	for _, x := range []struct {
+		what string
+		n    int64
+	}{{"attention heads", c.Heads}, {"query groups", c.QueryGroups}, {"FFN size", c.FFN}} {
+		if x.n%int64(T) != 0 {
+			return nil, fmt.Errorf("--tp %d does not divide the %d %s of the model", T, x.n, x.what)
+		}
+	}
+	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, release: true,
+		virt: map[string][]virtTensor{}, layers: int(c.Layers), untie: !c.Tied, te: o.Spec != "local"}
+	p.dt = dtype.Float32
+	if m := r.Manifest.Source.DType; m != "" {
+		if p.dt, err = dtype.Parse(m); err != nil {
+			return nil, fmt.Errorf("%s: source dtype: %w", r.Dir, err)
+		}
+	}
+	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
+		return nil, fmt.Errorf("%s: source dtype %v: Megatron trains in float32, bfloat16 or float16", r.Dir, p.dt)
+	}
+	if p.split, err = pipelineSplit(p.layers, o.PP, max(o.VPP, 1), o.FirstStageLayers, o.LastStageLayers); err != nil {
+		return nil, err
+	}
+	var ps []family.Param
+	for _, e := range r.Manifest.Params {
+		ps = append(ps, family.Param{Name: e.Name, Shape: e.Shape})
+	}
+	src, err := family.Resolve(c, ps, r.Manifest.Source.Format)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.Dir, err)
+	}
+	if src.Layout.Interleaved {
+		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order (torchtitan's complex RoPE or rotary_interleaved): --to megatron writes the rotate-half layout only", r.Dir)
+	}
+	div := c.VocabDivisor
+	if div <= 0 {
+		div = 128 // Megatron's --make-vocab-size-divisible-by default
+	}
+	k := div * int64(T)
+	p.vocab = (c.Vocab + k - 1) / k * k
+	p.extra = pyobj.NewDict(pyobj.PlainDict)
+	p.extra.Set("checkpoint_version", 3.0)
+	p.args = familyArgs(c, p.dt, p.te, div)
+	naming := family.CoreTE
+	if !p.te {
+		naming = family.Core
+	}
+	fam := src.F
+	P, V := o.PP, max(o.VPP, 1)
+	p.chunks = make([][][]rsParam, P)
+	for s := range p.chunks {
+		p.chunks[s] = make([][]rsParam, V)
+	}
+	done := map[string]bool{}
+	add := func(r0 family.Role, layer int) error {
+		name := r0.NameIn(naming, layer, -1)
+		if done[name] {
+			return nil // the other parts of a fused tensor
+		}
+		done[name] = true
+		ts := make([]virtTensor, T)
+		for t := 0; t < T; t++ {
+			vt, err := p.familySlice(src, fam.Parts(c, r0), layer, t)
+			if err != nil {
+				return fmt.Errorf("%s: %s: %w", r.Dir, name, err)
+			}
+			ts[t] = vt
+		}
+		key := "family:" + name
+		p.virt[key] = ts
+		s, v, local := 0, 0, name
+		switch {
+		case layer >= 0:
+			s, v = p.chunkOf(layer)
+			local = globalName(name, -p.split[s][v][0], 0)
+		case r0.Name != "embed":
+			s, v = P-1, V-1
+		}
+		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: key})
+		return nil
+	}
+	// megatron-core's module order: embedding; per layer the norms and
+	// linears as TransformerLayer registers them; final norm, output layer.
+	order := []string{"embed", "attn_norm", "o_proj", "o_bias", "q_proj", "q_bias", "q_norm", "k_norm", "mlp_norm", "gate_proj", "gate_bias", "down_proj", "down_bias"}
+	present := map[string]family.Role{}
+	for _, x := range fam.Present(c) {
+		present[x.Name] = x
+	}
+	if x, ok := present["embed"]; ok {
+		if err := add(x, -1); err != nil {
+			return nil, err
+		}
+	}
+	for l := 0; l < p.layers; l++ {
+		for _, n := range order[1:] {
+			if x, ok := present[n]; ok {
+				if err := add(x, l); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	for _, n := range []string{"final_norm", "lm_head"} {
+		if x, ok := present[n]; ok {
+			if err := add(x, -1); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if c.Tied && P*V > 1 {
+		p.chunks[P-1][V-1] = append(p.chunks[P-1][V-1], rsParam{local: "output_layer.weight", src: "family:" + present["embed"].NameIn(naming, -1, -1)})
+	}
+	for s := range p.chunks {
+		for v, list := range p.chunks[s] {
+			if len(list) == 0 {
+				return nil, fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
+			}
+		}
+	}
+	return p, nil
+}
+
+// familySlice is TP rank t's piece of the Megatron tensor of fused roles
+// parts (one role when not fused) at a layer, from the source's separate
+// tensors.
+func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t int) (virtTensor, error) {
+	T := p.o.TP
+	r0 := parts[0]
+	param := func(r family.Role) (*atomic.ParamEntry, error) {
+		n, ok := src.Param(r.Name, layer)
+		if !ok {
+			return nil, fmt.Errorf("no %s", r.Name)
+		}
+		e, ok := p.r.Param(n)
+		if !ok {
+			return nil, fmt.Errorf("no parameter %s", n)
+		}
+		return e, nil
+	}
+	whole := func(e *atomic.ParamEntry) fragment.Shard { return fragment.Shard{Shape: append([]int64(nil), e.Shape...)} }
+	piece := func(e *atomic.ParamEntry, sh fragment.Shard, local, n, at int64) layout.StatePiece {
+		return layout.StatePiece{Param: e.Name, State: fragment.FP32, Shard: sh, Local: local, N: n, At: at}
+	}
+	if r0.Fuse != family.NoFuse {
+		spans, err := family.FusedRows(src.C, r0.Fuse, false, false, T, t)
+		if err != nil {
+			return virtTensor{}, err
+		}
+		es := make([]*atomic.ParamEntry, len(parts))
+		for i, x := range parts {
+			if x.Part != i {
+				return virtTensor{}, fmt.Errorf("fused parts out of order")
+			}
+			if es[i], err = param(x); err != nil {
+				return virtTensor{}, err
+			}
+		}
+		cols := int64(1)
+		if len(es[0].Shape) == 2 {
+			cols = es[0].Shape[1]
+		}
+		var vt virtTensor
+		var at int64
+		for _, sp := range spans {
+			e := es[sp.Part]
+			vt.pieces = append(vt.pieces, piece(e, whole(e), sp.Row*cols, sp.N*cols, at))
+			at += sp.N * cols
+		}
+		vt.shape = []int64{at / cols}
+		if len(es[0].Shape) == 2 {
+			vt.shape = append(vt.shape, cols)
+		}
+		return vt, nil
+	}
+	e, err := param(r0)
+	if err != nil {
+		return virtTensor{}, err
+	}
+	var sh fragment.Shard
+	switch {
+	case r0.TP == family.Replicated || T == 1 && r0.TP != family.Vocab:
+		sh = whole(e)
+	case r0.TP == family.Vocab:
+		padded := []int64{p.vocab, e.Shape[1]}
+		s, err := fragment.Split{Dim: 0}.Shard(padded, t, T)
+		if err != nil {
+			return virtTensor{}, err
+		}
+		sh = fragment.StripPad(s, padded, 0, e.Shape[0])
+	case r0.TP == family.Column:
+		if sh, err = (fragment.Split{Dim: 0}).Shard(e.Shape, t, T); err != nil {
+			return virtTensor{}, err
+		}
+	case r0.TP == family.Row:
+		if sh, err = (fragment.Split{Dim: 1}).Shard(e.Shape, t, T); err != nil {
+			return virtTensor{}, err
+		}
+	}
+	n := torchfile.Numel(sh.Shape)
+	return virtTensor{shape: sh.Shape, pieces: []layout.StatePiece{piece(e, sh, 0, n, 0)}}, nil
+}
+
+// familyArgs is the args Namespace of a Megatron-LM run of the family
+// config (the geometry and math options; the degrees are targetArgs').
+func familyArgs(c *family.Config, dt dtype.DType, te bool, div int64) *pyobj.Object {
+	a := c.MegatronArgs()
+	a["make_vocab_size_divisible_by"] = div
+	a["bf16"] = dt == dtype.BFloat16
+	a["fp16"] = dt == dtype.Float16
+	a["ckpt_format"] = "torch"
+	a["use_legacy_models"] = false
+	a["context_parallel_size"] = int64(1)
+	impl := "transformer_engine"
+	if !te {
+		impl = "local"
+	}
+	a["transformer_impl"] = impl
+	keys := make([]string, 0, len(a))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	d := pyobj.NewDict(pyobj.PlainDict)
+	for _, k := range keys {
+		v := a[k]
+		if i, ok := v.(int); ok {
+			v = int64(i)
+		}
+		d.Set(k, v)
+	}
+	return &pyobj.Object{Class: &pyobj.Global{Module: "argparse", Name: "Namespace"}, Via: pyobj.ByNewObj, State: d, Built: true}
+}
