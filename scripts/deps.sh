@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log=${UCP_DEPS_LOG:-${TMPDIR:-/tmp}/ucp-deps.log}
-: >"$log"
+mkdir -p "$(dirname "$log")" && : >"$log"
 
 # logged WHAT CMD...: runs CMD with its output in the log; on failure says
 # what failed and prints the log's last lines.

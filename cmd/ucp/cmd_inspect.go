@@ -15,7 +15,6 @@ import (
 	"github.com/ucp-project/ucp/internal/formats"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/mapreduce"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -287,13 +286,13 @@ type paramReport struct {
 func checkpointReport(t *fragment.Table) checkpointJSON {
 	rep := checkpointJSON{Format: t.Format, Source: t.Source, Tag: t.Tag, Degrees: t.Degrees, Notes: t.Notes}
 	for _, p := range t.Params {
-		kind, dims := patterns.Classify(p)
+		kind, dims := fragment.Classify(p)
 		pr := paramReport{Name: p.Name, Pattern: kind.String(), Shape: nonNil(p.Shape), SplitDims: dims, Frozen: p.Frozen,
 			VocabSize: p.Info.VocabSize}
 		if len(p.States) > 0 {
 			st := p.States[0]
 			pr.Shards, pr.Fragments = len(st.Shards), len(st.Frags)
-			pr.Padding = patterns.PaddingElems(st) + p.Info.Padding
+			pr.Padding = fragment.PaddingElems(st) + p.Info.Padding
 			if len(st.Frags) > 0 {
 				pr.DType = st.Frags[0].Src.DType().String()
 			}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -277,4 +278,28 @@ func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return v, nil
+}
+
+// Model returns the model family and config: the manifest's source.model,
+// else the one the recorded training arguments give (family.Detect; for
+// manifests written before ucp recorded it, and tables indexed outside
+// formats.Index). It errs when neither tells one, saying why.
+func (r *Reader) Model() (*family.Config, error) {
+	if m := r.Manifest.Source.Model; m != nil {
+		c := *m
+		return &c, nil
+	}
+	args := r.Manifest.Source.Args
+	if args == nil {
+		return nil, fmt.Errorf("%s records no model family or training arguments (a %s source)", r.Dir, r.Manifest.Source.Format)
+	}
+	var ps []family.Param
+	for _, p := range r.Manifest.Params {
+		ps = append(ps, family.Param{Name: p.Name, Shape: p.Shape})
+	}
+	c, err := family.Detect(args, ps, r.Manifest.Source.Format)
+	if err != nil {
+		return nil, fmt.Errorf("%s: the model is none of the known families: %w", r.Dir, err)
+	}
+	return c, nil
 }

@@ -237,7 +237,11 @@ type ReshardOptions struct {
 	DType           dtype.DType // training dtype (Invalid: the source's)
 	BF16Optimizer   bool        // DeepSpeed BF16_Optimizer
 	DistOptimizer   bool        // Megatron distributed optimizer
-	Force, NoSync   bool
+	// Megatron: the loading run's Adam ("adamw", "fused"; "": the
+	// source's) and an uneven pipeline split (0: not set).
+	MegatronOptimizer                 string
+	FirstStageLayers, LastStageLayers int
+	Force, NoSync                     bool
 }
 
 // ReshardStats tell what a writer wrote.
@@ -329,8 +333,8 @@ func Targets() []Target {
 			Name: "deepspeed",
 			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2/3, BF16_Optimizer) and 'latest' beside it",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
-				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer {
-					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron distributed-optimizer layouts (--pp, --vpp, --distributed-optimizer)")
+				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer || o.MegatronOptimizer != "" || o.FirstStageLayers != 0 || o.LastStageLayers != 0 {
+					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers)")
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
 					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync})
@@ -348,7 +352,8 @@ func Targets() []Target {
 					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer) and keeps the source's training dtype (--dtype)")
 				}
 				st, err := megatron.Reshard(ctx, r, dst, megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
-					DistOptimizer: o.DistOptimizer, Force: o.Force, NoSync: o.NoSync})
+					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers,
+					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync})
 				if err != nil {
 					return nil, err
 				}

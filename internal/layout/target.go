@@ -22,7 +22,8 @@ type Model struct {
 // ReadModel reads the target geometry of an atomic checkpoint.
 func ReadModel(r *atomic.Reader) (Model, error) {
 	var m Model
-	if r.Manifest.Source.Format != "megatron" || !r.HasFile(atomic.ExtraState) {
+	// Megatron-LM's torch and torch_dist formats both keep args there.
+	if f := r.Manifest.Source.Format; (f != "megatron" && f != "torch_dist") || !r.HasFile(atomic.ExtraState) {
 		return m, nil
 	}
 	v, err := r.Load(atomic.ExtraState)
