@@ -29,6 +29,7 @@ type inspectOptions struct {
 	Layers  bool
 	All     bool
 	Arrow   string
+	Force   bool
 	Vocab   int64
 }
 
@@ -67,6 +68,7 @@ atomic checkpoint written by ucp convert it prints its manifest.
 	f.Int64Var(&opts.Vocab, "vocab-size", 0, "true vocabulary size of a Megatron-LM folder that does not record it (as for convert)")
 	f.StringVar(&opts.Arrow, "arrow", "", "write the fragment table to this Arrow IPC file and the plan of a one-node convert\n"+
 		"with --workers next to it (NAME.plan.arrow), instead of printing")
+	f.BoolVar(&opts.Force, "force", false, "replace existing --arrow files")
 	return cmd
 }
 
@@ -87,6 +89,9 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 		return fmt.Errorf("%s: --arrow writes the fragment table of a source checkpoint folder (DeepSpeed, Megatron-LM, DCP); "+
 			"this is %s", path, map[bool]string{true: "an atomic checkpoint (one file per state, no fragments: ucp inspect lists it)",
 			false: "a file: give its checkpoint folder"}[st.IsDir()])
+	}
+	if err := checkSideFiles(opts.Force, []string{path}, arrowFiles(opts.Arrow)); err != nil {
+		return err
 	}
 	if st.IsDir() && opts.From == "" && isAtomic(path) {
 		return inspectAtomic(out, path, opts.JSON)
