@@ -15,12 +15,18 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures
+.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures
 
 all: build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/ucp
+
+# Installs ucp into $GOBIN when set (as go install does), else into $(PREFIX)/bin.
+PREFIX ?= /usr/local
+install: build
+	@dir="$${GOBIN:-$$($(GO) env GOBIN)}"; dir="$${dir:-$(PREFIX)/bin}"; \
+	install -d "$$dir" && install -m 0755 $(BIN) "$$dir/ucp" && echo "installed $$dir/ucp"
 
 # The main job on the bundled example: inspect it, convert it, show and verify the atomic result, then show
 # one converted tensor's values and check every state against the source with ucp diff; last, write it
@@ -35,6 +41,13 @@ demo: build
 	$(BIN) diff $(EXAMPLE) $(OUT)/demo/atomic
 	$(BIN) reshard --force $(OUT)/demo/atomic $(OUT)/demo/tp1_dp3/global_step3 --to deepspeed --tp 1 --dp 3 --zero 2
 	$(BIN) diff $(OUT)/demo/tp1_dp3 $(OUT)/demo/atomic
+	@echo
+	@echo "Done: the atomic checkpoint is in $(OUT)/demo/atomic, the DeepSpeed TP 1 x DP 3 one in $(OUT)/demo/tp1_dp3."
+	@echo "Next:"
+	@echo "  make install                         # put ucp on your PATH (GOBIN or $(PREFIX)/bin); or use $(BIN)"
+	@echo "  ucp convert YOUR_CKPT/ OUT/          # your own checkpoint (ucp help convert; --dry-run shows the plan)"
+	@echo "  pip install ./python                 # load OUT/ from PyTorch at any TP/DP (README: Loading from Python)"
+	@echo "  make test                            # the test suite (installs what it needs; see README)"
 
 deps:
 	./scripts/deps.sh

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
 	"github.com/ucp-project/ucp/internal/formats/megatron"
-	"github.com/ucp-project/ucp/internal/formats/zero3"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -42,7 +41,7 @@ func TestPython(t *testing.T) {
 	}
 	ds := testkit.Convert(t, dt, 2)
 	frSrc := testkit.Fixture("zero3", "frozen_buffers_dp3_fp16")
-	ft, err := zero3.Index(ctx, filepath.Join(frSrc, "checkpoint"), zero3.Options{})
+	ft, err := deepspeed.IndexZero3(ctx, filepath.Join(frSrc, "checkpoint"), deepspeed.Zero3Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,16 +4,18 @@
 #
 #   scripts/torch2-chroot.sh build          make the chroot once (about 5 minutes, 1.6 GB); reused after
 #   scripts/torch2-chroot.sh path           print the chroot's folder
+#   scripts/torch2-chroot.sh remove         unmount and delete it
 #   scripts/torch2-chroot.sh run DIR CMD..  run CMD inside, in the host folder DIR mounted at a path of
 #                                           its own (CMD's paths relative to DIR; PYTHONPATH unset)
 #
 # The chroot lives in $UCP_TORCH2_CHROOT (default /var/cache/ucp/trixie): outside the
 # repository, so a fresh clone on the same machine reuses it. It is complete only when
-# its .ucp-complete marker exists. An interrupted debootstrap is started over; an interrupted
+# its .ucp-complete marker exists; the build's logs and lock lie beside it
+# ($root.debootstrap.log, $root.apt.log, $root.build.lock). An interrupted debootstrap is started over; an interrupted
 # package install is resumed (dpkg --configure -a, then apt-get again).
 set -euo pipefail
 root=${UCP_TORCH2_CHROOT:-/var/cache/ucp/trixie}
-pkgs=python3,python3-torch,python3-numpy,python3-safetensors,python3-pydantic,python3-hjson,python3-packaging,python3-psutil,python3-tqdm,python3-einops,python3-yaml,python3-zstandard
+pkgs=python3,python3-torch,python3-numpy,python3-safetensors,python3-pydantic,python3-hjson,python3-packaging,python3-psutil,python3-tqdm,python3-einops,python3-yaml,python3-zstandard,python3-regex,python3-requests,python3-filelock
 
 need_root() {
   if [ "$(id -u)" -ne 0 ]; then echo "torch2-chroot: must run as root (debootstrap, chroot, mount)" >&2; exit 1; fi
@@ -23,7 +25,7 @@ build() {
   need_root
   mkdir -p "$(dirname "$root")"
   # One builder at a time; a second waits and then finds the work done.
-  exec 8>"$(dirname "$root")/.ucp-build.lock"
+  exec 8>"$root.build.lock"
   flock 8
   if [ ! -f "$root/.ucp-base" ] && [ ! -f "$root/.ucp-complete" ]; then
     base
@@ -51,7 +53,7 @@ base() {
     fi
   done
   local log
-  log="$(dirname "$root")/debootstrap.log"
+  log="$root.debootstrap.log"
   echo "torch2-chroot: debootstrap trixie into $root (about 5 minutes with the packages)" >&2
   if ! debootstrap --variant=minbase trixie "$root.tmp" >"$log" 2>&1; then
     echo "torch2-chroot: debootstrap failed; the last lines of $log:" >&2
@@ -72,22 +74,23 @@ install_pkgs() {
     return 0
   fi
   local log
-  log="$(dirname "$root")/apt.log"
+  log="$root.apt.log"
+  : >"$log"
   echo "torch2-chroot: installing ${pkgs//,/ } into $root" >&2
   mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
-  local rc=0
-  {
-    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq &&
-      chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-        --no-install-recommends ${pkgs//,/ }
-  } >"$log" 2>&1 || rc=$?
-  if [ $rc -ne 0 ]; then
-    # dpkg interrupted half way (a killed run) is finished before one more try.
-    chroot "$root" env DEBIAN_FRONTEND=noninteractive dpkg --configure -a >>"$log" 2>&1 || true
+  # A killed earlier run may have left dpkg half way: finish it first (a no-op
+  # otherwise), then update and install; one more round if that fails.
+  local rc=1 try
+  for try in 1 2; do
     rc=0
-    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-      --no-install-recommends ${pkgs//,/ } >>"$log" 2>&1 || rc=$?
-  fi
+    {
+      chroot "$root" env DEBIAN_FRONTEND=noninteractive dpkg --configure -a &&
+        chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+        chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+          --no-install-recommends ${pkgs//,/ }
+    } >>"$log" 2>&1 || rc=$?
+    [ $rc -eq 0 ] && break
+  done
   if [ $rc -ne 0 ]; then
     echo "torch2-chroot: apt-get install in the chroot failed; the last lines of $log:" >&2
     tail -20 "$log" >&2
@@ -98,14 +101,15 @@ install_pkgs() {
   touch "$root/.ucp-complete"
 }
 
+# Every mount under a chroot folder, deepest first: those of our runs and builds,
+# and those a killed debootstrap leaves (proc, sys, dev, dev/pts ...), so the
+# folder can be removed without rm crossing into a mounted file system.
 unmount_all() {
-  local d=${1:-$root} m
-  for m in "$d"/run/ucp-work.*; do
-    [ -d "$m" ] && { umount -l "$m" 2>/dev/null || true; }
-  done
-  for m in work dev/shm dev proc; do
-    mountpoint -q "$d/$m" 2>/dev/null && umount -l "$d/$m" || true
-  done
+  local d m
+  d=$(readlink -f "${1:-$root}")
+  while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done < <(awk -v d="$d/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
 }
 
 run() {
@@ -133,9 +137,23 @@ run() {
   return $rc
 }
 
+# Removes the chroot (after unmounting whatever is mounted inside it).
+remove() {
+  need_root
+  local d
+  for d in "$root" "$root.tmp"; do
+    if [ -e "$d" ]; then
+      unmount_all "$d"
+      rm -rf --one-file-system "$d"
+    fi
+  done
+  rm -f "$root.debootstrap.log" "$root.apt.log" "$root.build.lock"
+}
+
 case "${1:-}" in
   build) build ;;
+  remove) remove ;;
   path) echo "$root" ;;
   run) shift; [ $# -ge 2 ] || { echo "usage: $0 run DIR CMD..." >&2; exit 2; }; run "$@" ;;
-  *) echo "usage: $0 build | path | run DIR CMD..." >&2; exit 2 ;;
+  *) echo "usage: $0 build | path | remove | run DIR CMD..." >&2; exit 2 ;;
 esac

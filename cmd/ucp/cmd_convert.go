@@ -117,7 +117,11 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err := sourceCheck(src, opts.From); err != nil {
 		return err
 	}
-	if err := fsutil.CheckOverlap(src, dst, atomic.PartialSuffix, atomic.OldSuffix); err != nil {
+	deferred, err := checkSourceOverlap(src, dst)
+	if err != nil {
+		return err
+	}
+	if err := checkSideFiles(opts.Force, []string{src, dst, dst + atomic.PartialSuffix}, reportFiles(opts.Report), arrowFiles(opts.Arrow)); err != nil {
 		return err
 	}
 	if opts.Resume && !opts.Force && isAtomic(dst) {
@@ -146,6 +150,11 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return sourceError(src, opts.Tag, err)
 	}
 	defer t.Close()
+	if deferred {
+		if err := checkReadOverlap(src, dst, t.Source); err != nil {
+			return err
+		}
+	}
 	bare, err := bareStates(t, opts.DSVersion)
 	if err != nil {
 		return err

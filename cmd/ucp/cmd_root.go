@@ -15,6 +15,8 @@ step.pt) with a manifest (ucp.json). Any target parallelism can load them.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	// An unknown or malformed flag gets the usage line and an example too.
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError(cmd, err) })
 	root.AddCommand(
 		newConvertCommand(),
 		newDiffCommand(),

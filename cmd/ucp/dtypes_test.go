@@ -10,7 +10,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/safetensors"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -157,14 +157,14 @@ func TestKeptDTypesEndToEnd(t *testing.T) {
 				n := torchfile.Numel(k.shape)
 				sh := fragment.Shard{Shape: k.shape}
 				raw := make([]byte, n*int64(k.dt.Size()))
-				if _, err := load.ReadLocalAs(st, sh, 0, n, k.dt, raw); err != nil || st.DType != k.dt || !bytes.Equal(raw, k.raw) {
+				if _, err := layout.ReadLocalAs(st, sh, 0, n, k.dt, raw); err != nil || st.DType != k.dt || !bytes.Equal(raw, k.raw) {
 					t.Errorf("loader: %s as stored: %v %v", name, st.DType, err)
 				}
 				f32, want := make([]byte, 4*n), make([]byte, 4*n)
 				if err := dtype.ToFloat32(want, k.raw, k.dt); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := load.ReadLocalAs(st, sh, 0, n, dtype.Float32, f32); err != nil || !bytes.Equal(f32, want) {
+				if _, err := layout.ReadLocalAs(st, sh, 0, n, dtype.Float32, f32); err != nil || !bytes.Equal(f32, want) {
 					t.Errorf("loader: %s as float32: %v", name, err)
 				}
 				st.Close()

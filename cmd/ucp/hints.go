@@ -41,9 +41,10 @@ func escapeControl(s string) string {
 	return s
 }
 
-// exactArgs is cobra.ExactArgs with the usual cause of a wrong count
-// named: a bool flag given its value after a space (--check-replicas
-// false) leaves the value as an extra argument.
+// exactArgs is cobra.ExactArgs with the usage line and one example added,
+// and the usual cause of a wrong count named: a bool flag given its value
+// after a space (--check-replicas false) leaves the value as an extra
+// argument.
 func exactArgs(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) == n {
@@ -51,12 +52,26 @@ func exactArgs(n int) cobra.PositionalArgs {
 		}
 		for _, a := range args {
 			if a == "true" || a == "false" {
-				return fmt.Errorf("%s takes %d argument(s) but got %d (%s): bool flags take their value with '=', like --check-replicas=false",
-					cmd.CommandPath(), n, len(args), strings.Join(args, " "))
+				return usageError(cmd, fmt.Errorf("%s takes %d argument(s) but got %d (%s): bool flags take their value with '=', like --check-replicas=false",
+					cmd.Name(), n, len(args), strings.Join(args, " ")))
 			}
 		}
-		return cobra.ExactArgs(n)(cmd, args)
+		if len(args) == 0 {
+			return usageError(cmd, fmt.Errorf("%s needs %d argument(s), got none", cmd.Name(), n))
+		}
+		return usageError(cmd, fmt.Errorf("%s takes %d argument(s) but got %d (%s)", cmd.Name(), n, len(args), strings.Join(args, " ")))
 	}
+}
+
+// usageError adds to err what git and restic print on a wrong command
+// line: the usage line, one example, and where the rest is; exit status 2,
+// as for any command-line mistake.
+func usageError(cmd *cobra.Command, err error) error {
+	msg := err.Error() + "\nusage: " + cmd.UseLine()
+	if ex, _, _ := strings.Cut(strings.TrimSpace(cmd.Example), "\n"); ex != "" {
+		msg += "\nexample: " + strings.TrimSpace(ex)
+	}
+	return &exitError{2, fmt.Errorf("%s\n'ucp help %s' lists the flags and more examples", msg, cmd.Name())}
 }
 
 // sourceCheck refuses what convert cannot start from, saying what to do

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/patterns"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -51,6 +51,14 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		{"tag-deepspeed", []string{"convert", "--tag", "global_step9", ds, filepath.Join(tmp, "out")}},
 		{"tag-megatron", []string{"inspect", "--tag", "9", mg}},
 		{"bool-flag", []string{"convert", "--check-replicas", "false", ds, filepath.Join(tmp, "out")}},
+		{"convert-no-args", []string{"convert"}},
+		{"convert-one-arg", []string{"convert", ds}},
+		{"convert-unknown-flag", []string{"convert", "--bogus", ds, filepath.Join(tmp, "out")}},
+		{"diff-no-args", []string{"diff"}},
+		{"export-no-args", []string{"export"}},
+		{"inspect-no-args", []string{"inspect"}},
+		{"reshard-no-args", []string{"reshard"}},
+		{"verify-no-args", []string{"verify"}},
 		{"distcp", []string{"inspect", filepath.Join(dcp, "__0_0.distcp")}},
 		{"arrow-without-dry-run", []string{"convert", "--arrow", filepath.Join(tmp, "t.arrow"), ds, filepath.Join(tmp, "out")}},
 		{"arrow-atomic", []string{"inspect", "--arrow", filepath.Join(tmp, "t.arrow"), atomicDir}},
@@ -98,7 +106,7 @@ func TestHelpText(t *testing.T) {
 		long := strings.SplitN(r.stdout, "Usage:", 2)[0]
 		if cmd == "inspect" {
 			// Every pattern and column the listing shows is explained.
-			for k := patterns.Unique; k <= patterns.ShardNC; k++ {
+			for k := fragment.Unique; k <= fragment.ShardNC; k++ {
 				if !strings.Contains(long, "\n  "+k.String()+" ") {
 					t.Errorf("inspect --help does not explain %s", k)
 				}

@@ -2,10 +2,15 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 
+	"github.com/ucp-project/ucp/internal/arrowtable"
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
+	"github.com/ucp-project/ucp/internal/report"
 )
 
 // outputPaths lists every file the atomic checkpoint of the plan will
@@ -25,4 +30,96 @@ func checkOutputs(dst string, plan *mapreduce.Plan) error {
 		return fmt.Errorf("%s: nothing written: %w", dst, err)
 	}
 	return nil
+}
+
+// overlapSuffixes are the work folders convert makes beside DST.
+var overlapSuffixes = []string{atomic.PartialSuffix, atomic.OldSuffix}
+
+// checkSourceOverlap is the overlap check before indexing. A DST inside
+// SRC is deferred (deferred true): SRC may be a save folder resolved
+// through a pointer file ('latest') to one tag folder, and DeepSpeed's own
+// layout puts the universal checkpoint beside it (ds_to_universal writes
+// <root>/<tag>_universal); checkReadOverlap decides once the folder
+// actually read is known.
+func checkSourceOverlap(src, dst string) (deferred bool, err error) {
+	err = fsutil.CheckOverlap(src, dst, overlapSuffixes...)
+	if err == nil {
+		return false, nil
+	}
+	s, rerr := fsutil.Resolve(src)
+	if rerr != nil {
+		return false, err
+	}
+	for _, suf := range append([]string{""}, overlapSuffixes...) {
+		d, rerr := fsutil.Resolve(dst + suf)
+		if rerr != nil || !strictlyInside(d, s) {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// checkReadOverlap refuses a DST inside SRC that overlaps what is read:
+// the folder the format indexed (read), or a file directly in SRC such as
+// the 'latest' pointer that led to it. Another folder of SRC (a sibling of
+// the tag folder) is not read and may hold DST.
+func checkReadOverlap(src, dst, read string) error {
+	if err := fsutil.CheckOverlap(read, dst, overlapSuffixes...); err != nil {
+		return fmt.Errorf("%w (the checkpoint read is %s)", err, read)
+	}
+	s, err := fsutil.Resolve(src)
+	if err != nil {
+		return err
+	}
+	for _, suf := range append([]string{""}, overlapSuffixes...) {
+		d, err := fsutil.Resolve(dst + suf)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(s, d)
+		if err != nil {
+			return err
+		}
+		top := filepath.Join(s, strings.Split(rel, string(filepath.Separator))[0])
+		if st, err := os.Lstat(top); err == nil && !st.IsDir() {
+			return fmt.Errorf("refusing to write %s: it is the file %s of the source %s; give another destination", dst+suf, top, src)
+		}
+	}
+	return nil
+}
+
+// reportFiles are the files --report FILE writes ("": none).
+func reportFiles(path string) []string {
+	if path == "" {
+		return nil
+	}
+	return []string{path, report.SVGPath(path)}
+}
+
+// arrowFiles are the files --arrow FILE writes ("": none).
+func arrowFiles(path string) []string {
+	if path == "" {
+		return nil
+	}
+	return []string{path, arrowtable.PlanPath(path)}
+}
+
+// checkSideFiles refuses, before anything is read or written, a report or
+// Arrow file inside the checkpoint read or the DST written (folders), one
+// where a folder, link or FIFO is, and an existing file without --force.
+func checkSideFiles(force bool, folders []string, files ...[]string) error {
+	for _, fs := range files {
+		for _, f := range fs {
+			if err := fsutil.CheckOutputFile(f, force, folders...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// strictlyInside reports whether p lies inside dir (both resolved).
+func strictlyInside(p, dir string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != "." && !filepath.IsAbs(rel) && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }

@@ -44,7 +44,17 @@ func TestConvertRefusesOverlap(t *testing.T) {
 			return []string{"--force", filepath.Join(ck, "global_step3"), filepath.Join(ck, "global_step3", "..")}
 		}, "contains the source"},
 		{"DST is the folder around SRC", func(ck string) []string { return []string{"--force", ck, filepath.Dir(ck)} }, "contains the source"},
-		{"DST inside SRC", func(ck string) []string { return []string{ck, filepath.Join(ck, "universal")} }, "inside the source"},
+		{"DST inside SRC", func(ck string) []string {
+			return []string{filepath.Join(ck, "global_step3"), filepath.Join(ck, "global_step3", "universal")}
+		}, "inside the source"},
+		{"DST inside the tag folder SRC's latest names", func(ck string) []string {
+			return []string{ck, filepath.Join(ck, "global_step3", "universal")}
+		}, "inside the source"},
+		{"DST is SRC's latest file", func(ck string) []string { return []string{"--force", ck, filepath.Join(ck, "latest")} }, "is the file"},
+		{"DST inside a DCP folder", func(ck string) []string {
+			dcp := testkit.CopyTree(t, testkit.Fixture("dcp", "ddp_w3", "checkpoint"))
+			return []string{dcp, filepath.Join(dcp, "universal")}
+		}, "inside the source"},
 		{"DST is a link to SRC", func(ck string) []string {
 			link := filepath.Join(t.TempDir(), "link")
 			if err := os.Symlink(ck, link); err != nil {
@@ -79,6 +89,36 @@ func TestConvertRefusesOverlap(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestConvertBesideTag: DeepSpeed's own layout, ds_to_universal's
+// <root>/<tag>_universal, is accepted when SRC is the save folder that
+// 'latest' resolves to a tag folder (the first example of ucp help convert);
+// the source is left as it was but for the latest_universal pointer.
+func TestConvertBesideTag(t *testing.T) {
+	ck := realCkpt(t)
+	before := testkit.ReadTree(t, ck)
+	dst := filepath.Join(ck, "global_step3_universal")
+	if r := ucp(t, nil, "convert", "--quiet", ck, dst); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if r := ucp(t, nil, "verify", dst); r.code != 0 {
+		t.Fatalf("verify: %s", r.stderr)
+	}
+	after := testkit.ReadTree(t, ck)
+	for k, b := range before {
+		if !bytes.Equal(after[k], b) {
+			t.Errorf("%s changed", k)
+		}
+	}
+	if got := string(after["latest_universal"]); got != "global_step3_universal" {
+		t.Errorf("latest_universal = %q", got)
+	}
+	// A second conversion from the same save folder still reads the tag
+	// folder 'latest' names, not the universal checkpoint beside it.
+	if r := ucp(t, nil, "convert", "--quiet", "--dry-run", ck, filepath.Join(ck, "again")); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
 }
 

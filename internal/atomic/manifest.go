@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
@@ -30,6 +31,10 @@ type SourceInfo struct {
 	Degrees Degrees        `json:"degrees"`
 	DType   string         `json:"dtype,omitempty"` // training dtype, when the source tells it
 	Args    map[string]any `json:"args,omitempty"`  // saved training arguments (scalars)
+	// Model is the model family and its configuration (internal/family),
+	// when the source records them (Megatron or Megatron-DeepSpeed args,
+	// a Hugging Face config.json) or --arch named the family.
+	Model *family.Config `json:"model,omitempty"`
 }
 
 // Degrees are the parallel degrees of the source checkpoint.

@@ -16,12 +16,11 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/formats/hf"
 	"github.com/ucp-project/ucp/internal/formats/megatron"
-	"github.com/ucp-project/ucp/internal/formats/zero3"
 	"github.com/ucp-project/ucp/internal/fragment"
 )
 
@@ -54,9 +53,9 @@ func All() []Format {
 		{
 			Name:   "zero3",
 			Help:   "DeepSpeed ZeRO-3, including AutoTP grids",
-			Detect: zero3.Detect,
+			Detect: deepspeed.DetectZero3,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return zero3.Index(ctx, path, zero3.Options{Tag: o.Tag, Workers: o.Workers})
+				return deepspeed.IndexZero3(ctx, path, deepspeed.Zero3Options{Tag: o.Tag, Workers: o.Workers})
 			},
 		},
 		{
@@ -143,7 +142,25 @@ func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 	if err != nil {
 		return nil, err
 	}
+	detectFamily(t)
 	return validated(path, t)
+}
+
+// detectFamily sets the table's model family from its training
+// arguments when the reader did not set it. A model no family describes
+// is left without one, silently: exports say why (from the recorded
+// args) when they need the family.
+func detectFamily(t *fragment.Table) {
+	if t.Model != nil || t.Args == nil {
+		return
+	}
+	var ps []family.Param
+	for _, p := range t.Params {
+		ps = append(ps, family.Param{Name: p.Name, Shape: p.Shape})
+	}
+	if c, err := family.Detect(t.Args, ps, t.Format); err == nil {
+		t.Model = c
+	}
 }
 
 // validated returns t when its coverage is proven, else closes it.
@@ -194,8 +211,8 @@ func partlyClaimed(path string) []string {
 		m, err := filepath.Glob(filepath.Join(path, pattern))
 		return err == nil && len(m) > 0
 	}
-	if dir, tag, err := dslayout.ResolveTag(path, ""); err == nil {
-		if f, err := dslayout.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
+	if dir, tag, err := deepspeed.ResolveTag(path, ""); err == nil {
+		if f, err := deepspeed.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
 			out = append(out, "zero3")
 		} else {
 			out = append(out, "deepspeed")
@@ -220,7 +237,14 @@ type ReshardOptions struct {
 	DType           dtype.DType // training dtype (Invalid: the source's)
 	BF16Optimizer   bool        // DeepSpeed BF16_Optimizer
 	DistOptimizer   bool        // Megatron distributed optimizer
-	Force, NoSync   bool
+	// Megatron: the loading run's Adam ("adamw", "fused"; "": the
+	// source's) and an uneven pipeline split (0: not set).
+	MegatronOptimizer                 string
+	FirstStageLayers, LastStageLayers int
+	// Megatron: --ckpt-format ("torch" or "torch_dist"), and for
+	// torch_dist the megatron-core layout and optimizer sharding type.
+	CkptFormat, MegatronCore, DistOptimSharding string
+	Force, NoSync                               bool
 }
 
 // ReshardStats tell what a writer wrote.
@@ -312,8 +336,9 @@ func Targets() []Target {
 			Name: "deepspeed",
 			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2/3, BF16_Optimizer) and 'latest' beside it",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
-				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer {
-					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron distributed-optimizer layouts (--pp, --vpp, --distributed-optimizer)")
+				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer || o.MegatronOptimizer != "" || o.FirstStageLayers != 0 || o.LastStageLayers != 0 ||
+					o.CkptFormat != "" || o.MegatronCore != "" || o.DistOptimSharding != "" {
+					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers, --ckpt-format, --megatron-core, --dist-optim-sharding)")
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
 					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync})
@@ -325,13 +350,27 @@ func Targets() []Target {
 		},
 		{
 			Name: "megatron",
-			Help: "a Megatron-LM --ckpt-format torch save folder (iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt, latest_checkpointed_iteration.txt)",
+			Help: "a Megatron-LM --ckpt-format torch save folder (iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt, latest_checkpointed_iteration.txt), or with --ckpt-format torch_dist a dist_checkpointing folder",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
 				if o.Zero >= 0 || o.BF16Optimizer || o.DType != dtype.Invalid {
 					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer) and keeps the source's training dtype (--dtype)")
 				}
-				st, err := megatron.Reshard(ctx, r, dst, megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
-					DistOptimizer: o.DistOptimizer, Force: o.Force, NoSync: o.NoSync})
+				mo := megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
+					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers,
+					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync}
+				var st *megatron.ReshardStats
+				var err error
+				switch o.CkptFormat {
+				case "", "torch":
+					if o.MegatronCore != "" || o.DistOptimSharding != "" {
+						return nil, fmt.Errorf("--megatron-core and --dist-optim-sharding apply to --ckpt-format torch_dist")
+					}
+					st, err = megatron.Reshard(ctx, r, dst, mo)
+				case megatron.DistFormat:
+					st, err = megatron.ReshardDist(ctx, r, dst, megatron.DistOptions{ReshardOptions: mo, Core: o.MegatronCore, OptimSharding: o.DistOptimSharding})
+				default:
+					return nil, fmt.Errorf("--ckpt-format %q: give torch or torch_dist", o.CkptFormat)
+				}
 				if err != nil {
 					return nil, err
 				}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/load"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
@@ -112,12 +113,12 @@ func TestLoadShared(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			meta, err := load.ReadMeta(s.Path)
+			meta, err := layout.ReadMeta(s.Path)
 			s.Close()
 			if err != nil {
 				t.Fatal(err)
 			}
-			sh, err := load.TPShard(meta, p.Shape, 2, 1, 0)
+			sh, err := layout.TPShard(meta, p.Shape, 2, 1, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,3 +1,8 @@
+// Package load shares the reading of an atomic checkpoint among the ranks
+// of a data-parallel group at resume time: an ownership plan (Owners,
+// Balance) gives each rank about 1/N of the bytes to read from storage
+// (through internal/layout) and an all-gather gives every rank the rest,
+// over TCP here (TCPComm) or NCCL with the cuda build tag (NCCLComm).
 package load
 
 import (
@@ -9,6 +14,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -134,5 +140,5 @@ func load(r *atomic.Reader, q Request) ([]float32, error) {
 	}
 	defer s.Close()
 	v := make([]float32, q.count())
-	return v, ReadLocal(s, q.Shard, q.Start, q.count(), v)
+	return v, layout.ReadLocal(s, q.Shard, q.Start, q.count(), v)
 }

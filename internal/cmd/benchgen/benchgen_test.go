@@ -8,7 +8,6 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
-	"github.com/ucp-project/ucp/internal/formats/zero3"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
@@ -29,7 +28,7 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 			}},
 		{"zero3", Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 1, DP: 3, Seed: 7, Zero3: true},
 			func(src string) (*fragment.Table, error) {
-				return zero3.Index(context.Background(), src, zero3.Options{})
+				return deepspeed.IndexZero3(context.Background(), src, deepspeed.Zero3Options{})
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

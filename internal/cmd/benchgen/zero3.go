@@ -14,7 +14,7 @@ import (
 )
 
 // generateZero3 writes the model as DeepSpeed ZeRO-3 with bf16 saves it at
-// DP ranks and no tensor parallelism (formats/zero3/FORMAT.md): per rank a model
+// DP ranks and no tensor parallelism (formats/deepspeed/ZERO3.md): per rank a model
 // state file whose module holds released (empty) bf16 parameters and the
 // param_shapes, and a bf16_ optimizer file with one fp32 sub-group: every
 // parameter flattened, padded to a multiple of DP and cut evenly, the

@@ -18,7 +18,6 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -193,6 +192,9 @@ func optimKeyOf(r *atomic.Reader) string {
 	}
 	return preferred(found, optimGroups)[0]
 }
+
+// NewSaveID is a random UUID for StorageMeta.save_id, as torch makes one.
+func NewSaveID() string { return newUUID() }
 
 func newUUID() string {
 	var b [16]byte
@@ -395,7 +397,7 @@ func chunkKey(k *outKey, shards int) {
 		return
 	}
 	var at int64
-	for i, n := range patterns.ChunkSizes(k.size[0], shards) {
+	for i, n := range fragment.ChunkSizes(k.size[0], shards) {
 		if n > 0 {
 			off := make([]int64, len(k.size))
 			off[0] = at

@@ -1,11 +1,6 @@
 package deepspeed
 
-import (
-	"fmt"
-
-	"github.com/ucp-project/ucp/internal/formats/agree"
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
-)
+import "fmt"
 
 // checkRanks refuses rank files of different runs: every model-state and
 // optimizer file must agree on the DeepSpeed config and version, and the
@@ -13,7 +8,7 @@ import (
 // optimizer class and hyper-parameters, partition counts, the dtype of
 // the flat groups and the step of each param group.
 func checkRanks(dir string, models []*modelState, optims map[[2]int]*optimState, D, M int) error {
-	r := &agree.Ranks{Dir: dir}
+	r := &Ranks{Dir: dir}
 	for mp, m := range models {
 		rank := fmt.Sprintf("model-parallel rank %d", mp)
 		for _, k := range []string{"ds_config", "ds_version", "dp_world_size", "mp_world_size", "global_steps"} {
@@ -25,7 +20,7 @@ func checkRanks(dir string, models []*modelState, optims map[[2]int]*optimState,
 	}
 	for dp := 0; dp < D; dp++ {
 		for mp := 0; mp < M; mp++ {
-			if err := dslayout.OptimizerFields(r, optims[[2]int{dp, mp}].path, fmt.Sprintf("rank dp %d mp %d", dp, mp),
+			if err := OptimizerFields(r, optims[[2]int{dp, mp}].path, fmt.Sprintf("rank dp %d mp %d", dp, mp),
 				optims[[2]int{dp, mp}].root); err != nil {
 				return err
 			}

@@ -6,9 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -24,7 +22,7 @@ type modelState struct {
 	path   string
 	dec    pyobj.Dec // the root, for strict reads
 	root   *pyobj.Dict
-	shapes []dslayout.GroupShapes // param_shapes, per group
+	shapes []GroupShapes // param_shapes, per group
 }
 
 // optimState is one ZeRO-1/2 or BF16_Optimizer optimizer file.
@@ -52,11 +50,11 @@ type group struct {
 // Index builds the fragment table of a DeepSpeed ZeRO-1/2 checkpoint at
 // path (a save folder with 'latest', or a tag folder).
 func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
-	dir, tag, err := dslayout.ResolveTag(path, opt.Tag)
+	dir, tag, err := ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := dslayout.ListFiles(dir, tag)
+	files, err := ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +87,9 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
+	}
+	if isMoE(decoded[0]) {
+		return indexMoE(ctx, dir, tag, files, decoded[0], opt)
 	}
 	models := make([]*modelState, M)
 	for mp := 0; mp < M; mp++ {
@@ -147,7 +148,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err != nil {
 		return nil, err
 	}
-	r, err := dslayout.ReadRules(models[0].dec)
+	r, err := ReadRules(models[0].dec)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +219,7 @@ func parseModelState(f *torchfile.File) (*modelState, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: no param_shapes (not a ZeRO checkpoint, or BF16 without ZeRO); ucp needs them to place fragments", f.Name)
 	}
-	ms.shapes = dslayout.ParamShapes(groups)
+	ms.shapes = ParamShapes(groups)
 	if err := dec.Err(); err != nil {
 		return nil, err
 	}
@@ -237,7 +238,7 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	o := &optimState{path: f.Name, dp: dp, mp: mp, root: root.AsDict(), osd: osd.AsDict(), stage: 1}
 	if osd.Has("zero_stage") {
 		zs := osd.Key("zero_stage")
-		o.stage = dslayout.ZeroStage(zs.Value())
+		o.stage = ZeroStage(zs.Value())
 		if o.stage == 3 {
 			return fail("a ZeRO-3 optimizer file; ZeRO-3 checkpoints are read by the zero3 reader")
 		}
@@ -330,7 +331,7 @@ func perGroupInts(v pyobj.Dec, n int) []int64 {
 }
 
 // degrees infers tensor and pipeline parallelism (FORMAT.md, "Degrees").
-func degrees(files *dslayout.Files, models []*modelState) (T, P int, err error) {
+func degrees(files *Files, models []*modelState) (T, P int, err error) {
 	M := len(models)
 	ms0 := models[0]
 	if d, ok := ms0.dec.OptDict("checkpoint_parallel_dimensions"); ok {
@@ -405,7 +406,7 @@ type builder struct {
 	T, P, D int
 	models  []*modelState
 	optims  map[[2]int]*optimState
-	rules   *dslayout.Rules
+	rules   *Rules
 	table   *fragment.Table
 }
 
@@ -594,7 +595,7 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
 	gr := o.groups[g]
-	names, srcs := dslayout.FlatStates(gr.fp32, gr.state, gr.size)
+	names, srcs := FlatStates(gr.fp32, gr.state, gr.size)
 	if err := gr.state.Err(); err != nil {
 		return err
 	}
@@ -605,7 +606,7 @@ func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optim
 		if hp+n > src.Numel() {
 			return fmt.Errorf("%s: %s of %s needs elements [%d,%d) of a partition of %d", o.path, k, p.Name, hp, hp+n, src.Numel())
 		}
-		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(o.path, src, 0), hp, n, t, lp))
+		st.Frags = append(st.Frags, fragment.Extract(fragment.Ref(o.path, src, 0), hp, n, t, lp))
 	}
 	if p.Step == nil {
 		if sv, ok := gr.state.AsDict().Get(fragment.StepState); ok {
@@ -673,7 +674,7 @@ func (b *builder) extras() error {
 					return err
 				}
 			}
-			if err := b.addWhole(name, tensors, b.models, false); err != nil {
+			if err := b.addWhole(name, tensors, b.modelPaths(), false); err != nil {
 				return err
 			}
 		}
@@ -696,7 +697,7 @@ func (b *builder) extras() error {
 					return err
 				}
 			}
-			if err := b.addWhole(name, tensors, b.models, true); err != nil {
+			if err := b.addWhole(name, tensors, b.modelPaths(), true); err != nil {
 				return err
 			}
 		}
@@ -706,7 +707,7 @@ func (b *builder) extras() error {
 
 // addWhole adds a parameter whose TP shards are whole stored tensors (frozen
 // parameters, buffers); buffers are replicated across TP ranks.
-func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*modelState, buffer bool) error {
+func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, paths []string, buffer bool) error {
 	if b.table.Param(name) != nil {
 		return nil
 	}
@@ -714,10 +715,10 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 	for t, tt := range tensors {
 		shapes[t] = tt.Shape
 	}
-	var pl *dslayout.Placement
+	var pl *Placement
 	var err error
 	if buffer && b.T > 1 {
-		pl = &dslayout.Placement{Pattern: patterns.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
+		pl = &Placement{Pattern: fragment.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
 	} else if pl, err = b.rules.Classify(name, shapes); err != nil {
 		return err
 	}
@@ -731,12 +732,20 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, models []*m
 	st.Shards = shards
 	for t, tt := range tensors {
 		if tt.Numel() != torchfile.Numel(shards[t].Shape) {
-			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", models[t].path, name, tt.Numel(), torchfile.Numel(shards[t].Shape))
+			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", paths[t], name, tt.Numel(), torchfile.Numel(shards[t].Shape))
 		}
-		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(models[t].path, tt, 0), 0, tt.Numel(), t, 0))
+		st.Frags = append(st.Frags, fragment.Extract(fragment.Ref(paths[t], tt, 0), 0, tt.Numel(), t, 0))
 	}
 	b.table.Params = append(b.table.Params, p)
 	return nil
+}
+
+func (b *builder) modelPaths() []string {
+	out := make([]string, len(b.models))
+	for i, m := range b.models {
+		out[i] = m.path
+	}
+	return out
 }
 
 // moduleDType is the dtype of the first floating-point tensor of the saved

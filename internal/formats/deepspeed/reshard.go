@@ -8,10 +8,9 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
-	"github.com/ucp-project/ucp/internal/formats/dslayout"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -91,7 +90,7 @@ type plan struct {
 	srcT     int
 	groups   []*rgroup
 	params   map[string]*atomic.ParamEntry
-	meta     map[string]load.Meta
+	meta     map[string]layout.Meta
 	shards   []map[string]fragment.Shard // per target TP rank
 	optim    *pyobj.Dict                 // zero/optimizer_state.pt
 	tmpl     []string                    // model-state template per target TP rank (relative paths)
@@ -129,7 +128,7 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 		return nil, fmt.Errorf("--tp must be at least 1, not %d", o.TP)
 	}
 	p := &plan{r: r, o: o, dt: o.DType, srcT: max(src.Degrees.TP, 1), srcStage: src.Degrees.ZeRO,
-		params: map[string]*atomic.ParamEntry{}, meta: map[string]load.Meta{}, buffers: map[string]bool{},
+		params: map[string]*atomic.ParamEntry{}, meta: map[string]layout.Meta{}, buffers: map[string]bool{},
 		aliases: map[string]string{}}
 	if p.dt == dtype.Invalid {
 		p.dt = dtype.Float32
@@ -188,10 +187,10 @@ func (p *plan) templates() error {
 	byMP := map[int]string{}
 	for _, f := range p.r.Manifest.Files {
 		name := filepath.Base(f.Path)
-		if m := dslayout.ModelStatesFile.FindStringSubmatch(name); m != nil {
-			byMP[dslayout.Atoi(m[1])] = f.Path
-		} else if m := dslayout.Zero3ModelFile.FindStringSubmatch(name); m != nil && dslayout.Atoi(m[1]) == 0 {
-			byMP[dslayout.Atoi(m[2])] = f.Path
+		if m := ModelStatesFile.FindStringSubmatch(name); m != nil {
+			byMP[Atoi(m[1])] = f.Path
+		} else if m := Zero3ModelFile.FindStringSubmatch(name); m != nil && Atoi(m[1]) == 0 {
+			byMP[Atoi(m[2])] = f.Path
 		}
 	}
 	if len(byMP) == 0 {
@@ -356,8 +355,8 @@ func stepRepr(v pyobj.Value) string {
 
 // model is the target geometry: Megatron-DeepSpeed's heads, query groups
 // and vocabulary divisor when the source recorded its args.
-func (p *plan) model() load.Model {
-	var m load.Model
+func (p *plan) model() layout.Model {
+	var m layout.Model
 	args := p.r.Manifest.Source.Args
 	num := func(k string) int64 {
 		if v, ok := args[k].(float64); ok {
@@ -392,7 +391,7 @@ func (p *plan) slices() error {
 		if p.buffers[e.Name] {
 			continue
 		}
-		meta, err := load.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
+		meta, err := layout.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
 		if err != nil {
 			return err
 		}
@@ -640,8 +639,8 @@ func fragmentAddr(numel, start int64) *pyobj.Object {
 
 // fill and fillPiece are load's streaming writes.
 type (
-	fill      = load.StateFill
-	fillPiece = load.StatePiece
+	fill      = layout.StateFill
+	fillPiece = layout.StatePiece
 )
 
 // writeOptim12 writes the ZeRO-1/2 (or BF16_Optimizer) optimizer file of
@@ -653,7 +652,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 	var pgroups, fp32s, paddings, counts, mappings pyobj.List
 	for gi, g := range p.groups {
 		numels := p.groupNumels(gi, t)
-		pieces, S, err := load.Zero12Pieces(numels, D, r)
+		pieces, S, err := layout.Zero12Pieces(numels, D, r)
 		if err != nil {
 			return err
 		}
@@ -738,7 +737,7 @@ func zeroStageEnum(stage int) pyobj.Enum {
 // writeFile writes root, streaming the fills' tensors (cast to each blob's
 // dtype) and zeros between their pieces; blobs with Data are written as is.
 func (p *plan) writeFile(path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
-	n, err := load.WriteFile(p.r, path, root, fills)
+	n, err := layout.WriteFile(p.r, path, root, fills)
 	if err != nil {
 		return err
 	}

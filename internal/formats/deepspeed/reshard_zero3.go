@@ -7,7 +7,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -107,7 +107,7 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 		for i, n := range sg.names {
 			numels[i] = torchfile.Numel(p.shards[t][n].Shape)
 		}
-		pieces, size, err := load.Zero3Pieces(numels, D, r)
+		pieces, size, err := layout.Zero3Pieces(numels, D, r)
 		if err != nil {
 			return err
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -27,7 +27,15 @@ type ReshardOptions struct {
 	// DistOptimizer writes Megatron's distributed optimizer: param groups
 	// in model_optim_rng.pt, states in distrib_optim.pt (F3, core >= 0.13).
 	DistOptimizer bool
-	Force, NoSync bool
+	// Optimizer is the Adam class the loading run builds, which decides
+	// where the step goes (stepStyle): "adamw" (torch.optim.AdamW, what
+	// Megatron falls back to without TE and Apex), "fused" (TE or Apex
+	// FusedAdam), or "" for the source's.
+	Optimizer string
+	// FirstStageLayers and LastStageLayers are Megatron's
+	// --decoder-first/last-pipeline-num-layers (0: not set).
+	FirstStageLayers, LastStageLayers int
+	Force, NoSync                     bool
 }
 
 // ReshardStats tell what was written.
@@ -64,6 +72,8 @@ type rsPlan struct {
 	layers  int
 	untie   bool
 	modelCP int64
+	style   stepStyle
+	split   [][][2]int // [stage][chunk] first global layer, layers
 }
 
 // Reshard writes the atomic checkpoint r (converted from a Megatron-LM
@@ -107,7 +117,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 
 func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	m := r.Manifest
-	if m.Source.Format != "megatron" {
+	if m.Source.Format != "megatron" && m.Source.Format != DistFormat {
 		return nil, fmt.Errorf("%s: converted from a %s checkpoint; --to megatron needs one converted from Megatron-LM (its args and param groups)", r.Dir, m.Source.Format)
 	}
 	switch {
@@ -124,12 +134,6 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}}
 	var err error
-	if p.dt, err = dtype.Parse(m.Source.DType); err != nil {
-		return nil, fmt.Errorf("%s: source training dtype: %w", r.Dir, err)
-	}
-	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
-		return nil, fmt.Errorf("%s: source training dtype %v: Megatron trains in float32, bfloat16 or float16", r.Dir, p.dt)
-	}
 	ev, err := r.Load(atomic.ExtraState)
 	if err != nil {
 		return nil, err
@@ -140,8 +144,15 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	av, _ := p.extra.Get("args")
 	if p.args, ok = av.(*pyobj.Object); !ok {
-		return nil, fmt.Errorf("%s/%s: no args Namespace (%s); the model geometry is unknown", r.Dir, atomic.ExtraState, pyobj.TypeName(av))
+		return nil, fmt.Errorf("%s/%s: no args Namespace (%s); the model geometry is unknown (a torch_dist checkpoint saved outside Megatron's training loop has none)", r.Dir, atomic.ExtraState, pyobj.TypeName(av))
 	}
+	if p.dt, err = dtype.Parse(m.Source.DType); err != nil {
+		return nil, fmt.Errorf("%s: source training dtype: %w", r.Dir, err)
+	}
+	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
+		return nil, fmt.Errorf("%s: source training dtype %v: Megatron trains in float32, bfloat16 or float16", r.Dir, p.dt)
+	}
+
 	if _, ok := p.args.State.(*pyobj.Dict); !ok {
 		return nil, fmt.Errorf("%s/%s: args has no attribute dict", r.Dir, atomic.ExtraState)
 	}
@@ -182,16 +193,15 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if impl, ok := p.args.Attr("transformer_impl"); ok {
 		p.te = impl == "transformer_engine"
 	}
-	V := max(o.VPP, 1)
-	if p.layers%(o.PP*V) != 0 {
-		return nil, fmt.Errorf("--pp %d x --vpp %d does not divide the %d layers (args.num_layers); ucp writes even pipeline splits only", o.PP, V, p.layers)
+	if p.split, err = pipelineSplit(p.layers, o.PP, max(o.VPP, 1), o.FirstStageLayers, o.LastStageLayers); err != nil {
+		return nil, err
 	}
 	if it, ok := p.extra.Get("iteration"); ok {
 		if p.iter, ok = pyobj.Int(it); !ok || p.iter < 0 {
 			return nil, fmt.Errorf("%s/%s: iteration is %s", r.Dir, atomic.ExtraState, pyobj.Repr(it))
 		}
 	}
-	model, err := load.ReadModel(r)
+	model, err := layout.ReadModel(r)
 	if err != nil {
 		return nil, err
 	}
@@ -219,13 +229,16 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if err := p.slices(model); err != nil {
 		return nil, err
 	}
+	if p.style, err = styleOf(o.Optimizer, p.steps); err != nil {
+		return nil, err
+	}
 	return p, p.place()
 }
 
 // slices computes every parameter's shard on every target TP rank as
 // Megatron holds it (load: vocabulary re-padded, QKV per query group,
 // SwiGLU [gate_r; up_r]).
-func (p *rsPlan) slices(model load.Model) error {
+func (p *rsPlan) slices(model layout.Model) error {
 	T := p.o.TP
 	p.shards = make([]map[string]fragment.Shard, T)
 	for t := range p.shards {
@@ -240,7 +253,7 @@ func (p *rsPlan) slices(model load.Model) error {
 		case isExpert(e.Name) || strings.HasPrefix(e.Name, "language_model."):
 			return fmt.Errorf("%s: parameter %s: --to megatron does not write expert or legacy-model layouts yet", p.r.Dir, e.Name)
 		}
-		meta, err := load.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
+		meta, err := layout.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
 		if err != nil {
 			return err
 		}
@@ -283,14 +296,13 @@ func (p *rsPlan) slices(model load.Model) error {
 }
 
 // place puts every parameter on its pipeline stage and model chunk:
-// global layer n lives in chunk v of stage s when n / (L/(PP*V)) is
-// v*PP + s (get_transformer_layer_offset), renumbered from 0 there; the
+// global layer n lives in the chunk v of stage s whose layer range
+// (pipelineSplit) holds it, renumbered from 0 there; the
 // embedding on the first chunk, the rest (final norm, output layer) on
 // the last; a tied output layer gets the embedding's copy there unless
 // one chunk is both first and last.
 func (p *rsPlan) place() error {
 	P, V := p.o.PP, max(p.o.VPP, 1)
-	per := p.layers / (P * V)
 	p.chunks = make([][][]rsParam, P)
 	for s := range p.chunks {
 		p.chunks[s] = make([][]rsParam, V)
@@ -305,9 +317,8 @@ func (p *rsPlan) place() error {
 			if n >= p.layers {
 				return fmt.Errorf("%s: %s is beyond num_layers %d", p.r.Dir, e.Name, p.layers)
 			}
-			c := n / per
-			s, v = c%P, c/P
-			local = globalName(e.Name, -c*per, 0)
+			s, v = p.chunkOf(n)
+			local = globalName(e.Name, -p.split[s][v][0], 0)
 		case strings.HasPrefix(e.Name, "embedding."):
 			s, v = 0, 0
 			if isWordEmbedding(e.Name) {
@@ -354,11 +365,11 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 
 // writeRank writes model_optim_rng.pt of TP rank t, pipeline stage s.
 func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
-	var fills []load.StateFill
+	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
 		sh := p.shards[t][name]
 		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
-		fills = append(fills, load.StateFill{Blob: b, Pieces: []load.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
+		fills = append(fills, layout.StateFill{Blob: b, Pieces: []layout.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
 		return b
 	}
 	root := pyobj.NewDict(pyobj.PlainDict)
@@ -449,27 +460,33 @@ func (p *rsPlan) groupFlagsOf(rp rsParam) groupFlags {
 // 0-dim step tensor, as Megatron saves state['step'].item()), and the
 // grad scaler.
 func (p *rsPlan) distGroups(members []rsParam) (pyobj.Value, error) {
+	// One step for every group, as state_dict() sets it (load_state_dict
+	// under torch AdamW reads every group's): the members' (all equal).
+	var step pyobj.Value
+	for _, rp := range members {
+		v, ok := p.steps[rp.src]
+		if !ok {
+			continue
+		}
+		f, err := stepNumber(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s: step of %s: %w", p.r.Dir, rp.src, err)
+		}
+		// DistributedOptimizer.state_dict: state['step'].item() (a float)
+		// for torch AdamW, int(step) for TE/Apex FusedAdam.
+		if p.style == stepTorch {
+			step = f
+		} else {
+			step = int64(f)
+		}
+		break
+	}
 	groups := &pyobj.List{}
-	for g, grp := range p.groups {
+	for _, grp := range p.groups {
 		gd := grp.Clone()
 		gd.Delete("params")
-		for _, rp := range members {
-			if p.groupFlagsOf(rp) != p.flags[g] {
-				continue
-			}
-			v, ok := p.steps[rp.src]
-			if !ok {
-				break
-			}
-			if b, isTensor := v.(*torchfile.Blob); isTensor {
-				f, err := blobScalar(b)
-				if err != nil {
-					return nil, fmt.Errorf("%s: step of %s: %w", p.r.Dir, rp.src, err)
-				}
-				v = f
-			}
-			gd.Set(fragment.StepState, v)
-			break
+		if step != nil {
+			gd.Set(fragment.StepState, step)
 		}
 		groups.Items = append(groups.Items, gd)
 	}
@@ -519,7 +536,7 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 	V := len(p.chunks[s])
 	root := pyobj.NewDict(pyobj.PlainDict)
 	root.Set("buckets_coalesced", true)
-	var fills []load.StateFill
+	var fills []layout.StateFill
 	for v, list := range p.chunks[s] {
 		lps := make([]layoutParam, len(list))
 		for i, rp := range list {
@@ -536,13 +553,13 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 		world := pyobj.NewDict(pyobj.PlainDict)
 		for _, state := range []string{fragment.FP32, "exp_avg", "exp_avg_sq"} {
 			b := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{nu}}
-			f := load.StateFill{Blob: b}
+			f := layout.StateFill{Blob: b}
 			for i, rp := range list {
 				if !p.hasState(rp.src, state) {
 					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
 				}
 				sh := p.shards[t][rp.src]
-				f.Pieces = append(f.Pieces, load.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
+				f.Pieces = append(f.Pieces, layout.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
 			}
 			sort.Slice(f.Pieces, func(i, j int) bool { return f.Pieces[i].At < f.Pieces[j].At })
 			fills = append(fills, f)
@@ -582,6 +599,9 @@ func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt d
 	used := 0
 	for g, grp := range p.groups {
 		gd := grp.Clone()
+		if p.style == stepTorch {
+			gd.Delete(fragment.StepState) // torch AdamW groups hold none
+		}
 		var ids []pyobj.Value
 		gm := &pyobj.List{}
 		for _, rp := range members {
@@ -591,10 +611,16 @@ func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt d
 			used++
 			sd := pyobj.NewDict(pyobj.PlainDict)
 			if v, ok := p.steps[rp.src]; ok {
-				if _, isTensor := v.(*torchfile.Blob); isTensor {
-					sd.Set(fragment.StepState, v)
-				} else if _, has := gd.Get(fragment.StepState); !has {
-					gd.Set(fragment.StepState, v)
+				sv, err := p.stepValue(rp.src, v)
+				if err != nil {
+					return nil, err
+				}
+				if p.style == stepTorch {
+					// torch AdamW keeps a 0-dim step tensor per parameter
+					// (its __setstate__ fails with KeyError 'step' without).
+					sd.Set(fragment.StepState, sv)
+				} else {
+					gd.Set(fragment.StepState, sv)
 				}
 			}
 			for _, sn := range p.states[rp.src][1:] {
@@ -638,9 +664,16 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 	nd.Set("data_parallel_size", D)
 	nd.Set("world_size", T*P*D*max(p.modelCP, 1))
 	nd.Set("use_distributed_optimizer", p.o.DistOptimizer)
+	uneven := p.o.FirstStageLayers > 0 || p.o.LastStageLayers > 0
 	if p.o.VPP > 0 {
 		nd.Set("virtual_pipeline_model_parallel_size", int64(p.o.VPP))
-		nd.Set("num_layers_per_virtual_pipeline_stage", int64(p.layers/(p.o.PP*p.o.VPP)))
+		if uneven {
+			// arguments.py: uneven splits take --num-virtual-stages-per-pipeline-rank.
+			nd.Set("num_layers_per_virtual_pipeline_stage", nil)
+			nd.Set("num_virtual_stages_per_pipeline_rank", int64(p.o.VPP))
+		} else {
+			nd.Set("num_layers_per_virtual_pipeline_stage", int64(p.layers/(p.o.PP*p.o.VPP)))
+		}
 	} else {
 		nd.Set("virtual_pipeline_model_parallel_size", nil)
 		if _, ok := nd.Get("num_layers_per_virtual_pipeline_stage"); ok {
@@ -653,11 +686,16 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 	if p.vocab > 0 {
 		nd.Set("padded_vocab_size", p.vocab)
 	}
-	// The even split ucp writes: no uneven-pipeline arguments.
+	// The split written: the uneven-pipeline arguments asked for, else none.
 	for _, k := range []string{"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
 		"num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "pipeline_model_parallel_layout"} {
 		if _, ok := nd.Get(k); ok {
 			nd.Set(k, nil)
+		}
+	}
+	for k, n := range map[string]int{"decoder_first_pipeline_num_layers": p.o.FirstStageLayers, "decoder_last_pipeline_num_layers": p.o.LastStageLayers} {
+		if n > 0 {
+			nd.Set(k, int64(n))
 		}
 	}
 	for _, k := range []string{"account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "standalone_embedding_stage"} {
@@ -674,12 +712,157 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 
 // writeFile writes one torch.save file, streaming each tensor from its
 // atomic states.
-func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []load.StateFill, st *ReshardStats) error {
-	n, err := load.WriteFile(p.r, path, root, fills)
+func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
+	n, err := layout.WriteFile(p.r, path, root, fills)
 	if err != nil {
 		return err
 	}
 	st.Files++
 	st.Bytes += n
 	return nil
+}
+
+// stepStyle is where the loading run's Adam keeps the step.
+type stepStyle uint8
+
+const (
+	// stepTorch: torch.optim.AdamW, a 0-dim float32 tensor state['step']
+	// per parameter (Megatron's fallback without TE and Apex,
+	// megatron/core/optimizer/__init__.py).
+	stepTorch stepStyle = iota
+	// stepFused: TE/Apex FusedAdam, an int param_group['step'].
+	stepFused
+)
+
+// styleOf picks the step style: the one asked for, else the source's. A
+// Python int step comes from FusedAdam (a group value, or
+// DistributedOptimizer's int(step)); a tensor (torch Adam's per-parameter
+// step) or a float (DistributedOptimizer's state['step'].item() under
+// torch AdamW) from torch AdamW.
+func styleOf(asked string, steps map[string]pyobj.Value) (stepStyle, error) {
+	switch asked {
+	case "adamw", "torch":
+		return stepTorch, nil
+	case "fused":
+		return stepFused, nil
+	case "":
+	default:
+		return 0, fmt.Errorf("--megatron-optimizer %q: give adamw (torch.optim.AdamW) or fused (TE/Apex FusedAdam)", asked)
+	}
+	for _, v := range steps {
+		if _, isInt := v.(int64); isInt {
+			return stepFused, nil
+		}
+		return stepTorch, nil
+	}
+	return stepFused, nil
+}
+
+// stepNumber is the value of a step: an int, a float or a 0-dim tensor.
+func stepNumber(v pyobj.Value) (float64, error) {
+	switch x := v.(type) {
+	case *torchfile.Blob:
+		return blobScalar(x)
+	case float64:
+		return x, nil
+	}
+	if n, ok := pyobj.Int(v); ok {
+		return float64(n), nil
+	}
+	return 0, fmt.Errorf("a step of type %s", pyobj.TypeName(v))
+}
+
+// stepValue is the step of a parameter as the target optimizer keeps it:
+// a 0-dim float32 tensor (torch AdamW) or an int (FusedAdam's group).
+func (p *rsPlan) stepValue(param string, v pyobj.Value) (pyobj.Value, error) {
+	f, err := stepNumber(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: step of %s: %w", p.r.Dir, param, err)
+	}
+	if p.style == stepFused {
+		return int64(f), nil
+	}
+	if b, ok := v.(*torchfile.Blob); ok && b.DType == dtype.Float32 && len(b.Shape) == 0 {
+		return b, nil
+	}
+	data := make([]byte, 4)
+	binary.LittleEndian.PutUint32(data, math.Float32bits(float32(f)))
+	return torchfile.NewBlob(dtype.Float32, nil, data), nil
+}
+
+// pipelineSplit returns the global layers [first, first+n) of every
+// (stage, chunk), as Megatron builds them (core_v0.19.0
+// megatron/core/transformer/transformer_block.py get_num_layers_to_build and
+// transformer_layer.py get_transformer_layer_offset): with
+// --decoder-first/last-pipeline-num-layers F / Lst (0: not set) the first
+// (last) stage holds F (Lst) layers and the other stages share the rest
+// evenly; else every stage holds L/PP. A stage's layers are split evenly
+// over its V chunks, and the chunks are laid out chunk-major: chunk v of
+// every stage in stage order, then chunk v+1. The checks are Megatron's
+// (transformer_config.py __post_init__, arguments.py).
+func pipelineSplit(L, P, V, F, Lst int) ([][][2]int, error) {
+	if F < 0 || Lst < 0 {
+		return nil, fmt.Errorf("--decoder-first/last-pipeline-num-layers must be positive")
+	}
+	per := make([]int, P)
+	if F == 0 && Lst == 0 {
+		if L%(P*V) != 0 {
+			return nil, fmt.Errorf("--pp %d x --vpp %d does not divide the %d layers (args.num_layers); give --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an uneven split", P, V, L)
+		}
+		for s := range per {
+			per[s] = L / P
+		}
+	} else {
+		if P < 2 {
+			return nil, fmt.Errorf("--decoder-first/last-pipeline-num-layers need --pp 2 or more")
+		}
+		middle, stages := L, P
+		if F > 0 {
+			middle, stages = middle-F, stages-1
+		}
+		if Lst > 0 {
+			middle, stages = middle-Lst, stages-1
+		}
+		if middle < 0 || (middle > 0) != (stages > 0) || (stages > 0 && middle%stages != 0) {
+			return nil, fmt.Errorf("%d layers: first stage %d and last stage %d leave %d layers for %d middle stages; Megatron needs an even share of at least one layer each (or none left for none)", L, F, Lst, middle, stages)
+		}
+		for s := range per {
+			if stages > 0 {
+				per[s] = middle / stages
+			}
+		}
+		if F > 0 {
+			per[0] = F
+		}
+		if Lst > 0 {
+			per[P-1] = Lst
+		}
+	}
+	split := make([][][2]int, P)
+	for s := range split {
+		if per[s]%V != 0 {
+			return nil, fmt.Errorf("pipeline stage %d holds %d layers, which --vpp %d does not divide", s, per[s], V)
+		}
+		split[s] = make([][2]int, V)
+	}
+	at := 0
+	for v := 0; v < V; v++ {
+		for s := 0; s < P; s++ {
+			split[s][v] = [2]int{at, per[s] / V}
+			at += per[s] / V
+		}
+	}
+	return split, nil
+}
+
+// chunkOf returns the stage and chunk holding global layer n.
+func (p *rsPlan) chunkOf(n int) (s, v int) {
+	for s := range p.split {
+		for v, r := range p.split[s] {
+			if n >= r[0] && n < r[0]+r[1] {
+				return s, v
+			}
+		}
+	}
+	return len(p.split) - 1, len(p.split[0]) - 1 // beyond num_layers: refused by place
 }

@@ -18,8 +18,12 @@ import (
 )
 
 // convertFixture converts a Megatron fixture into a fresh atomic folder.
+// A name "dist/<case>" is a torch_dist fixture of megatron_dist.
 func convertFixture(t *testing.T, name string) string {
 	t.Helper()
+	if c, ok := strings.CutPrefix(name, "dist/"); ok {
+		return testkit.Convert(t, indexDist(t, distCase(c), Options{}), 2)
+	}
 	return testkit.Convert(t, index(t, testkit.Fixture("megatron", name, "checkpoint"), Options{}), 2)
 }
 
@@ -163,18 +167,32 @@ func TestReshardRoundTrip(t *testing.T) {
 		{"tp1_pp4_untied", ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 3, DistOptimizer: true}, nil},
 		{"tp2_gqa_swiglu", ReshardOptions{TP: 1, PP: 2, DP: 2, DistOptimizer: true}, nil},
 		{"same_tp2_pp2", ReshardOptions{TP: 2, PP: 2, DP: 1}, nil},
+		// torch_dist sources (args and param groups from the common state).
+		{"dist/core0_19_tp2_dp2_bf16_fullrs", ReshardOptions{TP: 1, PP: 2, DP: 1}, nil},
+		{"dist/core0_19_tp2_dp2_bf16_dprs", ReshardOptions{TP: 2, PP: 1, DP: 2, DistOptimizer: true}, nil},
+		{"dist/core0_18_tp2_fp32_dprs", ReshardOptions{TP: 1, PP: 1, DP: 1}, nil},
+		{"dist/core0_15_tp2_dp2_bf16_fullrs", ReshardOptions{TP: 1, PP: 1, DP: 2, DistOptimizer: true}, nil},
+		{"dist/core0_14_tp2_dp4_fp32_fsms", ReshardOptions{TP: 1, PP: 2, DP: 1}, nil},
+		// Uneven pipeline splits (--decoder-first/last-pipeline-num-layers).
+		{"tp1_pp4_untied", ReshardOptions{TP: 1, PP: 3, DP: 1, FirstStageLayers: 2}, []string{"mp_rank_00_000", "mp_rank_00_001", "mp_rank_00_002"}},
+		{"tp1_pp4_untied", ReshardOptions{TP: 2, PP: 2, DP: 2, LastStageLayers: 1, DistOptimizer: true}, nil},
+		{"pp2_vpp2_distopt", ReshardOptions{TP: 1, PP: 3, DP: 1, FirstStageLayers: 1, LastStageLayers: 1}, nil},
 	}
 	atomics := map[string]string{} // converted once, in the parent test's temporary folder
 	for _, c := range cases {
 		if _, ok := atomics[c.fixture]; !ok {
 			atomics[c.fixture] = convertFixture(t, c.fixture)
 		}
-		name := fmt.Sprintf("%s/tp%d_pp%d_vpp%d_dp%d", c.fixture, c.o.TP, c.o.PP, c.o.VPP, c.o.DP)
+		name := fmt.Sprintf("%s/tp%d_pp%d_vpp%d_dp%d_f%d_l%d", c.fixture, c.o.TP, c.o.PP, c.o.VPP, c.o.DP, c.o.FirstStageLayers, c.o.LastStageLayers)
 		t.Run(name, func(t *testing.T) {
 			a := atomics[c.fixture]
 			save := reshardAtomic(t, a, c.o)
-			if got := strings.TrimSpace(string(readBytes(t, filepath.Join(save, trackerFile)))); got != "10" {
-				t.Errorf("%s holds %q, want 10", trackerFile, got)
+			it := "10"
+			if strings.HasPrefix(c.fixture, "dist/") {
+				it = "2"
+			}
+			if got := strings.TrimSpace(string(readBytes(t, filepath.Join(save, trackerFile)))); got != it {
+				t.Errorf("%s holds %q, want %s", trackerFile, got, it)
 			}
 			if c.dirs != nil {
 				ents, err := os.ReadDir(filepath.Join(save, "iter_0000010"))
@@ -201,7 +219,9 @@ func TestReshardRoundTrip(t *testing.T) {
 			if d.TP != c.o.TP || d.PP != c.o.PP || d.VPP != c.o.VPP || d.DP != c.o.DP || d.ZeRO != zero {
 				t.Errorf("degrees %+v, want TP %d PP %d VPP %d DP %d", d, c.o.TP, c.o.PP, c.o.VPP, c.o.DP)
 			}
-			sameAtomicStates(t, a, testkit.Convert(t, tbl, 2), c.o.DistOptimizer)
+			// Steps by value: their Python type follows the target's Adam
+			// (a tensor for torch AdamW, TestReshardAdamW).
+			sameAtomicStates(t, a, testkit.Convert(t, tbl, 2), true)
 		})
 	}
 }
@@ -277,6 +297,7 @@ func TestReshardLayout(t *testing.T) {
 func TestReshardRefused(t *testing.T) {
 	gqa := convertFixture(t, "tp2_gqa_swiglu") // 8 heads, 2 query groups, 2 layers
 	moe := convertFixture(t, "moe_ep2")
+	noArgs := convertFixture(t, "dist/core0_19_tp2_pp2_tied_bf16_dprs") // saved outside the training loop
 	cases := []struct {
 		name string
 		a    string
@@ -287,11 +308,15 @@ func TestReshardRefused(t *testing.T) {
 		{"tp does not divide heads", gqa, ReshardOptions{TP: 3, PP: 1, DP: 1}, "does not divide the 8 attention heads"},
 		{"pp does not divide layers", gqa, ReshardOptions{TP: 1, PP: 3, DP: 1}, "does not divide the 2 layers"},
 		{"pp x vpp does not divide layers", gqa, ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 1}, "does not divide the 2 layers"},
+		{"uneven first stage takes all", gqa, ReshardOptions{TP: 1, PP: 2, DP: 1, FirstStageLayers: 2}, "0 layers for 1 middle stages"},
+		{"uneven without pp", gqa, ReshardOptions{TP: 1, PP: 1, DP: 1, LastStageLayers: 1}, "need --pp 2"},
+		{"unknown optimizer", gqa, ReshardOptions{TP: 1, PP: 1, DP: 1, Optimizer: "sgd"}, "--megatron-optimizer"},
 		{"vpp without pp", gqa, ReshardOptions{TP: 1, PP: 1, VPP: 2, DP: 1}, "needs --pp 2"},
 		{"vpp 1", gqa, ReshardOptions{TP: 1, PP: 2, VPP: 1, DP: 1}, "--vpp 1"},
 		{"tp 0", gqa, ReshardOptions{TP: 0, PP: 1, DP: 1}, "--tp must be at least 1"},
 		{"pp 0", gqa, ReshardOptions{TP: 1, PP: 0, DP: 1}, "--pp must be at least 1"},
 		{"dp 0", gqa, ReshardOptions{TP: 1, PP: 1, DP: 0}, "--dp must be at least 1"},
+		{"torch_dist without args", noArgs, ReshardOptions{TP: 1, PP: 1, DP: 1}, "no args Namespace"},
 		{"experts", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "mixture-of-experts"},
 		{"existing save folder", gqa, ReshardOptions{TP: 1, PP: 1, DP: 1}, "use --force"},
 	}
@@ -526,4 +551,42 @@ func modelKeys(t *testing.T, path string) string {
 		}
 	}
 	return strings.Join(out, " ")
+}
+
+// TestPipelineSplit: the layer ranges of every stage and chunk as
+// Megatron's get_num_layers_to_build / get_transformer_layer_offset
+// (core_v0.19.0) give them.
+func TestPipelineSplit(t *testing.T) {
+	cases := []struct {
+		L, P, V, F, Lst int
+		want            string // stage: chunk ranges
+		err             string
+	}{
+		{4, 2, 1, 0, 0, "[[[0 2]] [[2 2]]]", ""},
+		{8, 2, 2, 0, 0, "[[[0 2] [4 2]] [[2 2] [6 2]]]", ""},
+		{3, 2, 1, 2, 0, "[[[0 2]] [[2 1]]]", ""},
+		{3, 2, 1, 0, 1, "[[[0 2]] [[2 1]]]", ""},
+		{6, 3, 1, 2, 0, "[[[0 2]] [[2 2]] [[4 2]]]", ""},
+		{7, 4, 1, 1, 0, "[[[0 1]] [[1 2]] [[3 2]] [[5 2]]]", ""},
+		{8, 4, 1, 1, 1, "[[[0 1]] [[1 3]] [[4 3]] [[7 1]]]", ""},
+		// Interleaved: chunk v of every stage, then v+1 (offset v*total + ...).
+		{12, 3, 2, 2, 2, "[[[0 1] [6 1]] [[1 4] [7 4]] [[5 1] [11 1]]]", ""},
+		{3, 2, 1, 0, 0, "", "does not divide the 3 layers"},
+		{4, 3, 1, 1, 0, "", "leave 3 layers for 2 middle stages"},
+		{4, 2, 1, 4, 0, "", "leave 0 layers for 1 middle stages"},
+		{6, 2, 2, 3, 0, "", "which --vpp 2 does not divide"},
+		{4, 1, 1, 2, 0, "", "need --pp 2"},
+	}
+	for _, c := range cases {
+		got, err := pipelineSplit(c.L, c.P, c.V, c.F, c.Lst)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%+v: error %v, want %q", c, err, c.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != c.want {
+			t.Errorf("%+v: %v %v, want %s", c, got, err, c.want)
+		}
+	}
 }

@@ -44,7 +44,7 @@ MLP = [
 
 PAPER = [
     Param("a.weight", (32, 32)),   # 1024 elements: D=3 pads to 1026, 342 per rank, 2 padding on rank 2
-    Param("b.weight", (27, 38)),   # 1026 elements: 342 per rank, no padding (internal/formats/zero3/FORMAT.md, Partitions)
+    Param("b.weight", (27, 38)),   # 1026 elements: 342 per rank, no padding (internal/formats/deepspeed/ZERO3.md, Partitions)
     Param("c.bias", (10,)),        # 10 elements: Pn 4, rank 2 holds c[8:10] + 2 padding (example B)
 ]
 
