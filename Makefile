@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures
+.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed check-families megatron-fixtures
 
 all: build
 
@@ -91,6 +91,11 @@ dcp-fixtures:
 # DeepSpeed's own engine (v0.14.5 source tree, run in place on CPU with Debian's torch 1.13 and gloo) trains,
 # saves, and loads what ucp reshard wrote at a new DP / ZeRO stage / optimizer; compares every rank's state
 # with the truth and runs one step. Not part of make test: CI cannot fetch DeepSpeed.
+# The model families against real megatron-core and transformers (scripts/check-families.sh).
+check-families:
+	@test -n "$(MEGATRON_SRC)" -a -n "$(TRANSFORMERS_SRC)" || { echo "usage: make check-families MEGATRON_SRC=/path/to/megatron-core TRANSFORMERS_SRC=/path/to/transformers-4.57.1"; exit 2; }
+	./scripts/check-families.sh "$(MEGATRON_SRC)" "$(TRANSFORMERS_SRC)"
+
 check-deepspeed: build
 	@test -n "$(DS_SRC)" || { echo "usage: make check-deepspeed DS_SRC=/path/to/DeepSpeed-v0.14.5"; exit 2; }
 	./scripts/check-deepspeed.sh "$(DS_SRC)" $(BIN)

@@ -57,21 +57,21 @@ type rsParam struct {
 
 // rsPlan is everything Reshard decided before writing (RESHARD.md).
 type rsPlan struct {
-	r       *atomic.Reader
-	o       ReshardOptions
-	dt      dtype.DType
-	extra   *pyobj.Dict
-	args    *pyobj.Object
-	optim   *pyobj.Dict
-	groups  []*pyobj.Dict
-	flags   []groupFlags
-	qkWD    bool
-	te      bool                        // TransformerEngine spec: core_attention saves _extra_state too
-	shards  []map[string]fragment.Shard // per target TP rank
-	chunks  [][][]rsParam               // [pp][chunk] tensors in state-dict order
-	states  map[string][]string         // parameter -> optimizer tensor states (fp32 first)
-	steps   map[string]pyobj.Value
-	iter    int64
+	r      *atomic.Reader
+	o      ReshardOptions
+	dt     dtype.DType
+	extra  *pyobj.Dict
+	args   *pyobj.Object
+	optim  *pyobj.Dict
+	groups []*pyobj.Dict
+	flags  []groupFlags
+	qkWD   bool
+	te     bool                        // TransformerEngine spec: core_attention saves _extra_state too
+	shards []map[string]fragment.Shard // per target TP rank
+	chunks [][][]rsParam               // [pp][chunk] tensors in state-dict order
+	states map[string][]string         // parameter -> optimizer tensor states (fp32 first)
+	steps  map[string]pyobj.Value
+	iter   int64
 	// release: a weights-only save from another framework's source
 	// (planFamily), in the 'release' folder; virt holds its tensors.
 	release bool

@@ -181,7 +181,9 @@ func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t i
 		}
 		return e, nil
 	}
-	whole := func(e *atomic.ParamEntry) fragment.Shard { return fragment.Shard{Shape: append([]int64(nil), e.Shape...)} }
+	whole := func(e *atomic.ParamEntry) fragment.Shard {
+		return fragment.Shard{Shape: append([]int64(nil), e.Shape...)}
+	}
 	piece := func(e *atomic.ParamEntry, sh fragment.Shard, local, n, at int64) layout.StatePiece {
 		return layout.StatePiece{Param: e.Name, State: fragment.FP32, Shard: sh, Local: local, N: n, At: at}
 	}
