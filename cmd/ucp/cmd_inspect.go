@@ -16,6 +16,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/report"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -29,6 +30,7 @@ type inspectOptions struct {
 	Layers  bool
 	All     bool
 	Arrow   string
+	Force   bool
 	Vocab   int64
 }
 
@@ -67,6 +69,7 @@ atomic checkpoint written by ucp convert it prints its manifest.
 	f.Int64Var(&opts.Vocab, "vocab-size", 0, "true vocabulary size of a Megatron-LM folder that does not record it (as for convert)")
 	f.StringVar(&opts.Arrow, "arrow", "", "write the fragment table to this Arrow IPC file and the plan of a one-node convert\n"+
 		"with --workers next to it (NAME.plan.arrow), instead of printing")
+	f.BoolVar(&opts.Force, "force", false, "replace existing --arrow files")
 	return cmd
 }
 
@@ -87,6 +90,9 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 		return fmt.Errorf("%s: --arrow writes the fragment table of a source checkpoint folder (DeepSpeed, Megatron-LM, DCP); "+
 			"this is %s", path, map[bool]string{true: "an atomic checkpoint (one file per state, no fragments: ucp inspect lists it)",
 			false: "a file: give its checkpoint folder"}[st.IsDir()])
+	}
+	if err := checkSideFiles(opts.Force, []string{path}, arrowFiles(opts.Arrow)); err != nil {
+		return err
 	}
 	if st.IsDir() && opts.From == "" && isAtomic(path) {
 		return inspectAtomic(out, path, opts.JSON)
@@ -314,15 +320,5 @@ func writeJSON(out io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// humanBytes prints a size in binary units (report.HumanBytes).
+func humanBytes(n int64) string { return report.HumanBytes(n) }

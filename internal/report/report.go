@@ -8,12 +8,13 @@ package report
 import (
 	"cmp"
 	"encoding/json"
-	"os"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 )
 
@@ -57,11 +58,17 @@ func Write(path string, m Meta, st *mapreduce.Stats) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	// Through a temporary name and a rename: never followed if a link,
+	// never half-written.
+	if err := fsutil.WriteFileAtomic(path, append(b, '\n'), true); err != nil {
 		return err
 	}
-	svg := strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
-	return os.WriteFile(svg, []byte(Timeline(st, m)), 0o644)
+	return fsutil.WriteFileAtomic(SVGPath(path), []byte(Timeline(st, m)), true)
+}
+
+// SVGPath is where Write puts the timeline of the report at path.
+func SVGPath(path string) string {
+	return strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
 }
 
 // Task is one task of the run, for the straggler summary.
@@ -116,4 +123,19 @@ func median(d []time.Duration) time.Duration {
 	d = slices.Clone(d)
 	slices.Sort(d)
 	return d[(len(d)-1)/2]
+}
+
+// HumanBytes prints a size in binary units (KiB, MiB, GiB, ...) with one
+// decimal, or in bytes below 1 KiB: every size ucp prints.
+func HumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
