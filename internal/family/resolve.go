@@ -294,7 +294,9 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 		} else if len(p.Shape) != 1 {
 			return fmt.Errorf("%s: shape %v", src, p.Shape)
 		}
-		rope := r.Fuse == QKV && r.Part < 2 // q and k rows carry RoPE
+		// q and k rows carry RoPE; a head's q/k norm weights (qwen3) are
+		// indexed like its rows and move with them.
+		rope := (r.Fuse == QKV && r.Part < 2) || r.Name == "q_norm" || r.Name == "k_norm"
 		if s.fused(r) {
 			cc := *s.C
 			cc.FFN = s.C.ffnOf(r)

@@ -98,6 +98,10 @@ def megatron_worker(rank, world, work, case, mg, variant, port):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     ps.initialize_model_parallel(world, 1)
+    # Attention forks the CUDA RNG tracker for dropout (0 here): no RNG on CPU.
+    import contextlib
+    from megatron.core.tensor_parallel import random as tp_random
+    tp_random.CudaRNGStatesTracker.fork = lambda self, name="model-parallel-rng": contextlib.nullcontext()
     sd = torch.load(os.path.join(mg, "release", "mp_rank_%02d" % rank, "model_optim_rng.pt"), weights_only=False)
     a = sd["args"]
     cfg = TransformerConfig(
