@@ -164,7 +164,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	indexed := time.Since(start)
 	stopAfter("indexed")
 	if opts.DryRun {
-		if err := printPlan(out, t, plan); err != nil || opts.Arrow == "" {
+		if err := printPlan(out, t, plan, dst, opts); err != nil || opts.Arrow == "" {
 			return err
 		}
 		return writeArrow(out, opts.Arrow, t, plan)
@@ -188,7 +188,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	bar := newProgress(errOut, "converting", progressTotal(plan, node, w), opts.Quiet)
 	stats, err := mapreduce.Run(ctx, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
-		Progress: bar.add})
+		Progress: progressCounter(bar.addBytes)})
 	bar.finish()
 	if opts.Report != "" && stats != nil {
 		if rerr := report.Write(opts.Report, report.Meta{Node: node, Nodes: plan.Nodes,
@@ -279,10 +279,12 @@ func finalize(out, errOut io.Writer, w *atomic.Writer, plan *mapreduce.Plan, sta
 	return nil
 }
 
-// progressTotal is what the bar counts to: the bytes this node's tasks
-// read and write, as the reducers report them (a task's weight is its
-// reads plus its writes), less the files a resumed run reuses (w may be
-// nil).
+// progressTotal is what convert's bar counts to: the source bytes this
+// node's tasks read, the figure inspect ("to read"), --dry-run and the
+// summary ("read") give, less the files a resumed run reuses (w may be
+// nil). Reads are reported as each range is read, so the bar moves evenly
+// to the end (counting a task's writes, reported in one lump when it
+// ends, made it sit at 99%).
 func progressTotal(plan *mapreduce.Plan, node int, w *atomic.Writer) int64 {
 	var n int64
 	for _, tk := range plan.Tasks {
@@ -294,9 +296,16 @@ func progressTotal(plan *mapreduce.Plan, node int, w *atomic.Writer) int64 {
 				continue
 			}
 		}
-		n += tk.Bytes
+		r, _ := plan.IO(tk)
+		n += r
 	}
 	return n
+}
+
+// progressCounter turns the reducers' progress reports into convert's
+// bar count: the bytes read.
+func progressCounter(add func(int64)) func(read, written int64) {
+	return func(read, _ int64) { add(read) }
 }
 
 func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst string, m *atomic.Manifest, stats *mapreduce.Stats, w *atomic.Writer, start time.Time, indexed time.Duration) {
@@ -344,15 +353,23 @@ func stragglers(out io.Writer, stats *mapreduce.Stats) {
 	fmt.Fprintf(out, "  slowest tasks: %s\n", strings.Join(tasks, ", "))
 }
 
-func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
-	var read, written int64
+func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan, dst string, opts convertOptions) error {
+	var total int64
 	for _, tk := range plan.Tasks {
 		r, w := plan.IO(tk)
-		read, written = read+r, written+w
+		total += r + w
+	}
+	// The totals from the table, exact: what the run's summary will say.
+	read, written := t.Bytes()
+	for _, f := range t.CopyFiles {
+		read, written = read+f.Size, written+f.Size
 	}
 	fmt.Fprintf(out, "plan: %d tasks over %d node(s) x %d worker(s), chunks of at most %d elements: %s to read, %s to write\n",
 		len(plan.Tasks), plan.Nodes, plan.Cores, plan.ChunkElems, humanBytes(read), humanBytes(written))
-	fmt.Fprintf(out, "PARAMETERS counts the parameters (of %d) a worker touches: a parameter split in chunks over\n"+
+	fmt.Fprintf(out, "Each node's tasks are fixed by the plan. Within a node the workers take its tasks from one queue, each\n"+
+		"the next task when it is free, so which worker does which task depends on timing: the WORKER rows are a\n"+
+		"simulation by bytes, what to expect, not an assignment (--report FILE.json records what each worker did).\n"+
+		"PARAMETERS counts the parameters (of %d) a worker touches: a parameter split in chunks over\n"+
 		"several workers is counted by each of them. SHARE is the worker's part of the bytes read and written.\n\n", len(t.Params))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tWORKER\tTASKS\tPARAMETERS\tREAD\tWRITE\tSHARE")
@@ -368,10 +385,24 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 				}
 			}
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(r), humanBytes(w),
-				100*float64(r+w)/float64(max(read+written, 1)))
+				100*float64(r+w)/float64(max(total, 1)))
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What the real run would do with DST as it is now.
+	if _, err := os.Stat(dst); err == nil {
+		switch {
+		case opts.Force:
+			fmt.Fprintf(out, "\nnote: %s exists: the real run (--force) replaces it once the new checkpoint is complete\n", dst)
+		case opts.Resume && isAtomic(dst):
+			fmt.Fprintf(out, "\nnote: %s is complete: the real run (--resume) has nothing to do\n", dst)
+		default:
+			fmt.Fprintf(out, "\nnote: %s exists: the real run will refuse it (--force replaces it)\n", dst)
+		}
+	}
+	return nil
 }
 
 // progress shows a bar on a terminal and nothing otherwise.
@@ -390,9 +421,12 @@ func newProgress(w io.Writer, label string, total int64, quiet bool) *progress {
 	return &progress{bar: newBar(w, label, total)}
 }
 
-func (p *progress) add(read, written int64) {
-	if p.bar != nil {
-		p.bar.Add64(read + written)
+// add counts bytes read and written (export's bar counts both).
+func (p *progress) add(read, written int64) { p.addBytes(read + written) }
+
+func (p *progress) addBytes(n int64) {
+	if p.bar != nil && n != 0 {
+		p.bar.Add64(n)
 	}
 }
 

@@ -79,7 +79,7 @@ func describe(t *fragment.Table, p *fragment.Param) paramRow {
 		r.split = strings.Join(parts, ",")
 	}
 	for _, s := range p.States {
-		r.src += stateSrcBytes(s)
+		r.src += p.SrcBytes(s)
 		r.out += stateOutBytes(p, s)
 	}
 	return r
@@ -93,14 +93,6 @@ func stateOutBytes(p *fragment.Param, s *fragment.State) int64 {
 		size = dt.Size()
 	}
 	return int64(size) * p.Numel()
-}
-
-func stateSrcBytes(s *fragment.State) int64 {
-	var b int64
-	for _, f := range s.Frags {
-		b += f.Len * int64(f.Src.DType().Size())
-	}
-	return b
 }
 
 // dtypes is "training/master": the table's training dtype (when the source
@@ -229,7 +221,7 @@ func printSummary(out io.Writer, rows []paramRow) error {
 			sb := get(byState, &stateOrder, s.Name)
 			sb.tensors++
 			sb.elems += r.p.Numel()
-			sb.src += stateSrcBytes(s)
+			sb.src += r.p.SrcBytes(s)
 			sb.out += stateOutBytes(r.p, s)
 		}
 	}
