@@ -33,6 +33,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/load"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 func main() {} // required by -buildmode=c-shared; never runs
@@ -50,6 +51,8 @@ const (
 	layoutTP     = 0 // tensor-parallel slice: (n, rank) = (TP size, TP rank)
 	layoutChunk  = 1 // dim-0 torch.chunk: (n, rank) = (world size, rank)
 	maxDims      = 16
+	maxElements  = 1 << 50 // bounds any element count or offset (8 PiB of bytes): sums cannot overflow
+	maxItems     = 1 << 24 // bounds the tensors or numels of one call
 	internalErrs = "ucp: internal error (please report): "
 )
 
@@ -177,32 +180,41 @@ func (c *ckpt) meta(param, state string) (layout.Meta, *atomic.ParamEntry, error
 }
 
 // shard is the part of a parameter's state one target rank holds.
-func (c *ckpt) shard(param, state string, kind, n, rank int, paddedVocab int64) (fragment.Shard, error) {
+// Every size and count crossing the ABI is 64-bit and checked here before
+// anything is allocated: a degree beyond load.MaxRanks, a negative rank or
+// element count is refused by name, never truncated or trusted.
+func (c *ckpt) shard(param, state string, kind, n, rank, paddedVocab int64) (fragment.Shard, error) {
+	if n < 1 || n > load.MaxRanks || rank < 0 || rank >= n {
+		return fragment.Shard{}, fmt.Errorf("%s: rank %d of %d (the number of ranks must be 1 to %d)", param, rank, n, load.MaxRanks)
+	}
+	if paddedVocab < 0 || paddedVocab > maxElements {
+		return fragment.Shard{}, fmt.Errorf("%s: padded vocabulary of %d rows", param, paddedVocab)
+	}
 	m, p, err := c.meta(param, state)
 	if err != nil {
 		return fragment.Shard{}, err
 	}
 	switch kind {
 	case layoutTP:
-		return c.model.Slice(p, m, n, rank, paddedVocab)
+		return c.model.Slice(p, m, int(n), int(rank), paddedVocab)
 	case layoutChunk:
-		if n < 1 || rank < 0 || rank >= n {
-			return fragment.Shard{}, fmt.Errorf("%s: rank %d of %d", param, rank, n)
-		}
-		return layout.DimChunk(p.Shape, rank, n)
+		return layout.DimChunk(p.Shape, int(rank), int(n))
 	}
 	return fragment.Shard{}, fmt.Errorf("unknown layout %d", kind)
 }
 
 //export ucp_shard
-func ucp_shard(h C.uintptr_t, param, state *C.char, kind, n, rank C.int, paddedVocab C.int64_t,
+func ucp_shard(h C.uintptr_t, param, state *C.char, kind, n, rank, paddedVocab C.int64_t,
 	shape *C.int64_t, ndim *C.int) (msg *C.char) {
 	defer guard(&msg)
 	c, err := lookup(h)
 	if err != nil {
 		return cerr(err)
 	}
-	sh, err := c.shard(C.GoString(param), C.GoString(state), int(kind), int(n), int(rank), int64(paddedVocab))
+	if shape == nil || ndim == nil {
+		return cerr(errors.New("ucp_shard: NULL output"))
+	}
+	sh, err := c.shard(C.GoString(param), C.GoString(state), int64(kind), int64(n), int64(rank), int64(paddedVocab))
 	if err != nil {
 		return cerr(err)
 	}
@@ -218,7 +230,7 @@ func ucp_shard(h C.uintptr_t, param, state *C.char, kind, n, rank C.int, paddedV
 }
 
 //export ucp_read
-func ucp_read(h C.uintptr_t, param, state *C.char, kind, n, rank C.int, paddedVocab, start, count C.int64_t,
+func ucp_read(h C.uintptr_t, param, state *C.char, kind, n, rank, paddedVocab, start, count C.int64_t,
 	dt C.int, dst unsafe.Pointer, dstBytes C.int64_t, bytesRead *C.int64_t) (msg *C.char) {
 	defer guard(&msg)
 	c, err := lookup(h)
@@ -230,16 +242,16 @@ func ucp_read(h C.uintptr_t, param, state *C.char, kind, n, rank C.int, paddedVo
 		return cerr(fmt.Errorf("unknown element type code %d", int(dt)))
 	}
 	name, st := C.GoString(param), C.GoString(state)
-	sh, err := c.shard(name, st, int(kind), int(n), int(rank), int64(paddedVocab))
+	if bytesRead == nil {
+		return cerr(errors.New("ucp_read: NULL bytes_read"))
+	}
+	sh, err := c.shard(name, st, int64(kind), int64(n), int64(rank), int64(paddedVocab))
 	if err != nil {
 		return cerr(err)
 	}
-	total := int64(1)
-	for _, d := range sh.Shape {
-		total *= d
-	}
+	total := torchfile.Numel(sh.Shape)
 	s, k := int64(start), int64(count)
-	if s < 0 || k < 0 || s+k > total {
+	if s < 0 || k < 0 || s > maxElements || k > maxElements || s+k > total {
 		return cerr(fmt.Errorf("%s/%s: elements [%d, %d) of a shard of %d", name, st, s, s+k, total))
 	}
 	sf, err := c.r.OpenState(name, st)
@@ -283,11 +295,26 @@ func ucp_step(h C.uintptr_t, param *C.char, kind *C.int, value *C.double) (msg *
 }
 
 //export ucp_zero_pieces
-func ucp_zero_pieces(stage, dp, rank C.int, numels *C.int64_t, count C.int, out **C.char) (msg *C.char) {
+func ucp_zero_pieces(stage, dp, rank C.int64_t, numels *C.int64_t, count C.int64_t, out **C.char) (msg *C.char) {
 	defer guard(&msg)
+	if count < 0 || count > maxItems || (count > 0 && numels == nil) || out == nil {
+		return cerr(fmt.Errorf("ucp_zero_pieces: %d numels (0 to %d)", int64(count), maxItems))
+	}
+	if dp < 1 || dp > load.MaxRanks || rank < 0 || rank >= dp {
+		return cerr(fmt.Errorf("ucp_zero_pieces: rank %d of %d (the number of ranks must be 1 to %d)", int64(rank), int64(dp), load.MaxRanks))
+	}
 	ns := make([]int64, int(count))
 	if count > 0 {
 		copy(ns, unsafe.Slice((*int64)(unsafe.Pointer(numels)), int(count)))
+	}
+	var sum int64
+	for i, n := range ns {
+		if n < 0 || n > maxElements {
+			return cerr(fmt.Errorf("ucp_zero_pieces: numel %d of parameter %d (0 to %d)", n, i, int64(maxElements)))
+		}
+		if sum += n; sum > maxElements {
+			return cerr(fmt.Errorf("ucp_zero_pieces: the parameters add up to more than %d elements", int64(maxElements)))
+		}
 	}
 	var ps []layout.Piece
 	var size int64
@@ -316,18 +343,42 @@ func ucp_zero_pieces(stage, dp, rank C.int, numels *C.int64_t, count C.int, out 
 }
 
 //export ucp_balance
-func ucp_balance(weights *C.int64_t, count, n C.int, owners *C.int) (msg *C.char) {
+func ucp_balance(weights *C.int64_t, count, n C.int64_t, owners *C.int64_t) (msg *C.char) {
 	defer guard(&msg)
-	if n < 1 || count < 0 {
+	if n < 1 || n > load.MaxRanks || count < 0 || count > maxItems || (count > 0 && (weights == nil || owners == nil)) {
 		return cerr(fmt.Errorf("balance %d items over %d ranks", int(count), int(n)))
 	}
 	if count == 0 {
 		return nil
 	}
 	w := unsafe.Slice((*int64)(unsafe.Pointer(weights)), int(count))
-	o := unsafe.Slice((*C.int)(unsafe.Pointer(owners)), int(count))
+	o := unsafe.Slice((*int64)(unsafe.Pointer(owners)), int(count))
 	for i, k := range load.Balance(w, int(n)) {
-		o[i] = C.int(k)
+		o[i] = int64(k)
 	}
 	return nil
+}
+
+//export ucp_verify_state
+func ucp_verify_state(h C.uintptr_t, param, state *C.char) (msg *C.char) {
+	defer guard(&msg)
+	c, err := lookup(h)
+	if err != nil {
+		return cerr(err)
+	}
+	name, st := C.GoString(param), C.GoString(state)
+	p, ok := c.r.Param(name)
+	if !ok {
+		return cerr(fmt.Errorf("%s: the checkpoint has no parameter %q", c.r.Dir, name))
+	}
+	for _, f := range p.Files {
+		if f.State == st {
+			path := c.r.Dir + "/" + f.Path
+			if err := c.r.Inside(path); err != nil {
+				return cerr(err)
+			}
+			return cerr(atomic.VerifyFile(path, f.FileEntry))
+		}
+	}
+	return cerr(fmt.Errorf("%s: parameter %s has no state %q", c.r.Dir, name, st))
 }

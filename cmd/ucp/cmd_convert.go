@@ -121,6 +121,9 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err != nil {
 		return err
 	}
+	if err := checkSideFiles(opts.Force, []string{src, dst, dst + atomic.PartialSuffix}, reportFiles(opts.Report), arrowFiles(opts.Arrow)); err != nil {
+		return err
+	}
 	if opts.Resume && !opts.Force && isAtomic(dst) {
 		if _, err := os.Stat(dst + atomic.PartialSuffix); os.IsNotExist(err) {
 			return resumeComplete(out, dst, opts.NoSync, opts.Quiet)

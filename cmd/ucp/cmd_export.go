@@ -56,13 +56,21 @@ and model.safetensors.index.json. --to torch writes pytorch_model.bin (or
 its shards and pytorch_model.bin.index.json) instead. The weights are the
 fp32 master weights cast to --dtype (default: the training dtype the
 manifest records, else float32); optimizer states are left out. --arch
-llama renames Megatron GPT models to LlamaForCausalLM names (QKV and fc1
-split) and writes config.json; --params REGEX exports a subset.`,
+auto (hf's default) names the tensors as the transformers class of the
+model family the checkpoint records (Megatron and Megatron-DeepSpeed args,
+a Hugging Face config.json: llama, mistral, qwen2, qwen3) and writes its
+config.json: fused QKV and fc1 split, interleaved RoPE rows reordered,
+layernorm-1p weights + 1, rope scaling carried; a model no family computes
+exactly is refused with the option's name. --arch FAMILY names the family,
+--arch none keeps the source's names; --params REGEX exports a subset.`,
 		Example: `  ucp export out/atomic out/dcp --to dcp
   ucp export --to dcp --shards 8 --dtype bfloat16 atomic/ dcp/
-  ucp export --to hf --arch llama --dtype bfloat16 atomic/ hf/`,
+  ucp export --to hf --dtype bfloat16 atomic/ hf/`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("arch") && opts.To != "hf" {
+				opts.Arch = hf.ArchNone // --to torch: plain state dicts unless asked
+			}
 			return runExport(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
 		},
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/ucp-project/ucp/internal/formats"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/mapreduce"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -30,6 +29,7 @@ type inspectOptions struct {
 	Layers  bool
 	All     bool
 	Arrow   string
+	Force   bool
 	Vocab   int64
 }
 
@@ -68,6 +68,7 @@ atomic checkpoint written by ucp convert it prints its manifest.
 	f.Int64Var(&opts.Vocab, "vocab-size", 0, "true vocabulary size of a Megatron-LM folder that does not record it (as for convert)")
 	f.StringVar(&opts.Arrow, "arrow", "", "write the fragment table to this Arrow IPC file and the plan of a one-node convert\n"+
 		"with --workers next to it (NAME.plan.arrow), instead of printing")
+	f.BoolVar(&opts.Force, "force", false, "replace existing --arrow files")
 	return cmd
 }
 
@@ -88,6 +89,9 @@ func runInspect(ctx context.Context, out io.Writer, path string, opts inspectOpt
 		return fmt.Errorf("%s: --arrow writes the fragment table of a source checkpoint folder (DeepSpeed, Megatron-LM, DCP); "+
 			"this is %s", path, map[bool]string{true: "an atomic checkpoint (one file per state, no fragments: ucp inspect lists it)",
 			false: "a file: give its checkpoint folder"}[st.IsDir()])
+	}
+	if err := checkSideFiles(opts.Force, []string{path}, arrowFiles(opts.Arrow)); err != nil {
+		return err
 	}
 	if st.IsDir() && opts.From == "" && isAtomic(path) {
 		return inspectAtomic(out, path, opts.JSON)
@@ -287,13 +291,13 @@ type paramReport struct {
 func checkpointReport(t *fragment.Table) checkpointJSON {
 	rep := checkpointJSON{Format: t.Format, Source: t.Source, Tag: t.Tag, Degrees: t.Degrees, Notes: t.Notes}
 	for _, p := range t.Params {
-		kind, dims := patterns.Classify(p)
+		kind, dims := fragment.Classify(p)
 		pr := paramReport{Name: p.Name, Pattern: kind.String(), Shape: nonNil(p.Shape), SplitDims: dims, Frozen: p.Frozen,
 			VocabSize: p.Info.VocabSize}
 		if len(p.States) > 0 {
 			st := p.States[0]
 			pr.Shards, pr.Fragments = len(st.Shards), len(st.Frags)
-			pr.Padding = patterns.PaddingElems(st) + p.Info.Padding
+			pr.Padding = fragment.PaddingElems(st) + p.Info.Padding
 			if len(st.Frags) > 0 {
 				pr.DType = st.Frags[0].Src.DType().String()
 			}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/patterns"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -106,7 +106,7 @@ func TestHelpText(t *testing.T) {
 		long := strings.SplitN(r.stdout, "Usage:", 2)[0]
 		if cmd == "inspect" {
 			// Every pattern and column the listing shows is explained.
-			for k := patterns.Unique; k <= patterns.ShardNC; k++ {
+			for k := fragment.Unique; k <= fragment.ShardNC; k++ {
 				if !strings.Contains(long, "\n  "+k.String()+" ") {
 					t.Errorf("inspect --help does not explain %s", k)
 				}

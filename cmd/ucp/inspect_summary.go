@@ -10,7 +10,6 @@ import (
 
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/mapreduce"
-	"github.com/ucp-project/ucp/internal/patterns"
 )
 
 // smallModel is the parameter count up to which inspect lists every
@@ -66,7 +65,7 @@ type paramRow struct {
 }
 
 func describe(t *fragment.Table, p *fragment.Param) paramRow {
-	kind, dims := patterns.Classify(p)
+	kind, dims := fragment.Classify(p)
 	r := paramRow{p: p, pattern: kind.String(), split: "-"}
 	if len(dims) > 0 {
 		parts := make([]string, len(dims))
@@ -269,7 +268,7 @@ func printParams(out io.Writer, t *fragment.Table, rows []paramRow) error {
 		var padding int64
 		if len(p.States) > 0 {
 			st := p.States[0]
-			shards, frags, padding = len(st.Shards), len(st.Frags), patterns.PaddingElems(st)+p.Info.Padding
+			shards, frags, padding = len(st.Shards), len(st.Frags), fragment.PaddingElems(st)+p.Info.Padding
 		}
 		states := make([]string, 0, len(p.States)+1)
 		for _, s := range p.States {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/report"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -89,6 +90,8 @@ func TestKillResume(t *testing.T) {
 			return false
 		}
 		rep := filepath.Join(dir, "resume.json")
+		os.Remove(rep) // the last trial's, and its timeline: --report replaces files only with --force
+		os.Remove(report.SVGPath(rep))
 		t1 := time.Now()
 		r := ucp(t, nil, append(append([]string{}, args...), "--resume", "--report", rep, src, dst)...)
 		took := time.Since(t1)

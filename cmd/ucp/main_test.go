@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	if dir := os.Getenv("UCP_TEST_HOLD_LOCK"); dir != "" {
+		holdLock(dir) // never returns
+	}
 	os.Exit(m.Run())
 }
 

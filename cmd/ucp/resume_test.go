@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/report"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -58,7 +59,7 @@ func TestExclusiveDestination(t *testing.T) {
 		t.Run(phase, func(t *testing.T) {
 			kill := stopped(t, phase, "convert", "--quiet", src, dst)
 			r := ucp(t, nil, "convert", "--quiet", src, dst)
-			if r.code == 0 || !strings.Contains(r.stderr, "another ucp convert is writing") {
+			if r.code == 0 || !strings.Contains(r.stderr, "another ucp run (convert, reshard or export) is writing") {
 				kill()
 				t.Fatalf("second conversion into a DST being written: exit %d, %s", r.code, r.stderr)
 			}
@@ -211,6 +212,8 @@ func TestResume(t *testing.T) {
 				redo = 2
 			}
 			rep := filepath.Join(dir, "run.json")
+			os.Remove(rep) // the last case's, and its timeline: replaced only with --force
+			os.Remove(report.SVGPath(rep))
 			r := ucp(t, nil, "convert", "--resume", "--report", rep, src, dst)
 			if r.code != 0 {
 				t.Fatal(r.stderr)

@@ -20,7 +20,6 @@ import (
 
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/mapreduce"
-	"github.com/ucp-project/ucp/internal/patterns"
 )
 
 // BatchRows bounds the rows of one record batch, so memory stays bounded
@@ -213,7 +212,7 @@ func Fragments(w io.WriteSeeker, t *fragment.Table) error {
 	}
 	b, n := bs.b, 0
 	for _, p := range t.Params {
-		kind, _ := patterns.Classify(p)
+		kind, _ := fragment.Classify(p)
 		for _, st := range p.States {
 			for _, f := range st.Frags {
 				if f.Shard < 0 || f.Shard >= len(st.Shards) {

@@ -17,7 +17,6 @@ import (
 	"github.com/ucp-project/ucp/internal/formats"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/mapreduce"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -84,7 +83,7 @@ func boxes(maps []fragment.BoxMap, pick func(fragment.BoxMap) []int64) any {
 func wantFragments(t *fragment.Table) []map[string]any {
 	var rows []map[string]any
 	for _, p := range t.Params {
-		kind, _ := patterns.Classify(p)
+		kind, _ := fragment.Classify(p)
 		for _, st := range p.States {
 			for _, f := range st.Frags {
 				sh := st.Shards[f.Shard]

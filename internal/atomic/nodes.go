@@ -71,7 +71,7 @@ func (w *Writer) Lock() error {
 	if err != nil {
 		return err
 	}
-	ok, err := flock(f, false)
+	ok, err := fsutil.Flock(f, false)
 	if err != nil || !ok {
 		f.Close()
 		if err == nil {

@@ -12,58 +12,6 @@ import (
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
-// lockPartial creates DST.partial if needed and locks the folder itself
-// (its inode, so the lock moves with the rename to DST): exclusively for a
-// single-process conversion, shared for the nodes of a multi-node one, so
-// that two conversions never write into one DST.partial. It retries when
-// the folder it locked was renamed or removed meanwhile.
-func lockPartial(tmp string, shared bool) (*os.File, error) {
-	for range 10 {
-		if err := os.MkdirAll(tmp, 0o755); err != nil {
-			return nil, err
-		}
-		d, err := os.Open(tmp)
-		if err != nil {
-			if os.IsNotExist(err) {
-				continue
-			}
-			return nil, err
-		}
-		ok, err := flock(d, shared)
-		if err != nil || !ok {
-			d.Close()
-			if err == nil {
-				err = fmt.Errorf("another ucp convert is writing %s (a live process holds its lock); wait for it to finish or stop it, then rerun",
-					tmp)
-			}
-			return nil, err
-		}
-		// The folder locked must still be the one named tmp.
-		a, err1 := d.Stat()
-		b, err2 := os.Stat(tmp)
-		if err1 == nil && err2 == nil && os.SameFile(a, b) {
-			return d, nil
-		}
-		d.Close()
-	}
-	return nil, fmt.Errorf("%s keeps changing under this process; is another conversion starting and stopping?", tmp)
-}
-
-// clearDir removes everything inside dir but dir itself (whose inode
-// carries the lock).
-func clearDir(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // The journal (.ucp-nodes/done-<node>.jsonl) lets --resume reuse the files
 // a killed run completed. It is append-only JSON lines: first
 // {"plan": "<plan id>"}, then one FileEntry {"path", "bytes", "crc32"} per

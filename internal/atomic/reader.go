@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -30,6 +31,7 @@ type Reader struct {
 	Manifest *Manifest
 	opt      ReaderOptions
 
+	root     string               // Dir with its symbolic links resolved
 	files    map[string]FileEntry // relative path -> manifest entry
 	params   map[string]int
 	mu       sync.Mutex
@@ -43,7 +45,11 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Reader{Dir: dir, Manifest: m, opt: opt, files: map[string]FileEntry{}, params: map[string]int{},
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{Dir: dir, Manifest: m, opt: opt, root: root, files: map[string]FileEntry{}, params: map[string]int{},
 		verified: map[string]error{}}
 	add := func(e FileEntry) error {
 		if err := CheckPath(dir, e.Path); err != nil {
@@ -109,8 +115,25 @@ func (r *Reader) stateEntry(param, state string) (FileEntry, error) {
 	return FileEntry{}, fmt.Errorf("%s: parameter %s has no state %s", r.Dir, param, state)
 }
 
+// Inside refuses a file of the checkpoint that is a symbolic link (or lies
+// under one) resolving outside the checkpoint folder: the manifest's CRCs
+// vouch for files of the checkpoint, not for whatever a link points at.
+func (r *Reader) Inside(path string) error {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return err
+	}
+	if rel, err := filepath.Rel(r.root, real); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return fmt.Errorf("%s: a symbolic link to %s, outside the checkpoint %s: refusing to read it", path, real, r.Dir)
+	}
+	return nil
+}
+
 // verify checks a file against its manifest entry once, when asked to.
 func (r *Reader) verify(e FileEntry) error {
+	if err := r.Inside(filepath.Join(r.Dir, filepath.FromSlash(e.Path))); err != nil {
+		return err
+	}
 	if !r.opt.Verify {
 		return nil
 	}
@@ -277,4 +300,28 @@ func (r *Reader) load(e FileEntry) (pyobj.Value, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return v, nil
+}
+
+// Model returns the model family and config: the manifest's source.model,
+// else the one the recorded training arguments give (family.Detect; for
+// manifests written before ucp recorded it, and tables indexed outside
+// formats.Index). It errs when neither tells one, saying why.
+func (r *Reader) Model() (*family.Config, error) {
+	if m := r.Manifest.Source.Model; m != nil {
+		c := *m
+		return &c, nil
+	}
+	args := r.Manifest.Source.Args
+	if args == nil {
+		return nil, fmt.Errorf("%s records no model family or training arguments (a %s source)", r.Dir, r.Manifest.Source.Format)
+	}
+	var ps []family.Param
+	for _, p := range r.Manifest.Params {
+		ps = append(ps, family.Param{Name: p.Name, Shape: p.Shape})
+	}
+	c, err := family.Detect(args, ps, r.Manifest.Source.Format)
+	if err != nil {
+		return nil, fmt.Errorf("%s: the model is none of the known families: %w", r.Dir, err)
+	}
+	return c, nil
 }

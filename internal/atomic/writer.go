@@ -30,7 +30,7 @@ const (
 	ExtraState      = "extra_state.pt"
 	ManifestName    = "ucp.json"
 	LatestUniversal = "latest_universal"
-	PartialSuffix   = ".partial"
+	PartialSuffix   = fsutil.PartialSuffix
 	ManifestFormat  = "ucp-atomic"
 	ManifestVersion = 1
 	// StepState names a parameter's step file, zero/<param>/step.pt.
@@ -119,7 +119,10 @@ func Create(dst string, opt Options) (*Writer, error) {
 	if opt.Node < 0 || opt.Node >= opt.Nodes {
 		return nil, fmt.Errorf("node %d of %d", opt.Node, opt.Nodes)
 	}
-	if _, err := os.Stat(dst); err == nil && !opt.Force {
+	if err := fsutil.CheckOutputDir(dst); err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(dst); err == nil && !opt.Force {
 		return nil, fmt.Errorf("%s already exists (use --force to replace it)", dst)
 	}
 	tmp := dst + PartialSuffix
@@ -128,7 +131,9 @@ func Create(dst string, opt Options) (*Writer, error) {
 			return nil, fmt.Errorf("%s: nothing to finalize: %w", tmp, err)
 		}
 	}
-	lock, err := lockPartial(tmp, opt.Nodes > 1)
+	// Locked exclusively by a single process, shared by the nodes of a
+	// multi-node run: two runs never write into one DST.partial.
+	lock, err := fsutil.LockDir(tmp, opt.Nodes > 1)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +152,7 @@ func Create(dst string, opt Options) (*Writer, error) {
 func (w *Writer) start() error {
 	tmp, opt := w.tmp, w.opt
 	if opt.Nodes == 1 && !opt.Resume && !opt.FinalizeOnly {
-		if err := clearDir(tmp); err != nil {
+		if err := fsutil.ClearDir(tmp); err != nil {
 			return err
 		}
 	}

@@ -40,7 +40,7 @@ func IndexUniversal(ctx context.Context, dir string, workers int) (*fragment.Tab
 	}
 	t := &fragment.Table{Format: "universal", Source: dir}
 	if m, err := atomic.ReadManifest(dir); err == nil {
-		t.Format, t.Tag, t.Degrees, t.DType = "atomic", m.Source.Tag, m.Source.Degrees, m.Source.DType
+		t.Format, t.Tag, t.Degrees, t.DType = "atomic", m.Source.Tag, fragment.Degrees(m.Source.Degrees), m.Source.DType
 	}
 	type file struct {
 		param, state, path string

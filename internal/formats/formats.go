@@ -241,7 +241,7 @@ type ReshardOptions struct {
 	// source's) and an uneven pipeline split (0: not set).
 	MegatronOptimizer                 string
 	FirstStageLayers, LastStageLayers int
-	Force, NoSync   bool
+	Force, NoSync                     bool
 }
 
 // ReshardStats tell what a writer wrote.

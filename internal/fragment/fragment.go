@@ -1,8 +1,9 @@
 // Package fragment is ucp's one data model for every source format: a
 // table of parameters whose optimizer states are assembled from fragments
 // of stored tensors. Format readers (formats/*) build the table without
-// reading tensor bytes; everything after that (patterns, the coverage
-// check, the plan, the reducers, inspect) works on the table alone.
+// reading tensor bytes; everything after that works on the table alone:
+// the sharding patterns (patterns.go) and the coverage proof (geometry.go)
+// here, then the plan, the reducers and inspect.
 //
 // Two levels describe where a stored element goes:
 //
@@ -20,7 +21,6 @@ import (
 	"os"
 	"sort"
 
-	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/pyobj"
@@ -190,9 +190,20 @@ func (p *Param) SrcBytes(s *State) int64 {
 // Numel returns the number of elements of the full parameter.
 func (p *Param) Numel() int64 { return torchfile.Numel(p.Shape) }
 
-// Degrees are the parallel degrees of the source checkpoint, as the
-// atomic manifest records them.
-type Degrees = atomic.Degrees
+// Degrees are the parallel degrees of the source checkpoint. The atomic
+// manifest records the same fields (atomic.Degrees, converted from this
+// type where the manifest is built): a type of its own keeps the table
+// free of the output format, and the conversion stops compiling if the two
+// ever differ. The JSON names are the manifest's (inspect and --arrow
+// print them).
+type Degrees struct {
+	TP   int `json:"tp"`
+	PP   int `json:"pp"`
+	DP   int `json:"dp"`
+	EP   int `json:"ep"`
+	VPP  int `json:"vpp"`
+	ZeRO int `json:"zero"` // ZeRO stage, 0 for none
+}
 
 // Table is the fragment table of one source checkpoint.
 type Table struct {

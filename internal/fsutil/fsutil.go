@@ -75,6 +75,11 @@ const OldSuffix = ".ucp-old"
 // rename fails); the caller deletes the returned old path ("" when nothing
 // was replaced) once dst is in place.
 func ReplaceDir(tmp, dst string, replace bool) (old string, err error) {
+	// Neither is followed if a link: renaming onto or removing through one
+	// would replace or empty what it points to.
+	if err := CheckDirOrAbsent(dst, dst+OldSuffix); err != nil {
+		return "", err
+	}
 	if replace {
 		if _, err := os.Lstat(dst); err == nil {
 			old = dst + OldSuffix
@@ -123,14 +128,22 @@ func PublishDir(tmp, dst string, replace, noSync bool) error {
 	return nil
 }
 
-// WriteDir builds the folder dst in tmp: tmp is emptied and created, fill
-// writes into it, and PublishDir puts it in place. On any error tmp is
-// removed and dst is as it was.
+// WriteDir builds the folder dst in tmp: tmp is created and locked
+// exclusively as convert locks DST.partial (LockDir: a second run into dst
+// is refused while this one lives), emptied, filled by fill, and
+// PublishDir puts it in place. On any error tmp is removed and dst is as
+// it was. A symbolic link or a file at dst, tmp or dst+OldSuffix is
+// refused, never followed.
 func WriteDir(tmp, dst string, replace, noSync bool, fill func(tmp string) error) error {
-	if err := os.RemoveAll(tmp); err != nil {
+	if err := CheckDirOrAbsent(dst, tmp, dst+OldSuffix); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
+	lock, err := LockDir(tmp, false)
+	if err != nil {
+		return err
+	}
+	defer lock.Close() // after the rename: the lock moves with the folder
+	if err := ClearDir(tmp); err != nil {
 		return err
 	}
 	if err := fill(tmp); err != nil {

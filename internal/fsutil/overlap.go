@@ -95,3 +95,44 @@ func DiskUsage(dir string) int64 {
 	})
 	return n
 }
+
+// CheckOutputFile refuses a file ucp is about to write (a report, an
+// Arrow table) at path when it lies inside, or is, one of the folders
+// given (the source being read, the DST being written: writing there
+// would replace input or publish a foreign file as output), when
+// something other than a regular file is there (a folder, a link, a
+// FIFO), and when a regular file is there and replace is false.
+func CheckOutputFile(path string, replace bool, folders ...string) error {
+	p, err := Resolve(path)
+	if err != nil {
+		return err
+	}
+	for _, f := range folders {
+		if f == "" {
+			continue
+		}
+		d, err := Resolve(f)
+		if err != nil {
+			return err
+		}
+		if p == d || within(p, d) {
+			return fmt.Errorf("refusing to write %s: it is inside %s, which this run reads or writes; give a path outside it", path, f)
+		}
+	}
+	st, err := os.Lstat(path)
+	switch {
+	case os.IsNotExist(err):
+		return nil
+	case err != nil:
+		return err
+	case !st.Mode().IsRegular():
+		what := kind(st.Mode())
+		if st.Mode()&os.ModeSymlink != 0 {
+			what = "a symbolic link"
+		}
+		return fmt.Errorf("refusing to write %s: it is %s, not a regular file", path, what)
+	case !replace:
+		return fmt.Errorf("%s already exists (use --force to replace it)", path)
+	}
+	return nil
+}

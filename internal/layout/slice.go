@@ -17,7 +17,6 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -102,33 +101,33 @@ func TPShard(m Meta, full []int64, T, t int, localRows int64) (fragment.Shard, e
 		if padded[0] < full[0] {
 			return fragment.Shard{}, fmt.Errorf("target vocabulary of %d rows is smaller than the checkpoint's %d", padded[0], full[0])
 		}
-		s, err := patterns.Split{Dim: 0}.Shard(padded, t, T)
+		s, err := fragment.Split{Dim: 0}.Shard(padded, t, T)
 		if err != nil {
 			return fragment.Shard{}, err
 		}
-		return patterns.StripPad(s, padded, 0, full[0]), nil
+		return fragment.StripPad(s, padded, 0, full[0]), nil
 	case m.SubSizes != nil:
 		widths := make([][]int64, len(m.SubSizes))
 		for k, s := range m.SubSizes {
-			widths[k] = patterns.ChunkSizes(s, T)
+			widths[k] = fragment.ChunkSizes(s, T)
 		}
-		return patterns.SubParams{Dim: m.PartDim, Widths: widths}.Shard(full, t, T)
+		return fragment.SubParams{Dim: m.PartDim, Widths: widths}.Shard(full, t, T)
 	case m.NSubParams > 1:
 		d := m.CatDim
 		if d >= len(full) {
 			return fragment.Shard{}, fmt.Errorf("cat_dim %d of shape %v", d, full)
 		}
-		halves := patterns.ChunkSizes(full[d], m.NSubParams)
+		halves := fragment.ChunkSizes(full[d], m.NSubParams)
 		widths := make([][]int64, len(halves))
 		for k, h := range halves {
-			widths[k] = patterns.ChunkSizes(h, T)
+			widths[k] = fragment.ChunkSizes(h, T)
 		}
-		return patterns.SubParams{Dim: d, Widths: widths}.Shard(full, t, T)
+		return fragment.SubParams{Dim: d, Widths: widths}.Shard(full, t, T)
 	}
 	if m.CatDim >= len(full) {
 		return fragment.Shard{}, fmt.Errorf("cat_dim %d of shape %v", m.CatDim, full)
 	}
-	return patterns.Split{Dim: m.CatDim, Sizes: patterns.ChunkSizes(full[m.CatDim], T)}.Shard(full, t, T)
+	return fragment.Split{Dim: m.CatDim, Sizes: fragment.ChunkSizes(full[m.CatDim], T)}.Shard(full, t, T)
 }
 
 // DimChunk returns the shard that rank r of W holds when a tensor is split
@@ -137,7 +136,7 @@ func DimChunk(full []int64, r, W int) (fragment.Shard, error) {
 	if len(full) == 0 {
 		return fragment.Shard{Shape: nil}, nil
 	}
-	return patterns.Split{Dim: 0, Sizes: patterns.ChunkSizes(full[0], W)}.Shard(full, r, W)
+	return fragment.Split{Dim: 0, Sizes: fragment.ChunkSizes(full[0], W)}.Shard(full, r, W)
 }
 
 // ReadLocal reads elements [start, start+n) of a shard of the atomic state

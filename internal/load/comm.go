@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"time"
 )
 
@@ -185,4 +186,190 @@ func (c *TCPComm) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ioChunk is how much one write or read may take before its deadline is
+// renewed: a peer that makes no progress for the timeout fails the step.
+const ioChunk = 4 << 20
+
+// closeConns breaks the ring (a failed or cancelled step): the peers'
+// reads and writes end at once, and so does any of ours.
+func (c *TCPComm) closeConns() {
+	for _, cl := range []net.Conn{c.next, c.prev} {
+		if cl != nil {
+			cl.Close()
+		}
+	}
+}
+
+func writeAll(conn net.Conn, b []byte, timeout time.Duration) error {
+	for len(b) > 0 {
+		n := min(len(b), ioChunk)
+		if err := conn.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+			return err
+		}
+		if _, err := conn.Write(b[:n]); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+func readAll(conn net.Conn, b []byte, timeout time.Duration) error {
+	for len(b) > 0 {
+		n := min(len(b), ioChunk)
+		if err := conn.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(conn, b[:n]); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// stepErr names a ring failure the way a user can act on it.
+func (c *TCPComm) stepErr(ctx context.Context, what string, err error, timeout time.Duration) error {
+	if cause := context.Cause(ctx); cause != nil {
+		return fmt.Errorf("rank %d: %s: %w", c.rank, what, cause)
+	}
+	var ne net.Error
+	prev, next := (c.rank+c.size-1)%c.size, (c.rank+1)%c.size
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return fmt.Errorf("rank %d: %s: no progress from rank %d or rank %d for %v (a rank died, hangs or made a different call): %w", c.rank, what, prev, next, timeout, err)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
+		return fmt.Errorf("rank %d: %s: the link to rank %d or rank %d dropped (a rank died or failed): %w", c.rank, what, prev, next, err)
+	}
+	return fmt.Errorf("rank %d: %s: %w", c.rank, what, err)
+}
+
+// allGather is AllGather for small control blocks: each frame is bounded
+// by limit and every wait by timeout.
+func (c *TCPComm) allGather(ctx context.Context, block []byte, limit int, timeout time.Duration) ([][]byte, error) {
+	out := make([][]byte, c.size)
+	out[c.rank] = block
+	if c.size == 1 {
+		return out, nil
+	}
+	stop := context.AfterFunc(ctx, c.closeConns)
+	defer stop()
+	for s := 0; s < c.size-1; s++ {
+		send := (c.rank - s + c.size) % c.size
+		recv := (c.rank - s - 1 + 2*c.size) % c.size
+		errc := make(chan error, 1)
+		go func() {
+			var h [12]byte
+			binary.LittleEndian.PutUint32(h[:4], uint32(send))
+			binary.LittleEndian.PutUint64(h[4:], uint64(len(out[send])))
+			err := writeAll(c.next, h[:], timeout)
+			if err == nil {
+				err = writeAll(c.next, out[send], timeout)
+			}
+			errc <- err
+		}()
+		var h [12]byte
+		err := readAll(c.prev, h[:], timeout)
+		var b []byte
+		if err == nil {
+			from, n := int(binary.LittleEndian.Uint32(h[:4])), binary.LittleEndian.Uint64(h[4:])
+			switch {
+			case from != recv:
+				err = fmt.Errorf("received the block of rank %d, expected rank %d", from, recv)
+			case n > uint64(limit):
+				err = fmt.Errorf("rank %d announced a block of %d bytes (at most %d)", from, n, limit)
+			default:
+				b = make([]byte, n)
+				err = readAll(c.prev, b, timeout)
+			}
+		}
+		if err != nil {
+			c.closeConns() // unblocks our own send too
+		}
+		if serr := <-errc; err == nil {
+			err = serr
+		}
+		if err != nil {
+			c.closeConns()
+			return nil, c.stepErr(ctx, fmt.Sprintf("exchanging requests (step %d)", s), err, timeout)
+		}
+		out[recv] = b
+	}
+	return out, nil
+}
+
+// ringStep forwards one layer around the ring: blocks[k] are the
+// destination slices of rank k's items, in the same order on every rank.
+// In step s a rank sends rank (rank-s)'s slices, which it holds, to the
+// next rank, and receives rank (rank-s-1)'s straight into its slices;
+// blocks every rank knows to be empty are skipped on both ends. Any
+// failure closes the ring.
+func (c *TCPComm) ringStep(ctx context.Context, layer int, blocks [][][]byte, timeout time.Duration) (sent, recvd int64, err error) {
+	if c.size == 1 {
+		return 0, 0, nil
+	}
+	size := func(k int) (n int64) {
+		for _, b := range blocks[k] {
+			n += int64(len(b))
+		}
+		return n
+	}
+	stop := context.AfterFunc(ctx, c.closeConns)
+	defer stop()
+	for s := 0; s < c.size-1; s++ {
+		send := (c.rank - s + c.size) % c.size
+		recv := (c.rank - s - 1 + 2*c.size) % c.size
+		errc := make(chan error, 1)
+		ns, nr := size(send), size(recv)
+		go func() {
+			if ns == 0 {
+				errc <- nil
+				return
+			}
+			var h [16]byte
+			binary.LittleEndian.PutUint32(h[:4], uint32(layer))
+			binary.LittleEndian.PutUint32(h[4:8], uint32(send))
+			binary.LittleEndian.PutUint64(h[8:], uint64(ns))
+			err := writeAll(c.next, h[:], timeout)
+			for _, b := range blocks[send] {
+				if err != nil {
+					break
+				}
+				err = writeAll(c.next, b, timeout)
+			}
+			errc <- err
+		}()
+		var err error
+		if nr > 0 {
+			var h [16]byte
+			err = readAll(c.prev, h[:], timeout)
+			if err == nil {
+				l, from, n := int(binary.LittleEndian.Uint32(h[:4])), int(binary.LittleEndian.Uint32(h[4:8])), int64(binary.LittleEndian.Uint64(h[8:]))
+				if l != layer || from != recv || n != nr {
+					err = fmt.Errorf("received %d bytes of layer %d from rank %d, expected %d bytes of layer %d from rank %d (the ranks' plans differ)", n, l, from, nr, layer, recv)
+				}
+			}
+			for _, b := range blocks[recv] {
+				if err != nil {
+					break
+				}
+				err = readAll(c.prev, b, timeout)
+			}
+		}
+		if err != nil {
+			c.closeConns() // unblocks our own send too
+		}
+		if serr := <-errc; err == nil {
+			err = serr
+		}
+		if err != nil {
+			c.closeConns()
+			return sent, recvd, c.stepErr(ctx, fmt.Sprintf("exchanging layer %d (step %d)", layer, s), err, timeout)
+		}
+		sent += ns
+		recvd += nr
+	}
+	return sent, recvd, nil
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -156,7 +155,7 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 	}
 	pl := &Plan{Nodes: opt.Nodes, Cores: opt.Cores, ChunkElems: chunk, NodeBytes: make([]int64, opt.Nodes), t: t,
 		Manifest: atomic.Manifest{Format: atomic.ManifestFormat, Version: atomic.ManifestVersion,
-			Source: atomic.SourceInfo{Format: t.Format, Path: t.Source, Tag: t.Tag, Degrees: t.Degrees,
+			Source: atomic.SourceInfo{Format: t.Format, Path: t.Source, Tag: t.Tag, Degrees: atomic.Degrees(t.Degrees),
 				DType: t.DType, Args: t.Args, Model: t.Model},
 			Notes: t.Notes}}
 	var tasks []Task
@@ -251,7 +250,7 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 
 // paramEntry is a parameter's manifest entry without its files.
 func paramEntry(p *fragment.Param) atomic.ParamEntry {
-	kind, dims := patterns.Classify(p)
+	kind, dims := fragment.Classify(p)
 	pe := atomic.ParamEntry{Name: p.Name, Shape: append([]int64{}, p.Shape...), DType: "float32", Pattern: kind.String(),
 		SplitDims: dims, Frozen: p.Frozen, Aliases: p.Info.Aliases}
 	if st := p.State(fragment.FP32); p.Frozen && st != nil && len(st.Frags) > 0 && st.Frags[0].Src.T != nil {

@@ -8,12 +8,12 @@ package report
 import (
 	"cmp"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 )
 
@@ -57,11 +57,17 @@ func Write(path string, m Meta, st *mapreduce.Stats) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	// Through a temporary name and a rename: never followed if a link,
+	// never half-written.
+	if err := fsutil.WriteFileAtomic(path, append(b, '\n'), true); err != nil {
 		return err
 	}
-	svg := strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
-	return os.WriteFile(svg, []byte(Timeline(st, m)), 0o644)
+	return fsutil.WriteFileAtomic(SVGPath(path), []byte(Timeline(st, m)), true)
+}
+
+// SVGPath is where Write puts the timeline of the report at path.
+func SVGPath(path string) string {
+	return strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
 }
 
 // Task is one task of the run, for the straggler summary.

@@ -350,64 +350,308 @@ class DeepSpeed(unittest.TestCase):
         self.assertIn("max_exp_avg_sq", str(cm.exception))
 
 
+# ---- Hostile sizes and files (reliability round 3: faults 5, 8 and 10).
+BAD_SIZES = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import ucp
+ck = sys.argv[2]
+calls = {
+    "fsdp world 2**31-1": lambda: ucp.load_fsdp_chunk(ck, rank=5, world=2**31 - 1),
+    "tp 2**30": lambda: ucp.load_state_dict(ck, tp=2**30, tp_rank=3),
+    "tp 2**32+2": lambda: ucp.load_state_dict(ck, tp=2**32 + 2, tp_rank=1),
+    "tp 2**70": lambda: ucp.load_state_dict(ck, tp=2**70, tp_rank=1),
+    "zero dp 2**40": lambda: ucp.load_zero_partition(ck, dp=2**40, dp_rank=1, stage=3, param_order=None),
+    "padded vocab -1": lambda: ucp.load_state_dict(ck, padded_vocab_size=-1),
+    "timeout nan": lambda: ucp.load_state_dict(ck, timeout=float("nan")),
+}
+for what, fn in calls.items():
+    try:
+        fn()
+        print("LOADED", what, flush=True)
+    except ucp.UCPError as e:
+        print("UCPERROR", what, "|", e, flush=True)
+    except BaseException as e:
+        print("OTHER", what, "|", type(e).__name__, e, flush=True)
+"""
+
+
+class Hostile(unittest.TestCase):
+    """Sizes and files an operator or a broken job could pass: the training process sees UCPError only."""
+
+    def test_bad_sizes(self):
+        # Under an address-space limit: ucp must refuse before allocating, not abort the process.
+        import resource
+        lim = 6 << 30
+        r = subprocess.run([sys.executable, "-c", BAD_SIZES, os.path.join(os.path.dirname(ucp.__file__), ".."), DS],
+                           capture_output=True, text=True, timeout=300,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (lim, lim)))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(len(lines), 7, r.stdout + r.stderr)
+        for l in lines:
+            self.assertTrue(l.startswith("UCPERROR"), l)
+        self.assertIn("world=2147483647", lines[0])
+        self.assertIn("tp=4294967298", lines[2])
+
+    def test_abi_sizes(self):
+        L, i64 = ucp._lib.lib(), ctypes.c_int64
+        out = ctypes.c_void_p()
+        for numels, msg in (([10, -5], "numel -5"), ([1 << 62, 1 << 62], "numel"), ([(1 << 49), (1 << 49), 1 << 49], "add up")):
+            arr = (i64 * len(numels))(*numels)
+            with self.assertRaises(ucp.UCPError) as cm:
+                ucp._lib.check(L.ucp_zero_pieces(2, 2, 0, arr, len(numels), ctypes.byref(out)))
+            self.assertIn(msg, str(cm.exception))
+        arr = (i64 * 1)(4)
+        for count, dp, rank in ((-1, 2, 0), (1 << 40, 2, 0), (1, 1 << 40, 0), (1, 2, -1)):
+            with self.assertRaises(ucp.UCPError):
+                ucp._lib.check(L.ucp_zero_pieces(2, dp, rank, arr, count, ctypes.byref(out)))
+        with ucp.open(DS) as ck:
+            name = ck.names[0]
+            for n, rank in ((1 << 32 | 2, 1), (-1, 0), (2, 2), (1 << 40, 3)):
+                with self.assertRaises(ucp.UCPError):
+                    ck._h.shard_shape(name, "fp32", ucp._lib.LAYOUT_CHUNK, n, rank, 0)
+            buf = torch.zeros(4)
+            with self.assertRaises(ucp.UCPError):  # more elements than the shard holds
+                ck._h.read(name, "fp32", 0, 1, 0, 0, 0, 1 << 60, 0, buf.data_ptr(), 16)
+
+    def copy_ds(self, d):
+        import shutil
+        dst = os.path.join(d, "ck")
+        shutil.copytree(DS, dst)
+        return dst
+
+    def state_file(self, ck, name, state="fp32"):
+        import json
+        with open(os.path.join(ck, "ucp.json")) as f:
+            m = json.load(f)
+        p = next(p for p in m["params"] if p["name"] == name)
+        return os.path.join(ck, next(f["path"] for f in p["files"] if f["state"] == state))
+
+    def test_load_into_atomic(self):
+        with tempfile.TemporaryDirectory() as d:
+            ck = self.copy_ds(d)
+            names = [n for n, _ in TinyLM().named_parameters()]
+            path = self.state_file(ck, names[-1])
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) - 64)
+            for stage in (True, False):
+                m = TinyLM()
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p.fill_(7.0)
+                opt = adamw(m.parameters())
+                with self.assertRaises(ucp.UCPError) as cm:
+                    ucp.load_into(m, opt, path=ck, stage=stage)
+                self.assertIn(os.path.basename(os.path.dirname(path)), str(cm.exception))
+                for n, p in m.named_parameters():
+                    self.assertTrue(bool((p == 7.0).all()), f"stage={stage}: {n} was overwritten by a failed load")
+                self.assertEqual(len(opt.state), 0, f"stage={stage}: optimizer state set by a failed load")
+            # An intact checkpoint loads with either.
+            for stage in (True, False):
+                m = TinyLM()
+                ucp.load_into(m, adamw(m.parameters()), path=DS, stage=stage)
+                for n, p in m.named_parameters():
+                    self.assertTrue(bits_equal(p.data, load_truth(DS_TRUTH)["fp32"][n]), n)
+
+    def test_state_link_outside(self):
+        import shutil
+        with tempfile.TemporaryDirectory() as d:
+            ck = self.copy_ds(d)
+            name = TinyLM().named_parameters().__next__()[0]
+            path = self.state_file(ck, name)
+            outside = os.path.join(d, "elsewhere.pt")
+            shutil.copy(path, outside)
+            os.remove(path)
+            os.symlink(outside, path)
+            for verify in (True, False):
+                with ucp.open(ck, verify=verify) as c:
+                    with self.assertRaises(ucp.UCPError) as cm:
+                        ucp.load_state_dict(c, params=[name])
+                    self.assertIn("outside the checkpoint", str(cm.exception))
+
+
 # ---- Several processes loading as one torch.distributed group (gloo).
+TENSOR_COPIES = ("copy_", "cat", "to", "clone", "contiguous", "cpu", "empty_like", "narrow", "view")
+
+
+def tensor_calls(fn):
+    """Runs fn under cProfile; returns the number of calls of each torch.Tensor / torch method that copies or
+    builds tensor data (TENSOR_COPIES) it made."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    counts = {}
+    for (_, _, name), row in pstats.Stats(prof).stats.items():
+        for op in TENSOR_COPIES:
+            if f"'{op}' of" in name or name == f"<built-in method {op}>" or name == f"<built-in method torch.{op}>":
+                counts[op] = counts.get(op, 0) + row[1]
+    return counts
+
+
 def group_worker(rank, world, init):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    W = dist.group.WORLD
     states = ("fp32", "exp_avg", "exp_avg_sq")
     alone = ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=states)
     total = ucp.last_load_stats()["bytes_read"]  # vocabulary padding is not read
-    grouped = ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=states, group=dist.group.WORLD)
-    st = ucp.last_load_stats()
-    for s in states:
-        for n in alone[s]:
-            assert bits_equal(alone[s][n], grouped[s][n]), (rank, s, n)
     sizes = [t.numel() * 4 for s in states for t in alone[s].values()]
-    # The same tensors on every rank: gather a checksum of each.
-    sums = torch.tensor([float(t.double().sum()) for s in states for t in grouped[s].values()], dtype=torch.float64)
-    gathered = [torch.zeros_like(sums) for _ in range(world)]
-    dist.all_gather(gathered, sums)
-    assert all(torch.equal(g, sums) for g in gathered)
-    zalone = ucp.load_zero_partition(DS, dp=3, dp_rank=1, stage=2, param_order=None)
-    zgroup = ucp.load_zero_partition(DS, dp=3, dp_rank=1, stage=2, param_order=None, group=dist.group.WORLD)
-    assert all(bits_equal(zalone[s], zgroup[s]) for s in zalone)
+    transports = ("ucp",) if QUICK else ("torch", "ucp")
+    for transport in transports:
+        grouped = ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=states, group=W, transport=transport)
+        st = ucp.last_load_stats()
+        assert st["transport"] == transport and st["ranks"] == world, st
+        for s in states:
+            for n in alone[s]:
+                assert bits_equal(alone[s][n], grouped[s][n]), (transport, rank, s, n)
+        # The same tensors on every rank: gather a checksum of each.
+        sums = torch.tensor([float(t.double().sum()) for s in states for t in grouped[s].values()], dtype=torch.float64)
+        gathered = [torch.zeros_like(sums) for _ in range(world)]
+        dist.all_gather(gathered, sums)
+        assert all(torch.equal(g, sums) for g in gathered)
+        print(f"RANK {transport} {rank} {st['bytes_read']} {st['bytes_received']} {total} {max(sizes)} {st['bytes_sent']}",
+              flush=True)
+        zalone = ucp.load_zero_partition(DS, dp=3, dp_rank=1, stage=2, param_order=None)
+        zgroup = ucp.load_zero_partition(DS, dp=3, dp_rank=1, stage=2, param_order=None, group=W, transport=transport)
+        assert all(bits_equal(zalone[s], zgroup[s]) for s in zalone), transport
+        falone = ucp.load_fsdp_chunk(DS, rank=1, world=3, states=("fp32", "exp_avg"), dtype=torch.bfloat16)
+        fgroup = ucp.load_fsdp_chunk(DS, rank=1, world=3, states=("fp32", "exp_avg"), dtype=torch.bfloat16, group=W,
+                                     transport=transport)
+        assert all(bits_equal(falone[s][n], fgroup[s][n]) for s in falone for n in falone[s]), transport
+        torch.manual_seed(3)
+        m, ref = TinyLM(), TinyLM()
+        opt = adamw(m.parameters())
+        ucp.load_into(m, opt, path=DS, group=W, transport=transport)
+        ucp.load_into(ref, path=DS)
+        assert all(bits_equal(p.data, q.data) for p, q in zip(m.parameters(), ref.parameters())), transport
+        assert all(torch.equal(opt.state[p]["exp_avg"], DS_TRUTH_T["exp_avg"][n])
+                   for n, p in m.named_parameters()), transport
+    # The Python side of transport="ucp" makes no per-tensor copies: count the tensor-copying calls of a load
+    # of every tensor and of a load of one; only the bootstrap's all_gather_object makes some, the same number
+    # both times (with "torch" the count grows with the tensors).
+    for transport in transports:
+        calls = tensor_calls(lambda: ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=states, group=W,
+                                                         transport=transport))
+        one = tensor_calls(lambda: ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=states[:1], group=W,
+                                                       params=[next(iter(alone["fp32"]))], transport=transport))
+        print(f"COPIES {transport} {rank} {sum(calls.values()) - sum(one.values())} {calls} {one} "
+              f"{sum(len(alone[s]) for s in states)}", flush=True)
     dist.barrier()
-    print(f"RANK {rank} {st['bytes_read']} {st['bytes_received']} {total} {max(sizes)}", flush=True)
     dist.destroy_process_group()
 
 
+def mismatch_worker(rank, world, init):
+    """Ranks asking for different tensors (tp_rank=rank, or params per rank) all raise, naming the ranks."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    W = dist.group.WORLD
+    for transport in ("torch", "ucp"):
+        for kw, arg in ((dict(tp=2, tp_rank=rank % 2), "tp_rank"),
+                        (dict(params=[list(load_truth(MEG_TRUTH)["param_names"])[rank]]), "params")):
+            try:
+                ucp.load_state_dict(MEG, group=W, transport=transport, **kw)
+            except ucp.UCPError as e:
+                msg = str(e)
+                assert "ranks [1" in msg and arg in msg and "differ" in msg, msg
+                print(f"MISMATCH {transport} {arg} {rank} raised", flush=True)
+            else:
+                print(f"MISMATCH {transport} {arg} {rank} loaded", flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def dying_worker(rank, world, init):
+    """The last rank dies (SIGKILL) once the group agreed, as the load starts; the others must raise UCPError
+    within the timeout."""
+    import signal
+    import time
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    if rank == world - 1:
+        ucp._lib.group_load = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+    t = time.monotonic()
+    try:
+        ucp.load_state_dict(MEG, tp=2, tp_rank=1, group=dist.group.WORLD, transport="ucp", timeout=3)
+    except ucp.UCPError as e:
+        print(f"DIED {rank} raised after {time.monotonic() - t:.2f} s: {e}", flush=True)
+        os._exit(0)  # the process group cannot be torn down with a dead peer
+    print(f"DIED {rank} loaded", flush=True)
+    os._exit(1)
+
+
+def spawn(mode, world, timeout=300):
+    with tempfile.TemporaryDirectory() as d:
+        init = "file://" + os.path.join(d, "store")
+        extra = ["--quick"] if QUICK else []
+        procs = [subprocess.Popen([sys.executable, __file__, MEG, MEG_TRUTH, DS, DS_TRUTH, mode, str(r), str(world),
+                                   init] + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for r in range(world)]
+        outs = [p.communicate(timeout=timeout)[0].decode() for p in procs]
+    return procs, outs
+
+
 class Group(unittest.TestCase):
-    """2 and 4 processes loading as one group: identical tensors, each reading about 1/N of the bytes."""
+    """2 and 4 processes loading as one group, through torch.distributed and through ucp's own ring: tensors
+    bit-identical to a plain load, each rank reading at most 1/N of the bytes plus one tensor."""
 
     def run_group(self, world):
-        with tempfile.TemporaryDirectory() as d:
-            init = "file://" + os.path.join(d, "store")
-            procs = [subprocess.Popen([sys.executable, __file__, MEG, MEG_TRUTH, DS, DS_TRUTH, "--worker",
-                                       str(r), str(world), init], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                     for r in range(world)]
-            outs = [p.communicate(timeout=300)[0].decode() for p in procs]
+        procs, outs = spawn("--worker", world)
         for p, o in zip(procs, outs):
             self.assertEqual(p.returncode, 0, o)
-        rows = [next(l for l in o.splitlines() if l.startswith("RANK")).split()[1:] for o in outs]
-        read = [int(r[1]) for r in rows]
-        recv = [int(r[2]) for r in rows]
-        total, biggest = int(rows[0][3]), int(rows[0][4])
-        self.assertEqual(sum(read), total)
-        for k in range(world):
-            self.assertLessEqual(read[k], total / world + biggest, f"rank {k} read {read[k]} of {total}")
-            self.assertGreater(read[k], 0)
-            self.assertGreaterEqual(read[k] + recv[k], total)  # received includes padding rows
-        return read, total
+        res = {}
+        for transport in (("ucp",) if QUICK else ("torch", "ucp")):
+            rows = [next(l for l in o.splitlines() if l.startswith(f"RANK {transport} ")).split()[2:] for o in outs]
+            read = [int(r[1]) for r in rows]
+            recv = [int(r[2]) for r in rows]
+            sent = [int(r[5]) for r in rows]
+            total, biggest = int(rows[0][3]), int(rows[0][4])
+            self.assertEqual(sum(read), total, transport)
+            for k in range(world):
+                self.assertLessEqual(read[k], total / world + biggest, f"{transport}: rank {k} read {read[k]} of {total}")
+                self.assertGreater(read[k], 0)
+                self.assertGreaterEqual(read[k] + recv[k], total)  # received includes padding rows
+            if transport == "ucp":  # a ring: what one sends the next receives (broadcasts count once)
+                self.assertEqual(sum(sent), sum(recv), transport)
+            copies = [int(next(l for l in o.splitlines() if l.startswith(f"COPIES {transport} ")).split()[3])
+                      for o in outs]
+            if transport == "ucp":
+                self.assertEqual(copies, [0] * world, "transport='ucp' copied tensors in Python")
+            else:
+                self.assertTrue(all(c > 0 for c in copies), copies)  # the count sees torch's copies
+            res[transport] = read, total
+        return res
 
-    @unittest.skipIf(QUICK, "multi-process run only under Debian's torch")
     def test_two(self):
-        read, total = self.run_group(2)
-        print(f"\n2 ranks: bytes read {read} of {total}", file=sys.stderr)
+        res = self.run_group(2)
+        print(f"\n2 ranks: bytes read {res}", file=sys.stderr)
+
+    @unittest.skipIf(QUICK, "4 processes only under Debian's torch")
+    def test_four(self):
+        res = self.run_group(4)
+        print(f"\n4 ranks: bytes read {res}", file=sys.stderr)
 
     @unittest.skipIf(QUICK, "multi-process run only under Debian's torch")
-    def test_four(self):
-        read, total = self.run_group(4)
-        print(f"\n4 ranks: bytes read {read} of {total}", file=sys.stderr)
+    def test_mismatch(self):
+        procs, outs = spawn("--mismatch", 2)
+        for p, o in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, o)
+            for transport in ("torch", "ucp"):
+                for arg in ("tp_rank", "params"):
+                    self.assertIn(f"MISMATCH {transport} {arg}", o)
+                    self.assertNotIn(f"MISMATCH {transport} {arg} loaded", o, o)
+
+    def test_dead_rank(self):
+        procs, outs = spawn("--dying", 3, timeout=60)
+        for k in range(2):
+            line = next((l for l in outs[k].splitlines() if l.startswith("DIED")), "")
+            self.assertIn("raised after", line, outs[k])
+            self.assertLess(float(line.split("after ")[1].split()[0]), 3 + 3, line)
+            self.assertEqual(procs[k].returncode, 0, outs[k])
+        self.assertNotEqual(procs[2].returncode, 0)
 
 
 @unittest.skipIf(FROZEN is None, "needs --frozen ATOMIC TRUTH")
@@ -455,10 +699,12 @@ class TestKeptDTypes(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if "--worker" in sys.argv:
-        i = sys.argv.index("--worker")
-        group_worker(int(sys.argv[i + 1]), int(sys.argv[i + 2]), sys.argv[i + 3])
-        sys.exit(0)
+    for mode, fn in (("--worker", group_worker), ("--mismatch", mismatch_worker), ("--dying", dying_worker)):
+        if mode in sys.argv:
+            i = sys.argv.index(mode)
+            DS_TRUTH_T = load_truth(DS_TRUTH)
+            fn(int(sys.argv[i + 1]), int(sys.argv[i + 2]), sys.argv[i + 3])
+            sys.exit(0)
     if MEG is None:
         sys.exit(__doc__)
     torch.set_num_threads(1)

@@ -33,11 +33,15 @@ def lib():
         "ucp_open": (err, [cstr, c_int, P(h)]),
         "ucp_close": (err, [h]),
         "ucp_info": (err, [h, P(ctypes.c_void_p)]),
-        "ucp_shard": (err, [h, cstr, cstr, c_int, c_int, c_int, i64, P(i64), P(c_int)]),
-        "ucp_read": (err, [h, cstr, cstr, c_int, c_int, c_int, i64, i64, i64, c_int, ctypes.c_void_p, i64, P(i64)]),
+        "ucp_shard": (err, [h, cstr, cstr, i64, i64, i64, i64, P(i64), P(c_int)]),
+        "ucp_read": (err, [h, cstr, cstr, i64, i64, i64, i64, i64, i64, c_int, ctypes.c_void_p, i64, P(i64)]),
         "ucp_step": (err, [h, cstr, P(c_int), P(ctypes.c_double)]),
-        "ucp_zero_pieces": (err, [c_int, c_int, c_int, P(i64), c_int, P(ctypes.c_void_p)]),
-        "ucp_balance": (err, [P(i64), c_int, c_int, P(c_int)]),
+        "ucp_zero_pieces": (err, [i64, i64, i64, P(i64), i64, P(ctypes.c_void_p)]),
+        "ucp_balance": (err, [P(i64), i64, i64, P(i64)]),
+        "ucp_verify_state": (err, [h, cstr, cstr]),
+        "ucp_listen": (err, [cstr, P(h), P(ctypes.c_void_p)]),
+        "ucp_listener_close": (err, [h]),
+        "ucp_group_load": (err, [h, h, cstr, P(ctypes.c_uint64), P(i64), i64, P(ctypes.c_void_p)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(L, name)
@@ -96,6 +100,10 @@ class Handle:
                              dtype_code, ctypes.c_void_p(ptr), nbytes, ctypes.byref(got)))
         return got.value
 
+    def verify_state(self, param, state):
+        """Checks the size and CRC-32 of a state's file against the manifest."""
+        check(lib().ucp_verify_state(self.h, enc(param), enc(state)))
+
     def step(self, param):
         kind, value = ctypes.c_int(), ctypes.c_double()
         check(lib().ucp_step(self.h, enc(param), ctypes.byref(kind), ctypes.byref(value)))
@@ -112,6 +120,29 @@ def zero_pieces(stage, dp, rank, numels):
 
 def balance(weights, n):
     w = (ctypes.c_int64 * max(len(weights), 1))(*weights)
-    o = (ctypes.c_int * max(len(weights), 1))()
+    o = (ctypes.c_int64 * max(len(weights), 1))()
     check(lib().ucp_balance(w, len(weights), n, o))
     return [o[i] for i in range(len(weights))]
+
+
+def listen(host):
+    """Opens this rank's ring listener; returns (handle, "host:port")."""
+    h, addr = ctypes.c_size_t(0), ctypes.c_void_p()
+    check(lib().ucp_listen(enc(host), ctypes.byref(h), ctypes.byref(addr)))
+    return h.value, take_string(addr.value)
+
+
+def listener_close(h):
+    check(lib().ucp_listener_close(h))
+
+
+def group_load(handle, listener, spec, ptrs, sizes):
+    """Runs a group load in libucp (it takes the listener over). Returns (stats dict or None, UCPError or
+    None): the stats come back after a failure too."""
+    n = len(ptrs)
+    p = (ctypes.c_uint64 * max(n, 1))(*ptrs)
+    z = (ctypes.c_int64 * max(n, 1))(*sizes)
+    out = ctypes.c_void_p()
+    msg = take_string(lib().ucp_group_load(handle.h, listener, enc(spec), p, z, n, ctypes.byref(out)))
+    st = take_string(out.value)
+    return (json.loads(st) if st else None), (UCPError(msg) if msg is not None else None)

@@ -18,7 +18,6 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -395,7 +394,7 @@ func chunkKey(k *outKey, shards int) {
 		return
 	}
 	var at int64
-	for i, n := range patterns.ChunkSizes(k.size[0], shards) {
+	for i, n := range fragment.ChunkSizes(k.size[0], shards) {
 		if n > 0 {
 			off := make([]int64, len(k.size))
 			off[0] = at

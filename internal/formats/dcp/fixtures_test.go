@@ -13,7 +13,6 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -331,7 +330,7 @@ func TestFixturePatterns(t *testing.T) {
 						continue
 					}
 					one := &fragment.Param{Name: p.Name, Shape: p.Shape, Info: p.Info, States: []*fragment.State{p.State(w[1])}}
-					kind, _ := patterns.Classify(one)
+					kind, _ := fragment.Classify(one)
 					got = kind.String()
 				} else {
 					got = tensorPattern(t, ck, key)
@@ -352,7 +351,7 @@ func tensorPattern(t *testing.T, ck *Checkpoint, key string) string {
 			a := &assembly{c: ck}
 			p := &fragment.Param{Name: key, Shape: tt.Size, Info: fragment.Info{Replicas: a.replicas(tt)},
 				States: []*fragment.State{a.state(fragment.FP32, tt)}}
-			kind, _ := patterns.Classify(p)
+			kind, _ := fragment.Classify(p)
 			return kind.String()
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -34,13 +33,13 @@ func TestMegatronPatterns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]patterns.Kind{
-		"language_model.embedding.word_embeddings.weight":                       patterns.ShardV,
-		"language_model.embedding.position_embeddings.weight":                   patterns.Replicate,
-		"language_model.encoder.layers.0.self_attention.query_key_value.weight": patterns.ShardNC,
-		"language_model.encoder.layers.0.self_attention.dense.weight":           patterns.ShardH,
-		"language_model.encoder.layers.0.mlp.dense_h_to_4h.weight":              patterns.ShardNC,
-		"language_model.encoder.layers.0.input_layernorm.weight":                patterns.Replicate,
+	want := map[string]fragment.Kind{
+		"language_model.embedding.word_embeddings.weight":                       fragment.ShardV,
+		"language_model.embedding.position_embeddings.weight":                   fragment.Replicate,
+		"language_model.encoder.layers.0.self_attention.query_key_value.weight": fragment.ShardNC,
+		"language_model.encoder.layers.0.self_attention.dense.weight":           fragment.ShardH,
+		"language_model.encoder.layers.0.mlp.dense_h_to_4h.weight":              fragment.ShardNC,
+		"language_model.encoder.layers.0.input_layernorm.weight":                fragment.Replicate,
 	}
 	for name, k := range want {
 		p := tbl.Param(name)
@@ -48,7 +47,7 @@ func TestMegatronPatterns(t *testing.T) {
 			t.Errorf("%s missing", name)
 			continue
 		}
-		if got, _ := patterns.Classify(p); got != k {
+		if got, _ := fragment.Classify(p); got != k {
 			t.Errorf("%s: %v, want %v", name, got, k)
 		}
 	}
@@ -56,7 +55,7 @@ func TestMegatronPatterns(t *testing.T) {
 		t.Errorf("degrees %+v", tbl.Degrees)
 	}
 	emb := tbl.Param("language_model.embedding.word_embeddings.weight")
-	if emb.Info.VocabSize != 43 || emb.Shape[0] != 43 || patterns.PaddingElems(emb.States[0]) == 0 {
+	if emb.Info.VocabSize != 43 || emb.Shape[0] != 43 || fragment.PaddingElems(emb.States[0]) == 0 {
 		t.Errorf("vocabulary: %+v shape %v", emb.Info, emb.Shape)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"sort"
 
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -607,7 +606,7 @@ func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optim
 		if hp+n > src.Numel() {
 			return fmt.Errorf("%s: %s of %s needs elements [%d,%d) of a partition of %d", o.path, k, p.Name, hp, hp+n, src.Numel())
 		}
-		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(o.path, src, 0), hp, n, t, lp))
+		st.Frags = append(st.Frags, fragment.Extract(fragment.Ref(o.path, src, 0), hp, n, t, lp))
 	}
 	if p.Step == nil {
 		if sv, ok := gr.state.AsDict().Get(fragment.StepState); ok {
@@ -719,7 +718,7 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, paths []str
 	var pl *Placement
 	var err error
 	if buffer && b.T > 1 {
-		pl = &Placement{Pattern: patterns.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
+		pl = &Placement{Pattern: fragment.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
 	} else if pl, err = b.rules.Classify(name, shapes); err != nil {
 		return err
 	}
@@ -735,7 +734,7 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, paths []str
 		if tt.Numel() != torchfile.Numel(shards[t].Shape) {
 			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", paths[t], name, tt.Numel(), torchfile.Numel(shards[t].Shape))
 		}
-		st.Frags = append(st.Frags, patterns.Extract(fragment.Ref(paths[t], tt, 0), 0, tt.Numel(), t, 0))
+		st.Frags = append(st.Frags, fragment.Extract(fragment.Ref(paths[t], tt, 0), 0, tt.Numel(), t, 0))
 	}
 	b.table.Params = append(b.table.Params, p)
 	return nil

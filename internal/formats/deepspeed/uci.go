@@ -6,7 +6,6 @@ import (
 	"sort"
 
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -175,7 +174,7 @@ func (r *Rules) Unmatched() []string {
 
 // Placement is how one parameter's TP shards rebuild it.
 type Placement struct {
-	Pattern patterns.Pattern
+	Pattern fragment.Pattern
 	Full    []int64 // full shape (before vocabulary stripping)
 	Info    fragment.Info
 	Average bool
@@ -184,7 +183,7 @@ type Placement struct {
 // Shards builds the T shards of the parameter and its atomic shape, with
 // vocabulary padding stripped.
 func (pl *Placement) Shards(name string, T int) ([]fragment.Shard, []int64, error) {
-	shards, err := patterns.Shards(pl.Pattern, pl.Full, T)
+	shards, err := fragment.Shards(pl.Pattern, pl.Full, T)
 	if err != nil {
 		return nil, nil, fmt.Errorf("parameter %s: %w", name, err)
 	}
@@ -192,7 +191,7 @@ func (pl *Placement) Shards(name string, T int) ([]fragment.Shard, []int64, erro
 	if pl.Info.VocabSize > 0 {
 		shape[0] = pl.Info.VocabSize
 		for t := range shards {
-			shards[t] = patterns.StripPad(shards[t], pl.Full, 0, pl.Info.VocabSize)
+			shards[t] = fragment.StripPad(shards[t], pl.Full, 0, pl.Info.VocabSize)
 		}
 	}
 	return shards, shape, nil
@@ -219,7 +218,7 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 	}
 	r.split = r.split || T > 1
 	if T == 1 {
-		pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Whole{}, clone(shapes[0]), 0
+		pl.Pattern, pl.Full, pl.Info.CatDim = fragment.Whole{}, clone(shapes[0]), 0
 	} else if !r.present {
 		// Without universal_checkpoint_info only the shapes speak: shards
 		// that differ in exactly one dim can only be its concatenation;
@@ -239,14 +238,14 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 		if !sameShapes {
 			return nil, fmt.Errorf("parameter %s is marked TP-replicated but its shards have shapes %v", name, shapes)
 		}
-		pl.Pattern, pl.Full = patterns.Replicated{}, clone(shapes[0])
+		pl.Pattern, pl.Full = fragment.Replicated{}, clone(shapes[0])
 	} else if p, err := r.match(r.average, name); err != nil {
 		return nil, err
 	} else if p != nil {
 		if !sameShapes {
 			return nil, fmt.Errorf("parameter %s is marked averaged but its shards have shapes %v", name, shapes)
 		}
-		pl.Pattern, pl.Full, pl.Average = patterns.Averaged{}, clone(shapes[0]), true
+		pl.Pattern, pl.Full, pl.Average = fragment.Averaged{}, clone(shapes[0]), true
 	} else if p, err := r.match(r.twoSubParams, name); err != nil {
 		return nil, err
 	} else if p != nil {
@@ -261,7 +260,7 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 			w[0][t], w[1][t] = (s[0]+1)/2, s[0]/2
 			full[0] += s[0]
 		}
-		pl.Pattern, pl.Full = patterns.SubParams{Dim: 0, Widths: w}, full
+		pl.Pattern, pl.Full = fragment.SubParams{Dim: 0, Widths: w}, full
 		pl.Info.CatDim, pl.Info.NSubParams = 0, 2
 	} else if sp := r.matchSubParams(name); sp != nil {
 		if err := r.subParamPlacement(name, sp, shapes, pl); err != nil {
@@ -336,7 +335,7 @@ func concatPlacement(name string, dim int, shapes [][]int64, pl *Placement) erro
 		sizes[t] = s[dim]
 		full[dim] += s[dim]
 	}
-	pl.Pattern, pl.Full, pl.Info.CatDim = patterns.Split{Dim: dim, Sizes: sizes}, full, dim
+	pl.Pattern, pl.Full, pl.Info.CatDim = fragment.Split{Dim: dim, Sizes: sizes}, full, dim
 	return nil
 }
 
@@ -471,7 +470,7 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 			return fmt.Errorf("parameter %s: rank %d holds shape %v, but its sub-parameter widths need %v", name, t, s, want)
 		}
 	}
-	pl.Pattern, pl.Full = patterns.SubParams{Dim: sp.partDim, Widths: widths}, logical
+	pl.Pattern, pl.Full = fragment.SubParams{Dim: sp.partDim, Widths: widths}, logical
 	pl.Info.CatDim, pl.Info.SubParamWidths = sp.partDim, sizes
 	pl.Info.SubParamShape = subparamShapeObject(sp, sizes)
 	return nil

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/patterns"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -18,15 +18,15 @@ func TestClassifyWithoutInfo(t *testing.T) {
 	}
 	tests := []struct {
 		shapes  [][]int64
-		kind    patterns.Kind
+		kind    fragment.Kind
 		full    []int64
 		wantErr string
 	}{
-		{[][]int64{{3, 4}, {2, 4}}, patterns.ShardV, []int64{5, 4}, ""},
-		{[][]int64{{4, 3}, {4, 3}, {4, 1}}, patterns.ShardH, []int64{4, 7}, ""},
+		{[][]int64{{3, 4}, {2, 4}}, fragment.ShardV, []int64{5, 4}, ""},
+		{[][]int64{{4, 3}, {4, 3}, {4, 1}}, fragment.ShardH, []int64{4, 7}, ""},
 		{[][]int64{{4, 3}, {4, 3}}, 0, nil, "cannot tell whether it is replicated or split"},
 		{[][]int64{{4, 3}, {5, 2}}, 0, nil, "cannot tell"},
-		{[][]int64{{7}}, patterns.Unique, []int64{7}, ""},
+		{[][]int64{{7}}, fragment.Unique, []int64{7}, ""},
 	}
 	for i, tc := range tests {
 		pl, err := r.Classify("w", tc.shapes)

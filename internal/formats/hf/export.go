@@ -10,6 +10,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
@@ -26,8 +27,9 @@ type Options struct {
 	DType dtype.DType
 	// MaxShard is the largest file in tensor bytes (0: DefaultMaxShard).
 	MaxShard int64
-	// Arch maps names to a transformers model class ("" keeps the atomic
-	// names; "llama": LlamaForCausalLM, with config.json).
+	// Arch maps names to a transformers model class with config.json:
+	// "auto" the manifest's family, or a family name (internal/family);
+	// "" or "none" keeps the atomic names.
 	Arch string
 	// Params, when set, selects the parameters (atomic names) to export.
 	Params *regexp.Regexp
@@ -66,6 +68,9 @@ type Tensor struct {
 	DType  dtype.DType
 	Shape  []int64
 	Pieces []Piece
+	// AddOne adds 1 to every element in float32 before the cast (norm
+	// weights of Megatron's apply_layernorm_1p).
+	AddOne bool
 }
 
 // NBytes is the tensor's size in the output.
@@ -103,23 +108,30 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt Options) (*St
 	if st.DType != dtype.Float32 && st.DType != dtype.BFloat16 && st.DType != dtype.Float16 {
 		return nil, fmt.Errorf("cannot export %v weights: use float32, bfloat16 or float16", st.DType)
 	}
-	arch, err := archOf(opt.Arch)
-	if err != nil {
-		return nil, err
+	var model *family.Config
+	if opt.Arch != "" && opt.Arch != ArchNone {
+		var err error
+		if model, err = ModelConfig(r, opt.Arch); err != nil {
+			return nil, err
+		}
 	}
 	dst = filepath.Clean(dst)
 	if _, err := os.Stat(dst); err == nil && !opt.Force {
 		return nil, fmt.Errorf("%s already exists (use --force to replace it)", dst)
 	}
-	tensors, err := plainTensors(r, opt.Params, st.DType)
+	var tensors []*Tensor
+	var config []byte
+	var err error
+	if model != nil {
+		// The family resolves every parameter; --params then filters.
+		if tensors, err = plainTensors(r, nil, st.DType); err == nil {
+			tensors, config, err = mapFamily(r, model, tensors, opt.Params, st.DType)
+		}
+	} else {
+		tensors, err = plainTensors(r, opt.Params, st.DType)
+	}
 	if err != nil {
 		return nil, err
-	}
-	var config []byte
-	if arch != nil {
-		if tensors, config, err = arch.Map(r, tensors, st.DType); err != nil {
-			return nil, err
-		}
 	}
 	if len(tensors) == 0 {
 		return nil, fmt.Errorf("%s: no parameter to export (--params matches none?)", r.Dir)

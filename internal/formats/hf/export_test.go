@@ -176,8 +176,9 @@ func TestExportErrors(t *testing.T) {
 		opt  Options
 		want string
 	}{
-		{"unknown arch", r, "a", Options{Arch: "gpt5"}, `unknown --arch "gpt5" (known: llama)`},
-		{"unmapped names", legacy, "b", Options{Arch: "llama"}, "not a Llama model"},
+		{"unknown arch", r, "a", Options{Arch: "gpt5"}, `unknown model family "gpt5" (known: llama, mistral, qwen2, qwen3)`},
+		{"not a family", legacy, "b", Options{Arch: "llama"}, "args.normalization is LayerNorm: the families llama, mistral, qwen2, qwen3 use RMSNorm; name one with --arch"},
+		{"auto not a family", legacy, "b2", Options{Arch: ArchAuto}, "none of the known families"},
 		{"shard below every tensor", r, "c", Options{MaxShard: 10}, "below every tensor"},
 		{"existing dst", r, "existing", Options{}, "already exists (use --force"},
 		{"int dtype", r, "d", Options{DType: dtype.Int8}, "cannot export int8"},

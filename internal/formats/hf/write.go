@@ -201,7 +201,7 @@ func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs
 				return err
 			}
 			m := min(p.Len-done, chunk)
-			out, err := b.cast(st, p.Start+done, m, t.DType)
+			out, err := b.cast(st, p.Start+done, m, t.DType, t.AddOne)
 			if err != nil {
 				st.Close()
 				return fmt.Errorf("%s: %w", t.Name, err)
@@ -224,20 +224,27 @@ func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs
 
 // cast reads elements [start, start+m) of st and returns them as dt: the
 // bytes read when st has that dtype, else converted through float32.
-func (b *tensorBufs) cast(st *ucpatomic.State, start, m int64, dt dtype.DType) ([]byte, error) {
+func (b *tensorBufs) cast(st *ucpatomic.State, start, m int64, dt dtype.DType, addOne bool) ([]byte, error) {
 	raw := b.in[:int64(st.DType.Size())*m]
 	if err := st.ReadRange(start, m, raw); err != nil {
 		return nil, err
 	}
-	if st.DType == dt {
+	if st.DType == dt && !addOne {
 		return raw, nil
 	}
 	f32 := raw
-	if st.DType != dtype.Float32 {
+	if st.DType != dtype.Float32 || addOne {
 		b.f32 = growBuf(b.f32, 4*m)
-		f32 = b.f32
-		if err := dtype.ToFloat32(f32, raw, st.DType); err != nil {
+		f32 = b.f32[:4*m]
+		if st.DType == dtype.Float32 {
+			copy(f32, raw)
+		} else if err := dtype.ToFloat32(f32, raw, st.DType); err != nil {
 			return nil, err
+		}
+	}
+	if addOne {
+		for k := 0; k < len(f32); k += 4 {
+			binary.LittleEndian.PutUint32(f32[k:], math.Float32bits(math.Float32frombits(binary.LittleEndian.Uint32(f32[k:]))+1))
 		}
 	}
 	out := b.out[:int64(dt.Size())*m]

@@ -12,7 +12,6 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -476,16 +475,16 @@ func layerPlace(rest string, order []string) ([3]int, bool) {
 // it lies in the atomic tensor), as Megatron's layers split it.
 func (r *distReader) tpShard(p *distParam, tp int) (fragment.Shard, error) {
 	full := p.shape
-	var pat patterns.Pattern
+	var pat fragment.Pattern
 	switch p.k {
 	case kindRep:
 		return fragment.Shard{Shape: clone(full), Replica: tp}, nil
 	case kindVocab, kindQKV, kindCol:
-		pat = patterns.Split{Dim: 0}
+		pat = fragment.Split{Dim: 0}
 	case kindRow:
-		pat = patterns.Split{Dim: 1}
+		pat = fragment.Split{Dim: 1}
 	case kindSwiGLU:
-		sp, err := patterns.EqualSubParams(0, 2, full[0], r.tp)
+		sp, err := fragment.EqualSubParams(0, 2, full[0], r.tp)
 		if err != nil {
 			return fragment.Shard{}, fmt.Errorf("%s: %s: %w", r.dir, p.name, err)
 		}
@@ -498,7 +497,7 @@ func (r *distReader) tpShard(p *distParam, tp int) (fragment.Shard, error) {
 		return fragment.Shard{}, fmt.Errorf("%s: %s: %w", r.dir, p.name, err)
 	}
 	if p.k == kindVocab && r.vocab > 0 && r.vocab < full[0] {
-		sh = patterns.StripPad(sh, full, 0, r.vocab)
+		sh = fragment.StripPad(sh, full, 0, r.vocab)
 		if len(sh.Maps) == 0 {
 			to, size := make([]int64, len(full)), clone(full)
 			to[0], size[0] = r.vocab, 0

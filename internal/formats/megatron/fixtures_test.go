@@ -11,7 +11,6 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -86,7 +85,7 @@ func checkPatterns(t *testing.T, tbl *fragment.Table, tr *testkit.Truth) {
 			continue
 		}
 		wv, _ := pd.Get(name)
-		k, _ := patterns.Classify(p)
+		k, _ := fragment.Classify(p)
 		if k.String() != wv {
 			t.Errorf("%s: pattern %v, truth %v", name, k, wv)
 		}

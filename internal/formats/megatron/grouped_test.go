@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -112,7 +111,7 @@ func TestGroupedShards(t *testing.T) {
 			if err := st.Validate(full); err != nil {
 				t.Fatal(err)
 			}
-			if k, _ := patterns.Classify(p); k != patterns.ShardNC {
+			if k, _ := fragment.Classify(p); k != fragment.ShardNC {
 				t.Errorf("pattern %v, want Shard-NC", k)
 			}
 		})
@@ -138,7 +137,7 @@ func TestGroupedShardsTP1(t *testing.T) {
 	p := &fragment.Param{Shape: full}
 	st := p.AddState(fragment.FP32)
 	st.Shards = shards
-	if k, dims := patterns.Classify(p); k != patterns.ShardV || !reflect.DeepEqual(dims, []int{0}) {
+	if k, dims := fragment.Classify(p); k != fragment.ShardV || !reflect.DeepEqual(dims, []int{0}) {
 		t.Errorf("pattern %v %v, want Shard-V [0]", k, dims)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/patterns"
 )
 
 // placement is how the TP shards of one parameter rebuild it.
@@ -37,12 +36,12 @@ func (b *builder) placement(k kind, first source, T int) (*placement, error) {
 	full := clone(local)
 	full[dim] *= int64(T)
 	pl := &placement{shape: clone(full), info: fragment.Info{CatDim: dim}}
-	var pat patterns.Pattern = patterns.Split{Dim: dim}
+	var pat fragment.Pattern = fragment.Split{Dim: dim}
 	if k == kindSwiGLU {
 		if local[0]%2 != 0 {
 			return nil, fmt.Errorf("%s has %d rows, which cannot hold the gated halves [W; V] of SwiGLU", where, local[0])
 		}
-		sp, err := patterns.EqualSubParams(0, 2, full[0], T)
+		sp, err := fragment.EqualSubParams(0, 2, full[0], T)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
@@ -52,7 +51,7 @@ func (b *builder) placement(k kind, first source, T int) (*placement, error) {
 	if T == 1 {
 		pl.shards = []fragment.Shard{{Shape: clone(local)}}
 	} else {
-		shards, err := patterns.Shards(pat, full, T)
+		shards, err := fragment.Shards(pat, full, T)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
@@ -69,7 +68,7 @@ func (b *builder) placement(k kind, first source, T int) (*placement, error) {
 		if V < full[0] {
 			pl.shape[0] = V
 			for r := range pl.shards {
-				sh := patterns.StripPad(pl.shards[r], full, 0, V)
+				sh := fragment.StripPad(pl.shards[r], full, 0, V)
 				if len(sh.Maps) == 0 {
 					// All rows of this rank are padding: a box of no rows at
 					// the end of the vocabulary keeps its place along dim 0
@@ -140,7 +139,7 @@ func (b *builder) groupedPlacement(k kind, first source, T int) (*placement, err
 //
 // weight2: rank (e, r) holds, for each local expert j, rows [F/T) of the
 // full rows of global expert e*nle+j at offset r*F/T: nle equal
-// sub-parameters of the EP rank's nle*F rows (patterns.SubParams), moved
+// sub-parameters of the EP rank's nle*F rows (fragment.SubParams), moved
 // down by e*nle*F rows.
 //
 // weight1: the flat elements of EP rank e are the contiguous block
@@ -150,7 +149,7 @@ func (b *builder) groupedPlacement(k kind, first source, T int) (*placement, err
 // (line = one (expert, hidden) pair; lines keep their slot i < E within a
 // row because EP divides H): local column block i*X + g*F/T + [0, F/T) is
 // full column block i*G*F + g*F + r*F/T + [0, F/T). That is E*G equal
-// sub-parameters along dim 1, each split over T (patterns.SubParams), moved
+// sub-parameters along dim 1, each split over T (fragment.SubParams), moved
 // down by e*H/EP rows. The shard's shape [H/EP, E*X] is a reshape of the
 // stored [H, nle*X]: fragments are flat, row-major runs.
 func groupedShards(weight1 bool, local []int64, H, E int64, EP, T int, G int64) ([]int64, []fragment.Shard, error) {
@@ -184,9 +183,9 @@ func groupedShards(weight1 bool, local []int64, H, E int64, EP, T int, G int64) 
 		slice = []int64{nle * w * t, H}
 		subs, rowStep, dim = nle, nle*w*t, 0
 	}
-	var pat patterns.Pattern = patterns.Split{Dim: 0} // one EP rank's rows, whole
+	var pat fragment.Pattern = fragment.Split{Dim: 0} // one EP rank's rows, whole
 	if T > 1 {
-		sp, err := patterns.EqualSubParams(dim, int(subs), slice[dim], T)
+		sp, err := fragment.EqualSubParams(dim, int(subs), slice[dim], T)
 		if err != nil {
 			return nil, nil, err
 		}

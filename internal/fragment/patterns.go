@@ -1,5 +1,5 @@
-// Package patterns names how a parameter is sharded across model-parallel
-// ranks (the Universal Checkpointing patterns) and builds the placements
+// Patterns (Kind, Pattern) name how a parameter is sharded across model-parallel
+// ranks (the Universal Checkpointing patterns) and build the placements
 // that rebuild the full tensor from the shards: Extract cuts a parameter's
 // elements out of a flat partition, the pattern types Union shards along
 // the right dims, and StripPad drops padding by leaving it unplaced.
@@ -7,12 +7,12 @@
 // A pattern is derived from placements (Classify), except Partial, which
 // the geometry cannot show: its copies were updated independently and are
 // averaged, so the source format must say so.
-package patterns
+
+package fragment
 
 import (
 	"fmt"
 
-	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -41,7 +41,7 @@ func (k Kind) String() string {
 // Pattern builds the shard that rank r of T holds of a full tensor.
 type Pattern interface {
 	Kind() Kind
-	Shard(full []int64, r, T int) (fragment.Shard, error)
+	Shard(full []int64, r, T int) (Shard, error)
 }
 
 // Whole is held by a single rank (T must be 1).
@@ -49,11 +49,11 @@ type Whole struct{}
 
 func (Whole) Kind() Kind { return Unique }
 
-func (Whole) Shard(full []int64, r, T int) (fragment.Shard, error) {
+func (Whole) Shard(full []int64, r, T int) (Shard, error) {
 	if T != 1 {
-		return fragment.Shard{}, fmt.Errorf("a unique tensor cannot be held by %d ranks", T)
+		return Shard{}, fmt.Errorf("a unique tensor cannot be held by %d ranks", T)
 	}
-	return fragment.Shard{Shape: clone(full)}, nil
+	return Shard{Shape: clone(full)}, nil
 }
 
 // Replicated copies are identical; rank 0's is placed, the others are replicas.
@@ -61,8 +61,8 @@ type Replicated struct{}
 
 func (Replicated) Kind() Kind { return Replicate }
 
-func (Replicated) Shard(full []int64, r, T int) (fragment.Shard, error) {
-	return fragment.Shard{Shape: clone(full), Replica: r, Label: fmt.Sprintf("tp%d", r)}, nil
+func (Replicated) Shard(full []int64, r, T int) (Shard, error) {
+	return Shard{Shape: clone(full), Replica: r, Label: fmt.Sprintf("tp%d", r)}, nil
 }
 
 // Averaged copies were updated independently; all are read and averaged.
@@ -71,8 +71,8 @@ type Averaged struct{}
 
 func (Averaged) Kind() Kind { return Partial }
 
-func (Averaged) Shard(full []int64, r, T int) (fragment.Shard, error) {
-	return fragment.Shard{Shape: clone(full), Replica: r, Label: fmt.Sprintf("tp%d", r)}, nil
+func (Averaged) Shard(full []int64, r, T int) (Shard, error) {
+	return Shard{Shape: clone(full), Replica: r, Label: fmt.Sprintf("tp%d", r)}, nil
 }
 
 // Split cuts dim Dim into consecutive pieces, one per rank: Shard-V on dim
@@ -90,19 +90,19 @@ func (s Split) Kind() Kind {
 	return ShardH
 }
 
-func (s Split) Shard(full []int64, r, T int) (fragment.Shard, error) {
+func (s Split) Shard(full []int64, r, T int) (Shard, error) {
 	if s.Dim < 0 || s.Dim >= len(full) {
-		return fragment.Shard{}, fmt.Errorf("split dim %d of a %d-dim tensor", s.Dim, len(full))
+		return Shard{}, fmt.Errorf("split dim %d of a %d-dim tensor", s.Dim, len(full))
 	}
 	sizes := s.Sizes
 	if sizes == nil {
 		var err error
 		if sizes, err = EvenSizes(full[s.Dim], T); err != nil {
-			return fragment.Shard{}, fmt.Errorf("dim %d: %w", s.Dim, err)
+			return Shard{}, fmt.Errorf("dim %d: %w", s.Dim, err)
 		}
 	}
 	if len(sizes) != T {
-		return fragment.Shard{}, fmt.Errorf("%d split sizes for %d ranks", len(sizes), T)
+		return Shard{}, fmt.Errorf("%d split sizes for %d ranks", len(sizes), T)
 	}
 	var off, sum int64
 	for i, n := range sizes {
@@ -112,14 +112,14 @@ func (s Split) Shard(full []int64, r, T int) (fragment.Shard, error) {
 		sum += n
 	}
 	if sum != full[s.Dim] {
-		return fragment.Shard{}, fmt.Errorf("split sizes %v add up to %d, not dim %d's %d", sizes, sum, s.Dim, full[s.Dim])
+		return Shard{}, fmt.Errorf("split sizes %v add up to %d, not dim %d's %d", sizes, sum, s.Dim, full[s.Dim])
 	}
 	shape := clone(full)
 	shape[s.Dim] = sizes[r]
 	to := make([]int64, len(full))
 	to[s.Dim] = off
-	return fragment.Shard{Shape: shape, Label: fmt.Sprintf("tp%d", r),
-		Maps: []fragment.BoxMap{{From: make([]int64, len(full)), To: to, Size: clone(shape)}}}, nil
+	return Shard{Shape: shape, Label: fmt.Sprintf("tp%d", r),
+		Maps: []BoxMap{{From: make([]int64, len(full)), To: to, Size: clone(shape)}}}, nil
 }
 
 // Grid splits several dims at once (Shard-Hy): rank r is the row-major
@@ -131,13 +131,13 @@ type Grid struct {
 
 func (Grid) Kind() Kind { return ShardHy }
 
-func (g Grid) Shard(full []int64, r, T int) (fragment.Shard, error) {
+func (g Grid) Shard(full []int64, r, T int) (Shard, error) {
 	total := 1
 	for _, c := range g.Counts {
 		total *= c
 	}
 	if total != T || len(g.Dims) != len(g.Counts) {
-		return fragment.Shard{}, fmt.Errorf("grid %v over dims %v does not have %d cells", g.Counts, g.Dims, T)
+		return Shard{}, fmt.Errorf("grid %v over dims %v does not have %d cells", g.Counts, g.Dims, T)
 	}
 	shape, to := clone(full), make([]int64, len(full))
 	rem := r
@@ -147,13 +147,13 @@ func (g Grid) Shard(full []int64, r, T int) (fragment.Shard, error) {
 		rem /= c
 		sizes, err := EvenSizes(full[d], c)
 		if err != nil {
-			return fragment.Shard{}, fmt.Errorf("dim %d: %w", d, err)
+			return Shard{}, fmt.Errorf("dim %d: %w", d, err)
 		}
 		shape[d] = sizes[k]
 		to[d] = int64(k) * sizes[0]
 	}
-	return fragment.Shard{Shape: shape, Label: fmt.Sprintf("cell%d", r),
-		Maps: []fragment.BoxMap{{From: make([]int64, len(full)), To: to, Size: clone(shape)}}}, nil
+	return Shard{Shape: shape, Label: fmt.Sprintf("cell%d", r),
+		Maps: []BoxMap{{From: make([]int64, len(full)), To: to, Size: clone(shape)}}}, nil
 }
 
 // SubParams is a fused parameter made of sub-parameters along Dim (fused
@@ -194,14 +194,14 @@ func (s SubParams) SubParamWidths() []int64 {
 	return out
 }
 
-func (s SubParams) Shard(full []int64, r, T int) (fragment.Shard, error) {
+func (s SubParams) Shard(full []int64, r, T int) (Shard, error) {
 	if s.Dim < 0 || s.Dim >= len(full) {
-		return fragment.Shard{}, fmt.Errorf("sub-parameter dim %d of a %d-dim tensor", s.Dim, len(full))
+		return Shard{}, fmt.Errorf("sub-parameter dim %d of a %d-dim tensor", s.Dim, len(full))
 	}
 	var total, local int64
 	for k, ws := range s.Widths {
 		if len(ws) != T {
-			return fragment.Shard{}, fmt.Errorf("sub-parameter %d has widths for %d ranks, not %d", k, len(ws), T)
+			return Shard{}, fmt.Errorf("sub-parameter %d has widths for %d ranks, not %d", k, len(ws), T)
 		}
 		for _, w := range ws {
 			total += w
@@ -209,11 +209,11 @@ func (s SubParams) Shard(full []int64, r, T int) (fragment.Shard, error) {
 		local += ws[r]
 	}
 	if total != full[s.Dim] {
-		return fragment.Shard{}, fmt.Errorf("sub-parameter widths add up to %d, not dim %d's %d", total, s.Dim, full[s.Dim])
+		return Shard{}, fmt.Errorf("sub-parameter widths add up to %d, not dim %d's %d", total, s.Dim, full[s.Dim])
 	}
 	shape := clone(full)
 	shape[s.Dim] = local
-	sh := fragment.Shard{Shape: shape, Label: fmt.Sprintf("tp%d", r)}
+	sh := Shard{Shape: shape, Label: fmt.Sprintf("tp%d", r)}
 	var subStart, at int64 // start of sub-parameter k in the full tensor; position in the shard
 	for _, ws := range s.Widths {
 		var before int64
@@ -222,7 +222,7 @@ func (s SubParams) Shard(full []int64, r, T int) (fragment.Shard, error) {
 		}
 		from, to, size := make([]int64, len(full)), make([]int64, len(full)), clone(full)
 		from[s.Dim], to[s.Dim], size[s.Dim] = at, subStart+before, ws[r]
-		sh.Maps = append(sh.Maps, fragment.BoxMap{From: from, To: to, Size: size})
+		sh.Maps = append(sh.Maps, BoxMap{From: from, To: to, Size: size})
 		at += ws[r]
 		for _, w := range ws {
 			subStart += w
@@ -256,8 +256,8 @@ func ChunkSizes(L int64, T int) []int64 {
 }
 
 // Shards builds every rank's shard with pattern p.
-func Shards(p Pattern, full []int64, T int) ([]fragment.Shard, error) {
-	out := make([]fragment.Shard, T)
+func Shards(p Pattern, full []int64, T int) ([]Shard, error) {
+	out := make([]Shard, T)
 	for r := range out {
 		s, err := p.Shard(full, r, T)
 		if err != nil {
@@ -271,9 +271,9 @@ func Shards(p Pattern, full []int64, T int) ([]fragment.Shard, error) {
 // StripPad leaves rows at and beyond limit along dim unplaced: the shards
 // were built for a padded full tensor (vocabulary padding) and the atomic
 // tensor keeps only the first limit rows.
-func StripPad(s fragment.Shard, padded []int64, dim int, limit int64) fragment.Shard {
+func StripPad(s Shard, padded []int64, dim int, limit int64) Shard {
 	if s.Maps == nil {
-		s.Maps = []fragment.BoxMap{{From: make([]int64, len(padded)), To: make([]int64, len(padded)), Size: clone(padded)}}
+		s.Maps = []BoxMap{{From: make([]int64, len(padded)), To: make([]int64, len(padded)), Size: clone(padded)}}
 	}
 	out := s
 	out.Maps = nil
@@ -285,12 +285,12 @@ func StripPad(s fragment.Shard, padded []int64, dim int, limit int64) fragment.S
 		if hi <= lo {
 			continue // the whole box is padding
 		}
-		c := fragment.BoxMap{From: clone(m.From), To: clone(m.To), Size: clone(m.Size)}
+		c := BoxMap{From: clone(m.From), To: clone(m.To), Size: clone(m.Size)}
 		c.Size[dim] = hi - lo
 		out.Maps = append(out.Maps, c)
 	}
 	if out.Maps == nil {
-		out.Maps = []fragment.BoxMap{} // all padding: nothing placed, but not "identity"
+		out.Maps = []BoxMap{} // all padding: nothing placed, but not "identity"
 	}
 	return out
 }
@@ -298,13 +298,13 @@ func StripPad(s fragment.Shard, padded []int64, dim int, limit int64) fragment.S
 // Extract cuts the elements of one parameter out of a flat partition: n
 // elements starting at partStart of the partition are elements
 // [localStart, localStart+n) of shard.
-func Extract(partition fragment.TensorRef, partStart, n int64, shard int, localStart int64) fragment.Fragment {
-	return fragment.Fragment{Shard: shard, LocalStart: localStart, Len: n, Src: partition, SrcStart: partStart}
+func Extract(partition TensorRef, partStart, n int64, shard int, localStart int64) Fragment {
+	return Fragment{Shard: shard, LocalStart: localStart, Len: n, Src: partition, SrcStart: partStart}
 }
 
 // Classify derives a parameter's pattern from the placements of its first
 // state, and returns the dims its shards split.
-func Classify(p *fragment.Param) (Kind, []int) {
+func Classify(p *Param) (Kind, []int) {
 	if p.Average {
 		return Partial, nil
 	}
@@ -312,7 +312,7 @@ func Classify(p *fragment.Param) (Kind, []int) {
 		return Unique, nil
 	}
 	st := p.States[0]
-	var placed []fragment.Shard
+	var placed []Shard
 	replicas := 0
 	for _, s := range st.Shards {
 		if s.Replica > 0 {
@@ -359,7 +359,7 @@ func Classify(p *fragment.Param) (Kind, []int) {
 
 // splitDimsOf returns the dims along which a shard's maps cover less than
 // the full tensor.
-func splitDimsOf(s fragment.Shard, full []int64) map[int]bool {
+func splitDimsOf(s Shard, full []int64) map[int]bool {
 	out := map[int]bool{}
 	for _, m := range s.Maps {
 		for d := range full {
@@ -384,7 +384,7 @@ func dimsOf(m map[int]bool) []int {
 // PaddingElems returns how many stored elements of a state are not placed
 // (vocabulary padding and other unplaced shard elements). ZeRO alignment
 // padding is never referenced by a fragment, so it is not counted here.
-func PaddingElems(st *fragment.State) int64 {
+func PaddingElems(st *State) int64 {
 	var n int64
 	for _, s := range st.Shards {
 		if s.Replica == 0 {

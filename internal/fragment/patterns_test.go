@@ -1,23 +1,22 @@
-package patterns
+package fragment
 
 import (
 	"reflect"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // rowsOf returns, for each row of rank r's shard, the full-tensor row it
 // holds (-1 for padding), for a 2-D tensor split along dim 0.
-func rowsOf(t *testing.T, s fragment.Shard, full []int64) []int64 {
+func rowsOf(t *testing.T, s Shard, full []int64) []int64 {
 	t.Helper()
 	cols := full[1]
 	rows := make([]int64, s.Shape[0])
 	for i := range rows {
 		rows[i] = -1
 	}
-	s.Runs(full, 0, torchfile.Numel(s.Shape), func(r fragment.Run) {
+	s.Runs(full, 0, torchfile.Numel(s.Shape), func(r Run) {
 		for k := int64(0); k < r.N; k += cols {
 			rows[(r.Local+k)/cols] = (r.Full + k) / cols
 		}
@@ -79,7 +78,7 @@ func TestVocabStripPad(t *testing.T) {
 	if !reflect.DeepEqual(rows, want) {
 		t.Errorf("rows %v, want %v", rows, want)
 	}
-	st := &fragment.State{}
+	st := &State{}
 	for r := 0; r < 2; r++ {
 		s, _ := Split{Dim: 0}.Shard(padded, r, 2)
 		st.Shards = append(st.Shards, StripPad(s, padded, 0, 5))
@@ -101,18 +100,18 @@ func TestChunkSizes(t *testing.T) {
 	}
 }
 
-func param(full []int64, p Pattern, T int, avg bool) *fragment.Param {
+func param(full []int64, p Pattern, T int, avg bool) *Param {
 	shards, err := Shards(p, full, T)
 	if err != nil {
 		panic(err)
 	}
-	return &fragment.Param{Shape: full, Average: avg, States: []*fragment.State{{Name: "fp32", Shards: shards}}}
+	return &Param{Shape: full, Average: avg, States: []*State{{Name: "fp32", Shards: shards}}}
 }
 
 func TestClassify(t *testing.T) {
 	tests := []struct {
 		name string
-		p    *fragment.Param
+		p    *Param
 		want Kind
 		dims []int
 	}{
@@ -161,7 +160,7 @@ func TestShardsTileFullTensor(t *testing.T) {
 			if s.Replica > 0 {
 				continue
 			}
-			s.Runs(tc.full, 0, torchfile.Numel(s.Shape), func(r fragment.Run) {
+			s.Runs(tc.full, 0, torchfile.Numel(s.Shape), func(r Run) {
 				for k := int64(0); k < r.N; k++ {
 					seen[r.Full+k]++
 				}
