@@ -69,18 +69,23 @@ func TestSpaceCheck(t *testing.T) {
 // is read is what the run reads, to the byte, vocabulary padding (stored,
 // never read) included, and it is what the progress bar counts to.
 func TestReadBytesAgree(t *testing.T) {
-	for _, c := range [][2]string{
-		{"deepspeed", "megatron_tp2_bf16opt_dp2"}, // vocabulary padding 48 -> 43
-		{"deepspeed", "z1_tiny_dp4_padonly"},
-		{"megatron", "tp2_gqa_swiglu"},
-		{"megatron", "tp2_dp2_distopt"},
-		{"megatron_dist", "core0_14_tp2_dp2_bf16_fsms"},
-		{"zero3", "paper_1024_dp3"},
-		{"dcp", "ddp_w3"},
+	for _, c := range []struct {
+		fmt, name string
+		vocab     int64
+	}{
+		{"deepspeed", "megatron_tp2_bf16opt_dp2", 0}, // vocabulary padding 48 -> 43
+		{"megatron_dist", "core0_19_tp2_pp2_tied_bf16_dprs", 50},
+		{"deepspeed", "z1_tiny_dp4_padonly", 0},
+		{"megatron", "tp2_gqa_swiglu", 0},
+		{"megatron", "tp2_dp2_distopt", 0},
+		{"megatron", "novocab_tp2", 100},
+		{"megatron_dist", "core0_14_tp2_dp2_bf16_fsms", 0},
+		{"zero3", "paper_1024_dp3", 0},
+		{"dcp", "ddp_w3", 0},
 	} {
-		t.Run(c[0]+"/"+c[1], func(t *testing.T) {
-			src := testkit.Fixture(c[0], c[1], "checkpoint")
-			tbl, err := formats.Index(context.Background(), src, "", formats.Options{})
+		t.Run(c.fmt+"/"+c.name, func(t *testing.T) {
+			src := testkit.Fixture(c.fmt, c.name, "checkpoint")
+			tbl, err := formats.Index(context.Background(), src, "", formats.Options{VocabSize: c.vocab})
 			if err != nil {
 				t.Fatal(err)
 			}
