@@ -19,7 +19,6 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/formats"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 	"github.com/ucp-project/ucp/internal/report"
 )
@@ -43,6 +42,7 @@ type convertOptions struct {
 	NoSync        bool
 	DSVersion     string
 	Resume        bool
+	NoLatest      bool
 }
 
 func newConvertCommand() *cobra.Command {
@@ -103,6 +103,7 @@ rerun alone.`,
 	f.Int64Var(&opts.ChunkElems, "chunk-elems", 0, "largest task in elements (default: from the memory budget and the balance)")
 	f.MarkHidden("chunk-elems")
 	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the output to disk before writing the manifest")
+	f.BoolVar(&opts.NoLatest, "no-latest", false, "do not write or change the latest_universal pointer file beside DST")
 	f.BoolVar(&opts.Resume, "resume", false, "reuse the files a killed or failed run completed in DST.partial (checked against their CRC-32) and do only the rest")
 	return cmd
 }
@@ -126,7 +127,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	if opts.Resume && !opts.Force && isAtomic(dst) {
 		if _, err := os.Stat(dst + atomic.PartialSuffix); os.IsNotExist(err) {
-			return resumeComplete(out, dst, opts.NoSync, opts.Quiet)
+			return resumeComplete(out, dst, opts)
 		}
 	}
 	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
@@ -181,7 +182,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		}
 	}
 	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes,
-		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync, Resume: opts.Resume, AfterPhase: stopAfter})
+		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync, Resume: opts.Resume, AfterPhase: stopAfter, NoLatest: opts.NoLatest})
 	if err != nil {
 		return err
 	}
@@ -249,17 +250,27 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 // resumeComplete answers --resume when DST is already complete (the
 // killed run got as far as the rename): nothing to convert, but the
 // latest_universal pointer may still be missing.
-func resumeComplete(out io.Writer, dst string, noSync, quiet bool) error {
-	p := filepath.Join(filepath.Dir(filepath.Clean(dst)), atomic.LatestUniversal)
-	if b, err := os.ReadFile(p); err != nil || string(b) != filepath.Base(filepath.Clean(dst)) {
-		if err := fsutil.WriteFileAtomic(p, []byte(filepath.Base(filepath.Clean(dst))), noSync); err != nil {
+func resumeComplete(out io.Writer, dst string, opts convertOptions) error {
+	var p *atomic.Pointer
+	if !opts.NoLatest {
+		pt, err := atomic.WritePointer(atomic.LatestUniversalOf(dst), filepath.Base(filepath.Clean(dst)), dst, opts.NoSync)
+		if err != nil {
 			return err
 		}
+		p = &pt
 	}
-	if !quiet {
+	if !opts.Quiet {
 		fmt.Fprintf(out, "%s is already complete (it has %s): nothing to resume; 'ucp verify %s' checks it\n", dst, atomic.ManifestName, dst)
+		printPointer(out, p)
 	}
 	return nil
+}
+
+// printPointer says which pointer file beside DST was written or changed.
+func printPointer(out io.Writer, p *atomic.Pointer) {
+	if p != nil {
+		fmt.Fprintf(out, "  %s (--no-latest leaves it alone)\n", p)
+	}
 }
 
 // warn prints the writer's warnings: problems that left DST complete.
@@ -279,6 +290,7 @@ func finalize(out, errOut io.Writer, w *atomic.Writer, plan *mapreduce.Plan, sta
 		return nil
 	}
 	fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %s\n", w.Dst, len(m.Params), fmtDuration(time.Since(start)))
+	printPointer(out, w.Pointer)
 	return nil
 }
 
@@ -316,11 +328,20 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 		return
 	}
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
-	fmt.Fprintf(out, "  %d parameters, %d files, %s\n", len(m.Params), len(m.AllFiles()),
+	// "written" counts the tensor and copied bytes; the files also hold
+	// torch-file framing, small pickled values and the manifest, so the
+	// folder's size (what ls and du see) is given apart.
+	var listed int64
+	for _, f := range m.AllFiles() {
+		listed += f.Bytes
+	}
+	fmt.Fprintf(out, "  %d parameters; tensor data and copied files: %s\n", len(m.Params),
 		transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
+	fmt.Fprintf(out, "  %s: %s\n", dst, filesLine(dst, len(m.AllFiles()), listed))
 	if n, b := w.Reused(); opts.Resume {
 		fmt.Fprintf(out, "  resumed: %d files (%s) reused from %s%s, the rest converted this time\n", n, humanBytes(b), filepath.Base(dst), atomic.PartialSuffix)
 	}
+	printPointer(out, w.Pointer)
 	stragglers(out, stats)
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)

@@ -167,7 +167,14 @@ func printCheckpointView(out io.Writer, t *fragment.Table, opts inspectOptions) 
 	if err := printSummary(out, rows); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nlegend: Partial = averaged copies, Replicate = identical copies, Shard-* = split (see ucp inspect --help); DTYPE = training/master")
+	// The DTYPE column is in the parameter listing only: the legend
+	// explains it there.
+	legend := "\nlegend: Partial = averaged copies, Replicate = identical copies, Shard-* = split (see ucp inspect --help)"
+	listed := opts.Layers || opts.All || re != nil || len(rows) <= smallModel
+	if listed {
+		legend += "; DTYPE = training/master (the dtype the model trained in / the optimizer's master weights)"
+	}
+	fmt.Fprintln(out, legend)
 	switch {
 	case opts.Layers:
 		fmt.Fprintln(out)
