@@ -1,4 +1,4 @@
-package main
+package convert
 
 import (
 	"context"
@@ -104,7 +104,7 @@ func TestReadBytesAgree(t *testing.T) {
 			}
 			defer w.Abort()
 			var barred atomic.Int64
-			bar := progressCounter(func(n int64) { barred.Add(n) })
+			bar := ProgressCounter(func(n int64) { barred.Add(n) })
 			stats, err := mapreduce.Run(context.Background(), plan, w, mapreduce.Options{Workers: 2, CheckReplicas: true, Progress: bar})
 			if err != nil {
 				t.Fatal(err)
