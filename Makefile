@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures
+.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures check-megatron
 
 all: build
 
@@ -71,6 +71,17 @@ python:
 cuda-check:
 	GO=$(GO) ./scripts/cuda-check.sh
 
+# python/ucp/libucp.so with the CUDA device path of transport="ucp" (-tags cuda; CUDA and NCCL headers from
+# cuda-check's cache; libcuda.so.1 and libnccl.so.2 are opened at run time, so it loads without a GPU too).
+python-cuda:
+	[ -f /var/cache/ucp/cuda/complete ] || GO=$(GO) ./scripts/cuda-check.sh
+	CGO_CFLAGS=-I/var/cache/ucp/cuda/root/usr/include $(GO) build -tags cuda -buildmode=c-shared -o python/ucp/libucp.so ./capi
+
+# gpu-artifacts/: what scripts/gpu-check.sh needs on a GPU machine without Go (libucp.so and the internal/load
+# test binary built with -tags cuda, static ucp and benchgen to generate the checkpoint there); carry it.
+gpu-artifacts:
+	GO=$(GO) ./scripts/gpu-artifacts.sh gpu-artifacts
+
 # Regenerates every committed fixture with Debian's torch (deterministic).
 fixtures:
 	$(PYTHON) testdata/gen/torch_fixtures.py
@@ -101,6 +112,13 @@ check-deepspeed: build
 megatron-fixtures:
 	@test -n "$(MEGATRON_SRC)" || { echo "usage: make megatron-fixtures MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
 	./scripts/megatron-fixtures.sh $(MEGATRON_SRC)
+
+# Real megatron-core (a Megatron-LM release tag's tree: core_v0.19.0, core_v0.18.2, core_v0.15.3) loads
+# what `ucp reshard --to megatron --ckpt-format torch_dist` writes at new degrees, bit for bit against the
+# fixtures' live truth, trains a step, and times its load against its own checkpoint. Not part of CI.
+check-megatron: build
+	@test -n "$(MEGATRON_SRC)" || { echo "usage: make check-megatron MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
+	./scripts/megatron-check.sh $(MEGATRON_SRC) $(BIN)
 
 # The kill -9 loop (cmd/ucp TestKillResume): a generated ~2.2 GB DeepSpeed checkpoint is converted, killed
 # right after each phase and after 10 random delays, resumed with --resume and compared file by file with a
