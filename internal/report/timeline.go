@@ -49,8 +49,8 @@ func Timeline(st *mapreduce.Stats, m Meta) string {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">`+"\n",
 		left+plotW+right, h)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="8" y="24" font-size="16" font-weight="bold">ucp convert, node %d of %d: %d tasks on %d workers, the run took %s</text>`+"\n",
-		m.Node, max(m.Nodes, 1), st.Tasks, len(st.Workers), dur(st.Elapsed))
+	fmt.Fprintf(&b, `<text x="8" y="24" font-size="16" font-weight="bold">ucp convert, node %d of %d: %d tasks on %d workers, the run took %s%s</text>`+"\n",
+		m.Node, max(m.Nodes, 1), st.Tasks, len(st.Workers), dur(st.Elapsed), lastNote(st, s))
 	fmt.Fprintf(&b, `<text x="8" y="44" fill="#444">%s read, %s written; before the run, indexing took %s (convert's summary counts it and the manifest too). White lines separate tasks; hover a box for its task.</text>`+"\n",
 		size(st.BytesRead), size(st.BytesWritten), dur(m.Index))
 	lx := 8.0
@@ -69,11 +69,11 @@ func Timeline(st *mapreduce.Stats, m Meta) string {
 		busy := w.Busy()
 		// The worker that finished last is named so, not coloured as an
 		// alarm: being busy all the time is what a worker should be.
-		name := fmt.Sprintf("worker %d", i)
+		weight := ""
 		if len(st.Workers) > 1 && i == s.Last {
-			name += ", last"
+			weight = ` font-weight="bold"`
 		}
-		fmt.Fprintf(&b, `<text x="8" y="%d">%s</text>`, y+19, name)
+		fmt.Fprintf(&b, `<text x="8" y="%d"%s>worker %d</text>`, y+19, weight, i)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" fill="#444">busy %.0f%%</text>`+"\n", left-8, y+19,
 			100*busy.Seconds()/max(st.Elapsed.Seconds(), 1e-9))
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"><title>worker %d: read %s, convert %s, write %s, wait %s</title></rect>`+"\n",
@@ -99,6 +99,14 @@ func Timeline(st *mapreduce.Stats, m Meta) string {
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+// lastNote names the worker that finished last (in bold in its row).
+func lastNote(st *mapreduce.Stats, s Stragglers) string {
+	if len(st.Workers) < 2 {
+		return ""
+	}
+	return fmt.Sprintf("; worker %d (in bold) finished last", s.Last)
 }
 
 // task draws one task's box: its phases side by side in proportion, a
