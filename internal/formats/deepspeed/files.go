@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,16 +176,6 @@ func (s *Scan) ListFiles(dir, tag string) (*Files, error) {
 func Atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
-}
-
-// SortedKeys returns the map's int keys in order.
-func SortedKeys(m map[int]string) []int {
-	ks := make([]int, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Ints(ks)
-	return ks
 }
 
 // OptimName is the name DeepSpeed gives the optimizer file of a rank, for
