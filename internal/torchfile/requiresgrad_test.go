@@ -29,9 +29,9 @@ func TestRequiresGradStrict(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name, fn string
-		args []pyobj.Value
-		want string // "" for no error; else what the error says
-		grad bool
+		args     []pyobj.Value
+		want     string // "" for no error; else what the error says
+		grad     bool
 	}{
 		{"tensor true", "_rebuild_tensor_v2", tensor(true), "", true},
 		{"tensor false", "_rebuild_tensor_v2", tensor(false), "", false},
