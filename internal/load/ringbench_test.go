@@ -19,7 +19,8 @@ import (
 // rank 1 (TestRingPeer) and forwards layers of ringBlock bytes each way per
 // iteration with ringStep, the exchange LoadGroup runs; the bytes counted
 // are those this rank receives. Run it with `make bench` or
-//   go test -run '^$' -bench RingTwoProcesses ./internal/load
+//
+//	go test -run '^$' -bench RingTwoProcesses ./internal/load
 const ringBlock = 256 << 20
 
 func ringRun(rank int, ln net.Listener, addrs []string, n int) error {
