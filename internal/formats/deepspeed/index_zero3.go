@@ -14,7 +14,9 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 
+	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -24,16 +26,13 @@ import (
 type Zero3Options struct {
 	Tag     string
 	Workers int
+	Scan    *Scan // the listings of the walk that detected the format (nil: list)
 }
 
 // DetectZero3 reports whether path holds a ZeRO-3 checkpoint: per-rank
 // zero_pp_rank_*_model_states.pt files and no mp_rank_* model states.
-func DetectZero3(path string) bool {
-	dir, tag, err := ResolveTag(path, "")
-	if err != nil {
-		return false
-	}
-	f, err := ListFiles(dir, tag)
+func (s *Scan) DetectZero3(path string) bool {
+	f, err := s.Files(path, "")
 	return err == nil && len(f.Zero3) > 0 && len(f.Model) == 0
 }
 
@@ -54,11 +53,11 @@ type rank struct {
 
 // IndexZero3 builds the fragment table of the ZeRO-3 checkpoint at path.
 func IndexZero3(ctx context.Context, path string, opt Zero3Options) (*fragment.Table, error) {
-	dir, tag, err := ResolveTag(path, opt.Tag)
+	dir, tag, err := opt.Scan.ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := ListFiles(dir, tag)
+	files, err := opt.Scan.ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -193,6 +192,13 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	}
 	t := &fragment.Table{Format: "deepspeed-zero3", Source: dir, Tag: tag,
 		Degrees: fragment.Degrees{TP: T, PP: 1, DP: D, EP: 1, ZeRO: 3}}
+	// DeepSpeed prefixes the optimizer files with "bf16_" exactly when the
+	// run trains in bfloat16 (DeepSpeedEngine._get_zero_ckpt_prefix,
+	// deepspeed/runtime/engine.py); the ZeRO-3 module state holds only
+	// placeholders, so the file name is what tells.
+	if strings.HasPrefix(filepath.Base(r00.opath), "bf16_") {
+		t.DType = dtype.BFloat16.String()
+	}
 	// Parameter names and per-TP shapes, from each TP rank's dp-0 file.
 	var names []string
 	where := make([]map[string]piece, T)

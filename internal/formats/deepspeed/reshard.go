@@ -29,13 +29,15 @@ type ReshardOptions struct {
 	BF16Optimizer bool
 	Force         bool // replace DST when it exists
 	NoSync        bool
+	NoLatest      bool // leave the 'latest' pointer beside DST alone
 }
 
 // ReshardStats tell what was written.
 type ReshardStats struct {
-	Files int
-	Bytes int64
-	Notes []string
+	Files   int
+	Bytes   int64
+	Notes   []string
+	Pointer *atomic.Pointer // 'latest' beside DST, unless NoLatest
 }
 
 // Reshard writes the atomic checkpoint r as the tag folder dst of a native
@@ -68,9 +70,12 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}); err != nil {
 		return nil, err
 	}
-	latest := filepath.Join(filepath.Dir(dst), "latest")
-	if err := fsutil.WriteFileAtomic(latest, []byte(tag), o.NoSync); err != nil {
-		return nil, err
+	if !o.NoLatest {
+		p, err := atomic.WritePointer(filepath.Join(filepath.Dir(dst), "latest"), tag, dst, o.NoSync)
+		if err != nil {
+			return nil, err
+		}
+		st.Pointer = &p
 	}
 	return st, nil
 }
@@ -561,15 +566,23 @@ func (p *plan) dsConfig() (*pyobj.Dict, error) {
 // source's when it suits the target dtype, else what the engine creates
 // (a DynamicLossScaler with DeepSpeed's defaults for fp16, a static scale
 // of 1 otherwise).
-func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool) {
+func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool, err error) {
 	want := "LossScaler"
 	if p.dt == dtype.Float16 {
 		want = "DynamicLossScaler"
 	}
 	if v, ok := p.optim.Get("loss_scaler"); ok {
 		if obj, ok := v.(*pyobj.Object); ok && obj.Class != nil && obj.Class.Name == want {
-			d, _ := obj.Attr("dynamic")
-			return obj, d == true
+			// A dynamic that is not a bool is an error naming the file, not false.
+			d, has := obj.Attr("dynamic")
+			if !has {
+				return obj, false, nil
+			}
+			b, ok := d.(bool)
+			if !ok {
+				return nil, false, fmt.Errorf("%s: loss_scaler.dynamic is %s, not a bool", filepath.Join(p.r.Dir, atomic.ZeroDir, atomic.OptimizerState), pyobj.Repr(d))
+			}
+			return obj, b, nil
 		}
 	}
 	cls := &pyobj.Global{Module: "deepspeed.runtime.fp16.loss_scaler", Name: want}
@@ -583,7 +596,7 @@ func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool) {
 			"dtype", pyobj.DType{DType: dtype.Float16})
 		p.notes = append(p.notes, "the source has no fp16 loss scaler: a DynamicLossScaler with DeepSpeed's defaults (scale 2^16) is written")
 	}
-	return &pyobj.Object{Class: cls, Via: pyobj.ByNewObj, State: st, Built: true}, want == "DynamicLossScaler"
+	return &pyobj.Object{Class: cls, Via: pyobj.ByNewObj, State: st, Built: true}, want == "DynamicLossScaler", nil
 }
 
 // clipGrad is the source's gradient clipping (optimizer state, else config).
@@ -702,7 +715,10 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		osd.Set("ds_version", WriteVersion)
 		osd.Set("param_slice_mappings", &mappings)
 	} else {
-		scaler, dynamic := p.lossScaler()
+		scaler, dynamic, err := p.lossScaler()
+		if err != nil {
+			return err
+		}
 		osd.Set("loss_scaler", scaler)
 		osd.Set("dynamic_loss_scale", dynamic)
 		osd.Set("overflow", false)
