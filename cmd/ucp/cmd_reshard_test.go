@@ -117,3 +117,43 @@ func TestReshardMegatronThenInspect(t *testing.T) {
 		t.Errorf("--zero with --to megatron: exit %d, %s", r.code, r.stderr)
 	}
 }
+
+// TestReshardTPNeedsLayout (issue 26 fault 6): reshard --tp cuts only what
+// the atomic checkpoint records how to cut. A plain DeepSpeed source
+// (saved at TP 1) is refused at --tp 3 naming a parameter, not cut into
+// 342/342/340; a Megatron-DeepSpeed TP 2 source is refused at a --tp that
+// does not divide its 4 heads, and written at --tp 2 and 1.
+func TestReshardTPNeedsLayout(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		fixture string
+		tp      string
+		want    string // "" : written
+	}{
+		{"z1_fp32_dp2", "3", "does not record how this parameter is cut across tensor-parallel ranks"},
+		{"z1_fp32_dp2", "2", "does not record how this parameter is cut across tensor-parallel ranks"},
+		{"z1_fp32_dp2", "1", ""},
+		{"megatron_tp2_bf16opt_dp2", "3", "does not divide the 4 attention heads"},
+		{"megatron_tp2_bf16opt_dp2", "2", ""},
+		{"megatron_tp2_bf16opt_dp2", "1", ""},
+	} {
+		a := filepath.Join(dir, c.fixture)
+		if _, err := os.Stat(a); err != nil {
+			if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed", c.fixture, "checkpoint"), a); r.code != 0 {
+				t.Fatal(r.stderr)
+			}
+		}
+		dst := filepath.Join(dir, "out", c.fixture+c.tp, "step")
+		r := ucp(t, nil, "reshard", "--quiet", a, dst, "--to", "deepspeed", "--dp", "2", "--zero", "2", "--tp", c.tp)
+		switch {
+		case c.want == "" && r.code != 0:
+			t.Errorf("%s --tp %s: %s", c.fixture, c.tp, r.stderr)
+		case c.want != "" && (r.code == 0 || !strings.Contains(r.stderr, c.want)):
+			t.Errorf("%s --tp %s: exit %d, %q; want a refusal saying %q", c.fixture, c.tp, r.code, r.stderr, c.want)
+		case c.want != "":
+			if _, err := os.Lstat(filepath.Dir(dst)); !os.IsNotExist(err) {
+				t.Errorf("%s --tp %s: refused, but wrote %s", c.fixture, c.tp, filepath.Dir(dst))
+			}
+		}
+	}
+}

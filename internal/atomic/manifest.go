@@ -59,8 +59,20 @@ type ParamEntry struct {
 	VocabSize   int64        `json:"vocab_size,omitempty"`
 	PaddedVocab int64        `json:"padded_vocab_size,omitempty"`
 	Aliases     []string     `json:"aliases,omitempty"`
-	Files       []StateEntry `json:"files"`
+	// TPLayout says where the tensor-parallel cut of the state files'
+	// keys (cat_dim, sub-parameters, vocabulary) comes from: TPFromSource,
+	// TPFromFamily, or "" when nothing records it (a source saved without
+	// tensor parallelism and no model-family rule): such a parameter is
+	// never cut for a tensor-parallel target (layout.Model.Slice refuses).
+	TPLayout string       `json:"tp_layout,omitempty"`
+	Files    []StateEntry `json:"files"`
 }
+
+// ParamEntry.TPLayout values.
+const (
+	TPFromSource = "source" // the source checkpoint's own TP layout
+	TPFromFamily = "family" // the model family's rules (internal/family)
+)
 
 // StateDType is the dtype of the parameter's state tensors: DType, which
 // is float32 for trained parameters and the stored dtype for frozen

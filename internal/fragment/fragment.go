@@ -127,6 +127,12 @@ type Info struct {
 	// Replicas > 1 says that many ranks held identical copies of which the
 	// source stored one (DCP deduplicates them): the pattern is Replicate.
 	Replicas int
+	// TPKnown says the source records how this parameter is cut across
+	// tensor-parallel ranks (CatDim, the sub-parameters and the vocabulary
+	// keys come from its TP layout: Megatron's parameter kinds, DeepSpeed
+	// shards at TP > 1); otherwise CatDim 0 is only DeepSpeed's default for
+	// an unsplit tensor and says nothing (atomic ParamEntry.TPLayout).
+	TPKnown bool
 }
 
 // Param is one parameter of the full model.

@@ -353,36 +353,14 @@ func stepRepr(v pyobj.Value) string {
 	return pyobj.Repr(v)
 }
 
-// model is the target geometry: Megatron-DeepSpeed's heads, query groups
-// and vocabulary divisor when the source recorded its args.
-func (p *plan) model() layout.Model {
-	var m layout.Model
-	args := p.r.Manifest.Source.Args
-	num := func(k string) int64 {
-		if v, ok := args[k].(float64); ok {
-			return int64(v)
-		}
-		return 0
-	}
-	if h := num("num_attention_heads"); h > 0 {
-		m.Megatron = true
-		m.Heads, m.QueryGroups = h, h
-		if g := num("num_key_value_heads"); g > 0 {
-			m.QueryGroups = g
-		}
-		if g := num("num_query_groups"); g > 0 {
-			m.QueryGroups = g
-		}
-		m.VocabDivisor = num("make_vocab_size_divisible_by")
-	}
-	return m
-}
-
 // slices computes every parameter's shard on every target TP rank, as
 // DeepSpeed's universal loader would cut it, and checks that each rank
 // gets a non-empty shard of every non-empty parameter.
 func (p *plan) slices() error {
-	model := p.model()
+	model, err := layout.ReadModel(p.r)
+	if err != nil {
+		return err
+	}
 	p.shards = make([]map[string]fragment.Shard, p.o.TP)
 	for t := range p.shards {
 		p.shards[t] = map[string]fragment.Shard{}
