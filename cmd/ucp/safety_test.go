@@ -322,3 +322,47 @@ func TestLatestUniversalFailureIsWarning(t *testing.T) {
 		t.Fatalf("verify: %s", r.stdout)
 	}
 }
+
+// TestVerifyChecksHeaders (issue 26 fault 9): verify reads each state
+// file's tensor header and reports a manifest whose shape or dtype
+// disagrees with the file, though every size and CRC-32 matches.
+func TestVerifyChecksHeaders(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	if r := ucp(t, nil, "verify", dst); r.code != 0 {
+		t.Fatalf("untouched: %s%s", r.stdout, r.stderr)
+	}
+	pristine, err := os.ReadFile(filepath.Join(dst, atomic.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(p *atomic.ParamEntry)
+		want string
+	}{
+		{"shape", func(p *atomic.ParamEntry) { p.Shape[0] *= 2 }, "but the manifest says float32"},
+		{"rank", func(p *atomic.ParamEntry) { p.Shape = append(p.Shape, 1) }, "but the manifest says float32"},
+		{"dtype", func(p *atomic.ParamEntry) { p.DType = "bfloat16" }, "but the manifest says bfloat16"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writeFile(t, filepath.Join(dst, atomic.ManifestName), pristine)
+			var name string
+			editManifest(t, dst, func(m *atomic.Manifest) {
+				for i := range m.Params {
+					if len(m.Params[i].Shape) == 2 {
+						tc.edit(&m.Params[i])
+						name = m.Params[i].Name
+						return
+					}
+				}
+			})
+			r := ucp(t, nil, "verify", dst)
+			if r.code == 0 || !strings.Contains(r.stdout, "BAD") || !strings.Contains(r.stdout, name) || !strings.Contains(r.stdout, tc.want) {
+				t.Errorf("verify after editing %s's %s: exit %d\n%s%s", name, tc.name, r.code, r.stdout, r.stderr)
+			}
+		})
+	}
+}
