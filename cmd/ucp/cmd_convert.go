@@ -180,8 +180,19 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 			return err
 		}
 	}
+	var sources []fsutil.FileID
+	if !opts.Finalize {
+		// What the journal records of the input, for --resume to compare.
+		files, err := t.SourceFiles()
+		if err == nil {
+			sources, err = fsutil.Identify(files)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", src, err)
+		}
+	}
 	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes,
-		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync, Resume: opts.Resume, AfterPhase: stopAfter})
+		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync, Resume: opts.Resume, Sources: sources, AfterPhase: stopAfter})
 	if err != nil {
 		return err
 	}

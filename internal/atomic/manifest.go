@@ -49,16 +49,16 @@ type Degrees struct {
 
 // ParamEntry describes one parameter and its files.
 type ParamEntry struct {
-	Name        string       `json:"name"`
-	Shape       []int64      `json:"shape"`
-	DType       string       `json:"dtype"`
-	Pattern     string       `json:"pattern"`
-	SplitDims   []int        `json:"split_dims,omitempty"` // -1: a flattened tensor split in ranges
-	Frozen      bool         `json:"frozen,omitempty"`
-	SourceDType string       `json:"source_dtype,omitempty"` // frozen parameters and buffers: the stored dtype
-	VocabSize   int64        `json:"vocab_size,omitempty"`
-	PaddedVocab int64        `json:"padded_vocab_size,omitempty"`
-	Aliases     []string     `json:"aliases,omitempty"`
+	Name        string   `json:"name"`
+	Shape       []int64  `json:"shape"`
+	DType       string   `json:"dtype"`
+	Pattern     string   `json:"pattern"`
+	SplitDims   []int    `json:"split_dims,omitempty"` // -1: a flattened tensor split in ranges
+	Frozen      bool     `json:"frozen,omitempty"`
+	SourceDType string   `json:"source_dtype,omitempty"` // frozen parameters and buffers: the stored dtype
+	VocabSize   int64    `json:"vocab_size,omitempty"`
+	PaddedVocab int64    `json:"padded_vocab_size,omitempty"`
+	Aliases     []string `json:"aliases,omitempty"`
 	// TPLayout says where the tensor-parallel cut of the state files'
 	// keys (cat_dim, sub-parameters, vocabulary) comes from: TPFromSource,
 	// TPFromFamily, or "" when nothing records it (a source saved without
