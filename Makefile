@@ -71,6 +71,17 @@ python:
 cuda-check:
 	GO=$(GO) ./scripts/cuda-check.sh
 
+# python/ucp/libucp.so with the CUDA device path of transport="ucp" (-tags cuda; CUDA and NCCL headers from
+# cuda-check's cache; libcuda.so.1 and libnccl.so.2 are opened at run time, so it loads without a GPU too).
+python-cuda:
+	[ -f /var/cache/ucp/cuda/complete ] || GO=$(GO) ./scripts/cuda-check.sh
+	CGO_CFLAGS=-I/var/cache/ucp/cuda/root/usr/include $(GO) build -tags cuda -buildmode=c-shared -o python/ucp/libucp.so ./capi
+
+# gpu-artifacts/: what scripts/gpu-check.sh needs on a GPU machine without Go (libucp.so and the internal/load
+# test binary built with -tags cuda, static ucp and benchgen to generate the checkpoint there); carry it.
+gpu-artifacts:
+	GO=$(GO) ./scripts/gpu-artifacts.sh gpu-artifacts
+
 # Regenerates every committed fixture with Debian's torch (deterministic).
 fixtures:
 	$(PYTHON) testdata/gen/torch_fixtures.py

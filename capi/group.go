@@ -80,6 +80,9 @@ type groupSpec struct {
 	Device  int64           `json:"device"` // -1: CPU memory; else the CUDA device of every destination
 	Args    json.RawMessage `json:"args"`
 	Items   []groupItem     `json:"items"`
+	// NCCLLibrary: the libnccl.so.2 to open (the process's own, e.g. torch's); ForceNCCL: NCCL even for one rank.
+	NCCLLibrary string `json:"nccl_library"`
+	ForceNCCL   bool   `json:"force_nccl"`
 }
 
 type groupItem struct {
@@ -200,7 +203,7 @@ func ucp_group_load(h C.uintptr_t, listener C.uintptr_t, request *C.char, ptrs *
 		}
 		st, err = load.LoadGroup(ctx, comm, c.r, items, dst, opt)
 	} else {
-		st, err = loadDevice(ctx, comm, c.r, items, ps, int(spec.Device), opt)
+		st, err = loadDevice(ctx, comm, c.r, items, ps, int(spec.Device), &spec, opt)
 	}
 	if st.Seconds == nil {
 		st.Seconds = map[string]float64{}

@@ -18,7 +18,9 @@
 #   BENCH_REPEAT=3          rounds of each case; the fastest run counts
 #   BENCH_ZERO3=1 BENCH_DOUBLE=1 BENCH_EXPORT=1   cases to run (0 skips)
 #   BENCH_NODES=0           1: also 4 nodes as 4 processes (output must equal 1 node's)
-#   UCP_BENCH_REAL=DIR      a real DeepSpeed checkpoint (save folder or tag folder)
+#   UCP_BENCH_REAL=DIR      a real DeepSpeed checkpoint (save folder or tag folder): the 255M-parameter
+#                           GPT-like ZeRO-2 bf16 DP 2 one written by DeepSpeed's engine with
+#                           /usr/bin/python3 scripts/bench-real.py --ds-src DeepSpeed-v0.14.5 --out DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BENCH_DIR:-.bench}

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Compiles and vets internal/load's cuda build (internal/load/nccl.go, -tags cuda) against real CUDA and NCCL headers
+# Compiles and vets the cuda build of internal/load (cuda.go: the device path of the group load) and of capi
+# (libucp.so), -tags cuda, against real CUDA and NCCL headers
 # and libraries, without a GPU, a driver or installing anything: the Debian packages are fetched with
 # `apt-get download` through a private sources list and lists folder (the system's apt set-up is not
 # touched) and unpacked with dpkg-deb into a cache folder outside the repository:
@@ -48,10 +49,13 @@ export CGO_LDFLAGS="-L$LIB -Wl,-rpath-link,$LIB -Wl,--allow-shlib-undefined"
 echo "cuda-check: CUDA and NCCL from $ROOT"
 grep -m1 '#define CUDART_VERSION' "$ROOT/usr/include/cuda_runtime_api.h"
 grep -m3 -E '#define NCCL_(MAJOR|MINOR|PATCH) ' "$ROOT/usr/include/nccl.h"
-$GO vet -tags cuda ./internal/load/
+$GO vet -tags cuda ./internal/load/ ./capi/
 out=$(mktemp -d "${TMPDIR:-/tmp}/ucp-cuda-build.XXXXXX")
 $GO test -tags cuda -c -o "$out/load.test" ./internal/load/
 $GO build -tags cuda -o "$out/ucp" ./cmd/ucp
+$GO build -tags cuda -buildmode=c-shared -o "$out/libucp.so" ./capi
+# libucp.so opens libcuda and libnccl at run time: it must not need them to load
+if ldd "$out/libucp.so" | grep -E "libcuda|libnccl|libcudart"; then echo "cuda-check: libucp.so links CUDA" >&2; exit 1; fi
 ls -l "$out"
 rm -rf "$out"
 echo "cuda-check: internal/load builds and vets with -tags cuda"

@@ -17,9 +17,9 @@ import (
 
 	"github.com/ucp-project/ucp/internal/arrowtable"
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/convert"
 	"github.com/ucp-project/ucp/internal/formats"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 	"github.com/ucp-project/ucp/internal/report"
 )
@@ -117,7 +117,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	if err := sourceCheck(src, opts.From); err != nil {
 		return err
 	}
-	deferred, err := checkSourceOverlap(src, dst)
+	deferred, err := convert.CheckSource(src, dst)
 	if err != nil {
 		return err
 	}
@@ -141,37 +141,29 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	// Keep the garbage collector within the budget as well.
 	debug.SetMemoryLimit(memory + 100<<20)
-	start := time.Now()
-	t, err := formats.Index(ctx, src, opts.From, formats.Options{Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize})
-	if ce := (*formats.CoverageError)(nil); errors.As(err, &ce) {
-		return fmt.Errorf("%s: coverage check failed, nothing written: %w", src, ce.Err)
+	co := convert.Options{From: opts.From, Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize, Node: node, Nodes: nodes,
+		Memory: memory, ChunkElems: opts.ChunkElems, DSVersion: opts.DSVersion, Force: opts.Force, Finalize: opts.Finalize,
+		NoSync: opts.NoSync, Resume: opts.Resume, CheckReplicas: opts.CheckReplicas, Report: opts.Report, Tool: versionString(),
+		AfterPhase: stopAfter,
+		Progress: func(total int64) (func(read, written int64), func()) {
+			bar := newProgress(errOut, "converting", total, opts.Quiet)
+			return bar.add, bar.finish
+		}}
+	job, err := convert.Plan(ctx, src, dst, deferred, co)
+	if ie := (*convert.IndexError)(nil); errors.As(err, &ie) {
+		return sourceError(src, opts.Tag, ie.Err)
 	}
-	if err != nil {
-		return sourceError(src, opts.Tag, err)
-	}
-	defer t.Close()
-	if deferred {
-		if err := checkReadOverlap(src, dst, t.Source); err != nil {
-			return err
-		}
-	}
-	bare, err := bareStates(t, opts.DSVersion)
 	if err != nil {
 		return err
 	}
-	plan, err := mapreduce.NewPlan(t, mapreduce.PlanOptions{Nodes: nodes, Cores: opts.Workers, Memory: memory, ChunkElems: opts.ChunkElems,
-		BareStates: bare})
-	if err != nil {
-		return err
-	}
-	indexed := time.Since(start)
-	stopAfter("indexed")
+	defer job.Close()
 	if opts.DryRun {
-		if err := printPlan(out, t, plan); err != nil || opts.Arrow == "" {
+		if err := printPlan(out, job.Table, job.Plan); err != nil || opts.Arrow == "" {
 			return err
 		}
-		return writeArrow(out, opts.Arrow, t, plan)
+		return writeArrow(out, opts.Arrow, job.Table, job.Plan)
 	}
+<<<<<<< HEAD
 	if !opts.Finalize {
 		if err := checkOutputs(dst, plan); err != nil {
 			return err
@@ -233,39 +225,44 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		return nil
 	}
 	if !opts.Quiet {
+=======
+	res, err := job.Run(ctx)
+	if res.NodeDone && !opts.Quiet {
+>>>>>>> main
 		fmt.Fprintf(out, "node %d of %d (from %s) done: %s\n", node, nodes, from,
-			transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
-		stragglers(out, stats)
+			transferLine(res.Stats.BytesRead, res.Stats.BytesWritten, time.Since(job.Start), job.Indexed))
+		stragglers(out, res.Stats)
 	}
-	if !all {
+	switch {
+	case err != nil:
+		return err
+	case nodes == 1 && !opts.Finalize:
+		warn(errOut, res.Writer)
+		summary(out, opts, job.Table, src, dst, res.Manifest, res.Stats, res.Writer, job.Start, job.Indexed)
+	case res.Manifest != nil:
+		warn(errOut, res.Writer)
+		if !opts.Quiet {
+			fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %s\n", res.Writer.Dst, len(res.Manifest.Params),
+				fmtDuration(time.Since(job.Start)))
+		}
+	case !res.AllDone:
 		if !opts.Quiet {
 			fmt.Fprintln(out, "other nodes are still running; the last one to finish writes the manifest (or run with --finalize)")
 		}
-		return nil
-	}
-	if err := w.Lock(); err != nil {
-		if errors.Is(err, atomic.ErrFinalizing) {
-			// Another node finished at the same moment and finalizes.
-			if !opts.Quiet {
-				fmt.Fprintln(out, "another node (a live process) is writing the manifest")
-			}
-			return nil
+	case res.OtherFinalizing:
+		if !opts.Quiet {
+			fmt.Fprintln(out, "another node (a live process) is writing the manifest")
 		}
-		return err
 	}
-	stopAfter("finalize-locked")
-	return finalize(out, errOut, w, plan, start, opts.Quiet)
+	return nil
 }
 
 // resumeComplete answers --resume when DST is already complete (the
 // killed run got as far as the rename): nothing to convert, but the
 // latest_universal pointer may still be missing.
 func resumeComplete(out io.Writer, dst string, noSync, quiet bool) error {
-	p := filepath.Join(filepath.Dir(filepath.Clean(dst)), atomic.LatestUniversal)
-	if b, err := os.ReadFile(p); err != nil || string(b) != filepath.Base(filepath.Clean(dst)) {
-		if err := fsutil.WriteFileAtomic(p, []byte(filepath.Base(filepath.Clean(dst))), noSync); err != nil {
-			return err
-		}
+	if err := convert.LinkLatest(dst, noSync); err != nil {
+		return err
 	}
 	if !quiet {
 		fmt.Fprintf(out, "%s is already complete (it has %s): nothing to resume; 'ucp verify %s' checks it\n", dst, atomic.ManifestName, dst)
@@ -278,39 +275,6 @@ func warn(errOut io.Writer, w *atomic.Writer) {
 	for _, m := range w.Warnings {
 		fmt.Fprintln(errOut, "ucp: warning:", m)
 	}
-}
-
-func finalize(out, errOut io.Writer, w *atomic.Writer, plan *mapreduce.Plan, start time.Time, quiet bool) error {
-	m, err := mapreduce.Finalize(plan, w)
-	if err != nil {
-		return err
-	}
-	warn(errOut, w)
-	if quiet {
-		return nil
-	}
-	fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %s\n", w.Dst, len(m.Params), fmtDuration(time.Since(start)))
-	return nil
-}
-
-// progressTotal is what the bar counts to: the bytes this node's tasks
-// read and write, as the reducers report them (a task's weight is its
-// reads plus its writes), less the files a resumed run reuses (w may be
-// nil).
-func progressTotal(plan *mapreduce.Plan, node int, w *atomic.Writer) int64 {
-	var n int64
-	for _, tk := range plan.Tasks {
-		if tk.Node != node {
-			continue
-		}
-		if w != nil {
-			if _, done := w.Done(plan.Outputs[tk.Output].Path); done {
-				continue
-			}
-		}
-		n += tk.Bytes
-	}
-	return n
 }
 
 func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst string, m *atomic.Manifest, stats *mapreduce.Stats, w *atomic.Writer, start time.Time, indexed time.Duration) {

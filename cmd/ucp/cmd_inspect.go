@@ -16,6 +16,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/report"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -319,15 +320,5 @@ func writeJSON(out io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// humanBytes prints a size in binary units (report.HumanBytes).
+func humanBytes(n int64) string { return report.HumanBytes(n) }

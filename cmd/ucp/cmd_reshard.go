@@ -53,6 +53,10 @@ as [gate_r; up_r]; the non-distributed optimizer with fp32 main parameters and
 Adam moments, or with --distributed-optimizer the param groups there and
 distrib_optim.pt beside it in Megatron's DDP bucket layout; args at the new
 degrees) and latest_checkpointed_iteration.txt.
+With --ckpt-format torch_dist, DST gets iter_XXXXXXX as megatron-core's
+dist_checkpointing.save writes it (metadata.json, .metadata, __R_0.distcp per
+model-parallel rank, the common state; --megatron-core 0.15|0.18|0.19) with the
+distributed optimizer's fully_reshardable state (formats/megatron/DISTWRITE.md).
 The step goes where the loading run's Adam keeps it (--megatron-optimizer);
 --decoder-first/last-pipeline-num-layers write Megatron's uneven pipeline split.
 No rng_state is written: resume with --no-load-rng. ATOMIC must be converted
@@ -79,6 +83,9 @@ written as DST.partial and renamed when complete.`,
 	f.StringVar(&opts.MegatronOptimizer, "megatron-optimizer", "", "the Adam of the loading Megatron run, which decides where the step is written: adamw (torch.optim.AdamW, Megatron without TE/Apex) or fused (TE/Apex FusedAdam); default: the source's")
 	f.IntVar(&opts.FirstStageLayers, "decoder-first-pipeline-num-layers", 0, "megatron: layers on the first pipeline stage (Megatron's uneven split; 0: even)")
 	f.IntVar(&opts.LastStageLayers, "decoder-last-pipeline-num-layers", 0, "megatron: layers on the last pipeline stage (Megatron's uneven split; 0: even)")
+	f.StringVar(&opts.CkptFormat, "ckpt-format", "", "megatron: torch (default; mp_rank_* files) or torch_dist (dist_checkpointing, Megatron's default)")
+	f.StringVar(&opts.MegatronCore, "megatron-core", "", "megatron --ckpt-format torch_dist: the megatron-core layout, 0.15, 0.18 or 0.19 (default 0.19)")
+	f.StringVar(&opts.DistOptimSharding, "dist-optim-sharding", "", "megatron --ckpt-format torch_dist: fully_reshardable (default; loads at any degree)")
 	f.IntVar(&opts.Zero, "zero", -1, "DeepSpeed ZeRO stage (1, 2 or 3)")
 	f.StringVar(&opts.DType, "dtype", "", "training dtype of the target (float32, bfloat16, float16; default: the source's)")
 	f.BoolVar(&opts.BF16Optimizer, "bf16-optimizer", false, "DeepSpeed BF16_Optimizer files (bf16, ZeRO stage 1, fp32 gradient accumulation)")

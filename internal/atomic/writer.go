@@ -240,6 +240,15 @@ func (f *File) WriteAt(i int, p []byte, off int64) error {
 	return f.tw.WriteAt(i, p, off)
 }
 
+// CopyFrom copies n bytes of src at srcOff to byte off of blob i's data
+// in the kernel (see torchfile's CopyFrom), through c.
+func (f *File) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error {
+	if f.sw != nil {
+		return f.sw.CopyFrom(c, i, src, srcOff, off, n)
+	}
+	return f.tw.CopyFrom(c, i, src, srcOff, off, n)
+}
+
 // Commit finishes this node's part of the file and records it: a whole
 // file with its size and CRC-32 (returned), a shared one by its pieces.
 func (f *File) Commit() (FileEntry, error) {

@@ -37,6 +37,16 @@ type Config struct {
 	MLPBias           bool         `json:"mlp_bias,omitempty"`
 	QKNorm            bool         `json:"qk_norm,omitempty"`
 	Activation        string       `json:"activation"` // "swiglu" (SiLU-gated)
+	// Mixture of experts (moe.go; zero for dense families): routed
+	// experts, top-k, the experts' FFN, a shared expert's FFN and its
+	// sigmoid gate, and whether the k routing probabilities are
+	// renormalised (HF norm_topk_prob; Megatron: not moe_router_pre_softmax).
+	Experts    int64 `json:"num_experts,omitempty"`
+	TopK       int64 `json:"moe_router_topk,omitempty"`
+	MoEFFN     int64 `json:"moe_ffn_hidden_size,omitempty"`
+	SharedFFN  int64 `json:"moe_shared_expert_intermediate_size,omitempty"`
+	SharedGate bool  `json:"moe_shared_expert_gate,omitempty"`
+	NormTopK   bool  `json:"norm_topk_prob,omitempty"`
 	// Unsupported lists what a Hugging Face config asks for that the
 	// Megatron model cannot compute (sliding windows, other rope types):
 	// exporting it back to HF is exact, writing Megatron is refused.
@@ -132,7 +142,6 @@ var refusedArgs = []struct {
 	{"softmax_scale", isNone, "a non-default softmax scale"},
 	{"mtp_num_layers", isZero, "multi-token-prediction layers"},
 	{"no_rope_freq", isNone, "layers without RoPE"},
-	{"num_experts", isZero, "mixture-of-experts layers (their families are separate rows)"},
 	{"rotary_scaling_factor", isOne, "YaRN rotary scaling"},
 }
 
@@ -204,6 +213,9 @@ func FromArgs(a Args) (*Config, error) {
 		return nil, fmt.Errorf("args have no max_position_embeddings")
 	}
 	c.VocabDivisor, _ = a.int("make_vocab_size_divisible_by")
+	if err := moeFromArgs(a, c); err != nil {
+		return nil, err
+	}
 	for _, r := range refusedArgs {
 		if v, ok := a[r.name]; ok && !r.off(v) {
 			return nil, fmt.Errorf("args.%s is %v (%s): no Hugging Face model of the families %s computes it", r.name, v, r.why, strings.Join(Names(), ", "))
@@ -292,6 +304,8 @@ func FromArgs(a Args) (*Config, error) {
 		return nil, err
 	}
 	switch {
+	case c.Experts > 0:
+		c.Family = moeFamily(c)
 	case c.QKNorm:
 		c.Family = "qwen3"
 	case c.QKVBias && !c.OutBias && !c.MLPBias:
@@ -374,6 +388,7 @@ func (c *Config) MegatronArgs() map[string]any {
 	if c.VocabDivisor > 0 {
 		a["make_vocab_size_divisible_by"] = c.VocabDivisor
 	}
+	c.moeMegatronArgs(a)
 	return a
 }
 

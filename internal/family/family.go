@@ -115,7 +115,7 @@ type Family struct {
 
 // All returns the table, a row per family.
 func All() []*Family {
-	return []*Family{llama(), mistral(), qwen2(), qwen3()}
+	return []*Family{llama(), mistral(), qwen2(), qwen3(), mixtral(), qwen2MoE(), qwen3MoE()}
 }
 
 // Names lists the families.

@@ -98,7 +98,6 @@ func TestFromArgs(t *testing.T) {
 		{"learned positions", with(llamaArgs(), "position_embedding_type", "learned_absolute"), "", "learned_absolute", nil},
 		{"post-norm residual", with(llamaArgs(), "apply_residual_connection_post_layernorm", true), "", "apply_residual_connection_post_layernorm", nil},
 		{"mla", with(llamaArgs(), "multi_latent_attention", true), "", "multi_latent_attention", nil},
-		{"experts", with(llamaArgs(), "num_experts", int64(8)), "", "num_experts", nil},
 		{"both scalings", with(llamaArgs(), "use_rope_scaling", true, "rotary_seq_len_interpolation_factor", 2.0), "", "rotary_seq_len_interpolation_factor", nil},
 		{"qk norm and qkv bias only", with(llamaArgs(), "qk_layernorm", true, "add_qkv_bias", true), "", "add_qkv_bias without add_bias_linear", nil},
 		{"bad groups", with(llamaArgs(), "num_query_groups", int64(3)), "", "do not split", nil},
@@ -351,6 +350,11 @@ func TestHFConfigRoundTrip(t *testing.T) {
 		"mistral": func(c *Config) {},
 		"qwen2":   func(c *Config) { c.QKVBias = true },
 		"qwen3":   func(c *Config) { c.QKNorm = true; c.HeadDim = 6 },
+		"mixtral": func(c *Config) { c.Experts, c.TopK, c.MoEFFN, c.NormTopK = 4, 2, c.FFN, true },
+		"qwen2_moe": func(c *Config) {
+			c.QKVBias, c.Experts, c.TopK, c.MoEFFN, c.SharedFFN, c.SharedGate = true, 4, 2, 6, 10, true
+		},
+		"qwen3_moe": func(c *Config) { c.QKNorm, c.HeadDim, c.Experts, c.TopK, c.MoEFFN, c.NormTopK = true, 6, 4, 1, 6, true },
 	}
 	for _, f := range All() {
 		c := *base

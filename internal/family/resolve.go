@@ -177,13 +177,25 @@ func Resolve(c *Config, params []Param, format string) (*Source, error) {
 	var missing []string
 	for _, r := range f.Present(c) {
 		for _, l := range s.layers(r) {
-			if _, ok := s.byRole[roleKey{r.Name, l, -1}]; !ok {
-				if l < 0 {
-					missing = append(missing, r.Name)
-				} else {
-					missing = append(missing, fmt.Sprintf("%s of layer %d", r.Name, l))
+			for _, e := range s.experts(r) {
+				if _, ok := s.byRole[roleKey{r.Name, l, e}]; !ok {
+					switch {
+					case l < 0:
+						missing = append(missing, r.Name)
+					case e >= 0:
+						missing = append(missing, fmt.Sprintf("%s of layer %d expert %d", r.Name, l, e))
+					default:
+						missing = append(missing, fmt.Sprintf("%s of layer %d", r.Name, l))
+					}
 				}
 			}
+		}
+	}
+	// Every expert exactly once: a number beyond the config's experts is
+	// another model's.
+	for k, p := range s.byRole {
+		if k.expert >= int(c.Experts) || (k.expert >= 0 && (k.layer < 0 || k.layer >= int(c.Layers))) {
+			return nil, fmt.Errorf("%s is expert %d of layer %d, but the %s config has %d experts in %d layers", p, k.expert, k.layer, f.Name, c.Experts, c.Layers)
 		}
 	}
 	if len(missing) > 0 {
@@ -210,10 +222,29 @@ func (s *Source) layers(r Role) []int {
 	return out
 }
 
+// experts lists the expert numbers of a role: -1 alone for roles outside
+// the experts.
+func (s *Source) experts(r Role) []int {
+	if r.Scope != Expert {
+		return []int{-1}
+	}
+	out := make([]int, s.C.Experts)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
 // Param returns the source parameter holding a role at a layer (-1 for
 // global roles).
 func (s *Source) Param(role string, layer int) (string, bool) {
-	n, ok := s.byRole[roleKey{role, layer, -1}]
+	return s.ExpertParam(role, layer, -1)
+}
+
+// ExpertParam returns the source parameter holding a role at a layer and
+// expert (-1 for roles outside the experts).
+func (s *Source) ExpertParam(role string, layer, expert int) (string, bool) {
+	n, ok := s.byRole[roleKey{role, layer, expert}]
 	return n, ok
 }
 
@@ -249,12 +280,12 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 	}
 	wantInter := target == Titan && s.F.TitanInterleaved
 	var out []Tensor
-	emit := func(r Role, l int) error {
-		name := r.NameIn(target, l, -1)
+	emit := func(r Role, l, e int) error {
+		name := r.NameIn(target, l, e)
 		if name == "" {
 			return fmt.Errorf("%s has no %s name for %s", s.F.Name, target, r.Name)
 		}
-		src, _ := s.Param(r.Name, l)
+		src, _ := s.ExpertParam(r.Name, l, e)
 		p := s.params[src]
 		t := Tensor{Name: name, Role: r.Name, Layer: l, AddOne: r.Norm && s.C.LayerNorm1p}
 		cols := int64(1)
@@ -265,7 +296,9 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 		}
 		rope := r.Fuse == QKV && r.Part < 2 // q and k rows carry RoPE
 		if s.fused(r) {
-			spans, err := FusedRows(s.C, r.Fuse, s.Layout.Stacked, s.Layout.Interleaved && !wantInter, 1, 0)
+			cc := *s.C
+			cc.FFN = s.C.ffnOf(r)
+			spans, err := FusedRows(&cc, r.Fuse, s.Layout.Stacked, s.Layout.Interleaved && !wantInter, 1, 0)
 			if err != nil {
 				return fmt.Errorf("%s: %w", src, err)
 			}
@@ -328,22 +361,36 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 		if r.Scope != Global || r.Name == "final_norm" || r.Name == "lm_head" {
 			continue
 		}
-		if err := emit(r, -1); err != nil {
+		if err := emit(r, -1, -1); err != nil {
 			return nil, err
 		}
 	}
+	present := s.F.Present(s.C)
 	for l := 0; l < int(s.C.Layers); l++ {
-		for _, r := range s.F.Present(s.C) {
-			if r.Scope == Layer {
-				if err := emit(r, l); err != nil {
+		for i, r := range present {
+			switch {
+			case r.Scope == Layer:
+				if err := emit(r, l, -1); err != nil {
 					return nil, err
+				}
+			case r.Scope == Expert && (i == 0 || present[i-1].Scope != Expert):
+				// A run of expert roles: expert by expert, in global order.
+				for e := 0; e < int(s.C.Experts); e++ {
+					for _, x := range present[i:] {
+						if x.Scope != Expert {
+							break
+						}
+						if err := emit(x, l, e); err != nil {
+							return nil, err
+						}
+					}
 				}
 			}
 		}
 	}
-	for _, r := range s.F.Present(s.C) {
+	for _, r := range present {
 		if r.Name == "final_norm" || r.Name == "lm_head" {
-			if err := emit(r, -1); err != nil {
+			if err := emit(r, -1, -1); err != nil {
 				return nil, err
 			}
 		}

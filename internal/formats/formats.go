@@ -241,7 +241,10 @@ type ReshardOptions struct {
 	// source's) and an uneven pipeline split (0: not set).
 	MegatronOptimizer                 string
 	FirstStageLayers, LastStageLayers int
-	Force, NoSync                     bool
+	// Megatron: --ckpt-format ("torch" or "torch_dist"), and for
+	// torch_dist the megatron-core layout and optimizer sharding type.
+	CkptFormat, MegatronCore, DistOptimSharding string
+	Force, NoSync                               bool
 }
 
 // ReshardStats tell what a writer wrote.
@@ -333,8 +336,9 @@ func Targets() []Target {
 			Name: "deepspeed",
 			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2/3, BF16_Optimizer) and 'latest' beside it",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
-				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer || o.MegatronOptimizer != "" || o.FirstStageLayers != 0 || o.LastStageLayers != 0 {
-					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers)")
+				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer || o.MegatronOptimizer != "" || o.FirstStageLayers != 0 || o.LastStageLayers != 0 ||
+					o.CkptFormat != "" || o.MegatronCore != "" || o.DistOptimSharding != "" {
+					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers, --ckpt-format, --megatron-core, --dist-optim-sharding)")
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
 					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync})
@@ -346,14 +350,27 @@ func Targets() []Target {
 		},
 		{
 			Name: "megatron",
-			Help: "a Megatron-LM --ckpt-format torch save folder (iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt, latest_checkpointed_iteration.txt)",
+			Help: "a Megatron-LM --ckpt-format torch save folder (iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt, latest_checkpointed_iteration.txt), or with --ckpt-format torch_dist a dist_checkpointing folder",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
 				if o.Zero >= 0 || o.BF16Optimizer || o.DType != dtype.Invalid {
 					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer) and keeps the source's training dtype (--dtype)")
 				}
-				st, err := megatron.Reshard(ctx, r, dst, megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
+				mo := megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
 					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers,
-					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync})
+					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync}
+				var st *megatron.ReshardStats
+				var err error
+				switch o.CkptFormat {
+				case "", "torch":
+					if o.MegatronCore != "" || o.DistOptimSharding != "" {
+						return nil, fmt.Errorf("--megatron-core and --dist-optim-sharding apply to --ckpt-format torch_dist")
+					}
+					st, err = megatron.Reshard(ctx, r, dst, mo)
+				case megatron.DistFormat:
+					st, err = megatron.ReshardDist(ctx, r, dst, megatron.DistOptions{ReshardOptions: mo, Core: o.MegatronCore, OptimSharding: o.DistOptimSharding})
+				default:
+					return nil, fmt.Errorf("--ckpt-format %q: give torch or torch_dist", o.CkptFormat)
+				}
 				if err != nil {
 					return nil, err
 				}

@@ -8,17 +8,27 @@ import (
 	"os"
 )
 
-// CopyBufSize is the buffer a Copier allocates when it has none: big
-// enough that a range costs few system calls.
-const CopyBufSize = WriteChunk
+// CopyBufSize is the buffer a Copier allocates when it has none. Small on
+// purpose: it is reused for every piece and stays in the CPU's cache.
+// Measured on Linux 6.18 (ext4, 2 cores, a VM): copying 1 GB through a
+// 256 KiB buffer cost 0.5-0.6 s of system time, through 1 MiB 1.1-3.2 s
+// and through 64 MiB 2.4-3.0 s.
+const CopyBufSize = 256 << 10
 
-// Copier copies byte ranges between open files. Without a CRC it copies
-// in the kernel (copy_file_range: no user-space copy, and a server-side or
-// reflink copy on filesystems that offer one), falling back to pread and
-// pwrite through its buffer when the kernel refuses (another filesystem,
-// an old kernel, a file type it does not support). With a CRC it always
-// goes through the buffer: the bytes must pass through user space to be
-// hashed, and hashing them on the way costs less than reading them back.
+// copyPiece is how much one copy_file_range call of a hashed copy moves
+// before the same bytes are read back for the CRC: small enough that they
+// are still in the CPU's cache when they are hashed.
+const copyPiece = 1 << 20
+
+// Copier copies byte ranges between open files in the kernel
+// (copy_file_range: no user-space copy, and a server-side or reflink copy
+// on filesystems that offer one), falling back to pread and pwrite through
+// its buffer when the kernel refuses (another filesystem, an old kernel, a
+// file type it does not support). With a CRC, each piece copied in the
+// kernel is read back through the buffer and hashed while it is still in
+// the CPU's cache: on Linux 6.18 (ext4) that cost 0.5-0.8 s of system time
+// per GB against 2.4-3.2 s for pread + hash + pwrite through a large
+// buffer, and about what copy_file_range alone costs.
 // One Copier per goroutine: it owns its buffer, which it reuses.
 type Copier struct {
 	Buf []byte
@@ -34,39 +44,69 @@ var errKernelUnsupported = errors.New("in-kernel copy not supported")
 
 // CopyRange copies n bytes of src at srcOff to dst at dstOff.
 func (c *Copier) CopyRange(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) error {
+	_, err := c.copy(dst, dstOff, src, srcOff, n, false)
+	return err
+}
+
+// CopyRangeCRC copies like CopyRange and returns the CRC-32 (IEEE) of the
+// bytes copied.
+func (c *Copier) CopyRangeCRC(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) (uint32, error) {
+	return c.copy(dst, dstOff, src, srcOff, n, true)
+}
+
+func (c *Copier) copy(dst *os.File, dstOff int64, src *os.File, srcOff, n int64, hash bool) (uint32, error) {
 	kernel := c.kernel
 	if kernel == nil {
 		kernel = kernelCopy
 	}
+	var crc uint32
 	for n > 0 && !c.noKernel {
-		k, err := kernel(dst, dstOff, src, srcOff, int(min(n, 1<<30)))
+		piece := min(n, 1<<30)
+		if hash {
+			piece = min(n, copyPiece)
+		}
+		k, err := kernel(dst, dstOff, src, srcOff, int(piece))
 		if errors.Is(err, errKernelUnsupported) {
 			c.noKernel = true
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
+			return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
 		}
 		if k == 0 {
-			return fmt.Errorf("copying %s to %s: %s ends before byte %d: %w", src.Name(), dst.Name(), src.Name(), srcOff+n, io.ErrUnexpectedEOF)
+			return 0, fmt.Errorf("copying %s to %s: %s ends before byte %d: %w", src.Name(), dst.Name(), src.Name(), srcOff+n, io.ErrUnexpectedEOF)
+		}
+		if hash {
+			var err error
+			if crc, err = c.hash(crc, src, srcOff, int64(k)); err != nil {
+				return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
+			}
 		}
 		n, srcOff, dstOff = n-int64(k), srcOff+int64(k), dstOff+int64(k)
 	}
-	_, err := c.copyBuffered(dst, dstOff, src, srcOff, n, false)
-	return err
+	return c.copyBuffered(crc, dst, dstOff, src, srcOff, n, hash)
 }
 
-// CopyRangeCRC copies like CopyRange through the buffer and returns the
-// CRC-32 (IEEE) of the bytes copied.
-func (c *Copier) CopyRangeCRC(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) (uint32, error) {
-	return c.copyBuffered(dst, dstOff, src, srcOff, n, true)
-}
-
-func (c *Copier) copyBuffered(dst *os.File, dstOff int64, src *os.File, srcOff, n int64, hash bool) (uint32, error) {
+// hash extends crc with n bytes of f at off, read through the buffer.
+func (c *Copier) hash(crc uint32, f *os.File, off, n int64) (uint32, error) {
 	if len(c.Buf) == 0 {
 		c.Buf = make([]byte, CopyBufSize)
 	}
-	var crc uint32
+	for n > 0 {
+		b := c.Buf[:min(n, int64(len(c.Buf)))]
+		if _, err := f.ReadAt(b, off); err != nil {
+			return 0, err
+		}
+		crc = crc32.Update(crc, crc32.IEEETable, b)
+		n, off = n-int64(len(b)), off+int64(len(b))
+	}
+	return crc, nil
+}
+
+func (c *Copier) copyBuffered(crc uint32, dst *os.File, dstOff int64, src *os.File, srcOff, n int64, hash bool) (uint32, error) {
+	if len(c.Buf) == 0 {
+		c.Buf = make([]byte, CopyBufSize)
+	}
 	for n > 0 {
 		b := c.Buf[:min(n, int64(len(c.Buf)))]
 		if _, err := src.ReadAt(b, srcOff); err != nil {
@@ -92,8 +132,12 @@ func (c *Copier) copyBuffered(dst *os.File, dstOff int64, src *os.File, srcOff, 
 // which made ucp's writes cost several times those of cp.
 const WriteChunk = 1 << 20
 
-// WriteAt writes p at off in pieces of at most WriteChunk bytes.
-func WriteAt(f *os.File, p []byte, off int64) error {
+// WriteAt writes p at off: on Linux through a pipe (vmsplice and splice,
+// see splice_linux.go), elsewhere or where the kernel refuses with pwrite
+// in pieces of at most WriteChunk bytes.
+func WriteAt(f *os.File, p []byte, off int64) error { return writeAt(f, p, off) }
+
+func pwriteChunks(f *os.File, p []byte, off int64) error {
 	for len(p) > 0 {
 		n := min(len(p), WriteChunk)
 		if _, err := f.WriteAt(p[:n], off); err != nil {

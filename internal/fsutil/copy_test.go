@@ -53,7 +53,9 @@ func TestCopyRange(t *testing.T) {
 		{name: "kernel", kernel: true, srcOff: 5, n: 2<<20 + 3, dstOff: 100},
 		{name: "fallback", copier: Copier{kernel: refuse}, srcOff: 5, n: 2<<20 + 3, dstOff: 100, bufSize: 4096},
 		{name: "fallback after a partial kernel copy", copier: Copier{kernel: refuseLater}, srcOff: 0, n: int64(len(data)), dstOff: 7, bufSize: 1000},
-		{name: "crc", crc: true, srcOff: 1, n: 3 << 20, dstOff: 0, bufSize: 65536},
+		{name: "crc", crc: true, kernel: true, srcOff: 1, n: 3 << 20, dstOff: 0, bufSize: 65536},
+		{name: "crc fallback after a partial kernel copy", copier: Copier{kernel: refuseLater}, crc: true, srcOff: 3, n: 3 << 20, dstOff: 11, bufSize: 4096},
+		{name: "crc fallback", copier: Copier{kernel: refuse}, crc: true, srcOff: 3, n: 1<<20 + 1, dstOff: 11},
 		{name: "empty", kernel: true, srcOff: 10, n: 0, dstOff: 10},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -83,7 +85,7 @@ func TestCopyRange(t *testing.T) {
 			} else if err := cp.CopyRange(dst, c.dstOff, src, c.srcOff, c.n); err != nil {
 				t.Fatal(err)
 			}
-			if cp.noKernel == c.kernel && !c.crc {
+			if cp.noKernel == c.kernel {
 				t.Errorf("noKernel = %v after the copy", cp.noKernel)
 			}
 			got, err := os.ReadFile(dstPath)
@@ -144,26 +146,63 @@ func TestPresize(t *testing.T) {
 	}
 }
 
-// TestWriteAt writes more than one chunk at an offset: every byte lands.
+// TestWriteAt writes through the pipe (unaligned buffers and offsets,
+// several pipe-fulls), below the splice threshold, with splice turned off
+// (pwrite in chunks) and from many goroutines at once into disjoint ranges
+// of one file, reusing the buffer right after each write returns: every
+// byte lands where it belongs.
 func TestWriteAt(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "f")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	data := make([]byte, 2*WriteChunk+5)
-	for i := range data {
-		data[i] = byte(i*7 + 1)
-	}
-	if err := WriteAt(f, data, 3); err != nil {
-		t.Fatal(err)
-	}
-	got, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != len(data)+3 || !bytes.Equal(got[3:], data) || !bytes.Equal(got[:3], []byte{0, 0, 0}) {
-		t.Fatal("written bytes differ")
+	for _, c := range []struct {
+		name        string
+		n, off      int
+		noSplice    bool
+		concurrency int
+	}{
+		{name: "splice", n: 3*pipeSize + 5, off: 3},
+		{name: "splice unaligned", n: spliceMin + 1, off: 4095},
+		{name: "small", n: spliceMin - 1, off: 1},
+		{name: "pwrite", n: 2*WriteChunk + 5, off: 3, noSplice: true},
+		{name: "concurrent", n: 8*pipeSize + 13, off: 0, concurrency: 8},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.noSplice {
+				was := spliceOff.Swap(true)
+				defer spliceOff.Store(was)
+			}
+			p := filepath.Join(t.TempDir(), "f")
+			f, err := os.Create(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			data := make([]byte, c.n+1)[1:] // an address not page-aligned
+			for i := range data {
+				data[i] = byte(i*7 + 1)
+			}
+			parts := max(c.concurrency, 1)
+			step := (c.n + parts - 1) / parts
+			errs := make(chan error, parts)
+			for k := 0; k < parts; k++ {
+				go func() {
+					a, b := min(k*step, c.n), min((k+1)*step, c.n)
+					buf := append([]byte(nil), data[a:b]...)
+					err := WriteAt(f, buf, int64(c.off+a))
+					clear(buf) // the pipe must hold no reference to buf once WriteAt returned
+					errs <- err
+				}()
+			}
+			for k := 0; k < parts; k++ {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(data)+c.off || !bytes.Equal(got[c.off:], data) || !bytes.Equal(got[:c.off], make([]byte, c.off)) {
+				t.Fatal("written bytes differ")
+			}
+		})
 	}
 }

@@ -126,6 +126,14 @@ func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int6
 	if T < 1 || t < 0 || t >= T {
 		return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel rank %d of %d", p.Name, t, T)
 	}
+	var local int64
+	if meta.Vocab && len(p.Shape) > 0 {
+		pv, err := m.PaddedVocab(p.Name, p.Shape[0], T, paddedVocab)
+		if err != nil {
+			return fragment.Shard{}, err
+		}
+		local = pv / int64(T)
+	}
 	if m.Megatron && T > 1 {
 		// megatron.core divides the heads and the query groups by TP for every layer.
 		for _, c := range []struct {
@@ -150,14 +158,6 @@ func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int6
 				return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel size %d does not divide dim %d of shape %v (%d fused parts)", p.Name, T, d, p.Shape, parts)
 			}
 		}
-	}
-	var local int64
-	if meta.Vocab && len(p.Shape) > 0 {
-		pv, err := m.PaddedVocab(p.Name, p.Shape[0], T, paddedVocab)
-		if err != nil {
-			return fragment.Shard{}, err
-		}
-		local = pv / int64(T)
 	}
 	return TPShard(meta, p.Shape, T, t, local)
 }

@@ -1,8 +1,10 @@
 // Package load shares the reading of an atomic checkpoint among the ranks
 // of a data-parallel group at resume time: an ownership plan (Owners,
 // Balance) gives each rank about 1/N of the bytes to read from storage
-// (through internal/layout) and an all-gather gives every rank the rest,
-// over TCP here (TCPComm) or NCCL with the cuda build tag (NCCLComm).
+// (through internal/layout) and the group gives every rank the rest:
+// LoadGroup over a TCP ring (TCPComm) straight into the destinations'
+// memory, LoadGroupCUDA (cuda build tag) through pinned host buffers and
+// NCCL into CUDA device memory.
 package load
 
 import (

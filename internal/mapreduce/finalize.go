@@ -83,7 +83,7 @@ func (p *Plan) complete(w *atomic.Writer) func(*atomic.Records) (*atomic.Manifes
 					m.Files = append(m.Files, e)
 					continue
 				}
-				e, err := writeValue(w, o.Path, o.Value)
+				e, err := writeValue(w, o.Path, o.Value, p.Cores)
 				if err != nil {
 					return nil, err
 				}

@@ -222,6 +222,9 @@ func (red *reducer) run(tk Task) error {
 	st := p.States[o.State]
 	n := tk.End - tk.Start
 	es := int64(o.DType.Size())
+	if cps, ok := red.directCopies(p, st, tk.Start, tk.End, o.DType); ok {
+		return red.copyDirect(tk, o, p, cps)
+	}
 	red.out = grow(red.out, es*n)
 	var err error
 	switch {
@@ -237,28 +240,127 @@ func (red *reducer) run(tk Task) error {
 		return fmt.Errorf("parameter %s, state %s: %w", p.Name, st.Name, err)
 	}
 	t0 := time.Now()
-	of := r.files[tk.Output]
-	of.mu.Lock()
-	if of.f == nil && of.err == nil {
-		of.f, of.err = r.w.CreateFile(o.Path, stateRoot(p, o), o.Shared)
-	}
-	f, ferr := of.f, of.err
-	of.mu.Unlock()
-	if ferr != nil {
-		return ferr
+	f, err := red.stateFile(tk, o, p)
+	if err != nil {
+		return err
 	}
 	if err := f.WriteAt(0, red.out, es*tk.Start); err != nil {
 		return err
 	}
-	if atomic.AddInt32(&of.pending, -1) == 0 {
-		if _, err := f.Commit(); err != nil {
-			return err
-		}
+	if err := red.done(tk, f); err != nil {
+		return err
 	}
 	red.ws.Write += time.Since(t0)
 	red.ws.BytesWritten += es * n
 	if r.opt.Progress != nil {
 		r.opt.Progress(0, es*n)
+	}
+	return nil
+}
+
+// stateFile returns the task's output file, created by the first task.
+func (red *reducer) stateFile(tk Task, o *Output, p *fragment.Param) (*ucpatomic.File, error) {
+	of := red.r.files[tk.Output]
+	of.mu.Lock()
+	defer of.mu.Unlock()
+	if of.f == nil && of.err == nil {
+		of.f, of.err = red.r.w.CreateFile(o.Path, stateRoot(p, o), o.Shared)
+	}
+	return of.f, of.err
+}
+
+// done commits the file after its last task.
+func (red *reducer) done(tk Task, f *ucpatomic.File) error {
+	if atomic.AddInt32(&red.r.files[tk.Output].pending, -1) == 0 {
+		if _, err := f.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// directCopy is a run of stored elements that lands unchanged in the
+// output: n elements of tensor t from element src to full element full.
+type directCopy struct {
+	ref       *fragment.TensorRef
+	src, full int64
+	n         int64
+}
+
+// directCopies returns the task's elements as byte ranges to copy in the
+// kernel when nothing needs converting: one replica (or replicas not
+// checked), no averaging, every fragment stored contiguously in the output
+// dtype and placed as one run. ZeRO's fp32 partitions are such: each
+// parameter is a contiguous slice of a flat fp32 tensor.
+func (red *reducer) directCopies(p *fragment.Param, st *fragment.State, start, end int64, odt dtype.DType) ([]directCopy, bool) {
+	if p.Average || (red.r.opt.CheckReplicas && len(replicas(st)) > 1) {
+		return nil, false
+	}
+	var out []directCopy
+	for i := range st.Frags {
+		f := &st.Frags[i]
+		sh := &st.Shards[f.Shard]
+		if sh.Replica != 0 {
+			continue
+		}
+		if f.Src.DType() != odt || !f.Src.T.IsContiguous() || f.Src.T.Storage.Offset < 0 {
+			return nil, false
+		}
+		ok, first := true, len(out)
+		sh.Runs(p.Shape, f.LocalStart, f.Len, func(rn fragment.Run) {
+			a, b := max(rn.Full, start), min(rn.Full+rn.N, end)
+			if a >= b || !ok {
+				return
+			}
+			src := f.SrcStart + (rn.Local + (a - rn.Full) - f.LocalStart)
+			if src < 0 || src+(b-a) > f.Src.T.Numel() {
+				ok = false // the buffered path reports it
+				return
+			}
+			if k := len(out) - 1; k >= first && out[k].src+out[k].n == src && out[k].full+out[k].n == a {
+				out[k].n += b - a // adjacent in the source and the output: one copy
+				return
+			}
+			out = append(out, directCopy{ref: &f.Src, src: src, full: a, n: b - a})
+			// Many small runs (a column split) cost a system call each:
+			// the buffered path gathers them with one read.
+			ok = len(out)-first <= 4
+		})
+		if !ok {
+			return nil, false
+		}
+	}
+	return out, true
+}
+
+// copyDirect copies the task's runs from the source files into the
+// output file in the kernel.
+func (red *reducer) copyDirect(tk Task, o *Output, p *fragment.Param, cps []directCopy) error {
+	t0 := time.Now()
+	f, err := red.stateFile(tk, o, p)
+	if err != nil {
+		return err
+	}
+	es := int64(o.DType.Size())
+	var n int64
+	for _, c := range cps {
+		src, err := red.r.src.get(c.ref.Path)
+		if err != nil {
+			return err
+		}
+		if err := f.CopyFrom(&red.copier, 0, src, c.ref.T.FileOffset()+es*c.src, es*c.full, es*c.n); err != nil {
+			return fmt.Errorf("parameter %s, state %s: %w", p.Name, o.Name, err)
+		}
+		n += es * c.n
+	}
+	if err := red.done(tk, f); err != nil {
+		return err
+	}
+	red.ws.Write += time.Since(t0)
+	red.ws.BytesRead += n
+	red.ws.BytesWritten += n
+	if red.r.opt.Progress != nil {
+		red.r.opt.Progress(n, n)
 	}
 	return nil
 }
@@ -484,7 +586,7 @@ func (red *reducer) step(o *Output) error {
 	p := r.t.Params[o.Param]
 	s := p.Step
 	if s.Tensor == nil {
-		_, err := writeValue(r.w, o.Path, s.Value)
+		_, err := writeValue(r.w, o.Path, s.Value, 1)
 		return err
 	}
 	file, err := r.src.get(s.Tensor.Path)
@@ -495,7 +597,7 @@ func (red *reducer) step(o *Output) error {
 	if err := torchfile.ReadRange(file, s.Tensor.T, 0, s.Tensor.Numel(), raw); err != nil {
 		return fmt.Errorf("%s: step of %s: %w", s.Tensor.Path, p.Name, err)
 	}
-	_, err = writeValue(r.w, o.Path, torchfile.NewBlob(s.Tensor.DType(), s.Tensor.T.Shape, raw))
+	_, err = writeValue(r.w, o.Path, torchfile.NewBlob(s.Tensor.DType(), s.Tensor.T.Shape, raw), 1)
 	return err
 }
 

@@ -2,7 +2,9 @@ package mapreduce
 
 import (
 	"fmt"
-	"os"
+	atomic32 "sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fragment"
@@ -46,7 +48,7 @@ const copyChunk = 16 << 20
 
 // writeValue writes the torch file rel holding v, its tensor references
 // streamed from the source, and returns its entry.
-func writeValue(w *atomic.Writer, rel string, v pyobj.Value) (atomic.FileEntry, error) {
+func writeValue(w *atomic.Writer, rel string, v pyobj.Value, workers int) (atomic.FileEntry, error) {
 	v, copies, err := blobsForRefs(v, pyobj.DefaultLimits())
 	if err != nil {
 		return atomic.FileEntry{}, err
@@ -55,47 +57,62 @@ func writeValue(w *atomic.Writer, rel string, v pyobj.Value) (atomic.FileEntry, 
 	if err != nil {
 		return atomic.FileEntry{}, err
 	}
-	if err := fill(f, copies); err != nil {
+	if err := fill(f, copies, workers); err != nil {
 		f.Abort()
 		return atomic.FileEntry{}, fmt.Errorf("%s: %w", rel, err)
 	}
 	return f.Commit()
 }
 
-// fill streams every copy's source elements into its blob of w.
-func fill(w *atomic.File, copies []refCopy) error {
+// fill streams every copy's source elements into its blob of w, the
+// copies shared by workers goroutines: a tensor stored contiguously is
+// copied in the kernel, a strided view is gathered through a buffer.
+func fill(w *atomic.File, copies []refCopy, workers int) error {
 	index := map[*torchfile.Blob]int{}
 	for i, bl := range w.Blobs() {
 		index[bl] = i
 	}
-	files := map[string]*os.File{}
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
-	for _, c := range copies {
-		f, ok := files[c.ref.Path]
-		if !ok {
-			var err error
-			if f, err = fsutil.Open(c.ref.Path); err != nil {
-				return err
+	src := newSources()
+	defer src.close()
+	var next atomic32.Int64
+	var g errgroup.Group
+	for range max(min(workers, len(copies)), 1) {
+		g.Go(func() error {
+			var cp fsutil.Copier
+			var buf []byte
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(copies) {
+					return nil
+				}
+				c := copies[i]
+				f, err := src.get(c.ref.Path)
+				if err != nil {
+					return err
+				}
+				es := int64(c.ref.T.DType.Size())
+				n := c.ref.T.Numel()
+				if c.ref.T.IsContiguous() && c.ref.T.Storage.Offset >= 0 {
+					if err := w.CopyFrom(&cp, index[c.blob], f, c.ref.T.FileOffset(), 0, n*es); err != nil {
+						return err
+					}
+					continue
+				}
+				step := max(copyChunk/max(es, 1), 1)
+				if int64(len(buf)) < min(n, step)*es {
+					buf = make([]byte, min(n, step)*es)
+				}
+				for start := int64(0); start < n; start += step {
+					k := min(step, n-start)
+					if err := torchfile.ReadRange(f, c.ref.T, start, k, buf[:k*es]); err != nil {
+						return fmt.Errorf("%s: %w", c.ref.Path, err)
+					}
+					if err := w.WriteAt(index[c.blob], buf[:k*es], start*es); err != nil {
+						return err
+					}
+				}
 			}
-			files[c.ref.Path] = f
-		}
-		es := int64(c.ref.T.DType.Size())
-		n := c.ref.T.Numel()
-		step := max(copyChunk/max(es, 1), 1)
-		buf := make([]byte, min(n, step)*es)
-		for start := int64(0); start < n; start += step {
-			k := min(step, n-start)
-			if err := torchfile.ReadRange(f, c.ref.T, start, k, buf[:k*es]); err != nil {
-				return fmt.Errorf("%s: %w", c.ref.Path, err)
-			}
-			if err := w.WriteAt(index[c.blob], buf[:k*es], start*es); err != nil {
-				return err
-			}
-		}
+		})
 	}
-	return nil
+	return g.Wait()
 }

@@ -8,6 +8,7 @@ package report
 import (
 	"cmp"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -122,4 +123,19 @@ func median(d []time.Duration) time.Duration {
 	d = slices.Clone(d)
 	slices.Sort(d)
 	return d[(len(d)-1)/2]
+}
+
+// HumanBytes prints a size in binary units (KiB, MiB, GiB, ...) with one
+// decimal, or in bytes below 1 KiB: every size ucp prints.
+func HumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -409,6 +409,30 @@ func (b *blobFile) WriteAt(i int, p []byte, off int64) error {
 	return nil
 }
 
+// CopyFrom copies n bytes of src at srcOff to byte off of blob i's
+// payload through c (copy_file_range, the CRC taken on the way): the
+// bytes never pass through a user buffer. Safe for concurrent use with
+// disjoint ranges, one Copier per goroutine.
+func (b *blobFile) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error {
+	if i < 0 || i >= len(b.Layout.Blobs) {
+		return fmt.Errorf("%s: no tensor %d", b.path, i)
+	}
+	if off < 0 || n < 0 || off+n > b.Layout.Blobs[i].NBytes() {
+		return fmt.Errorf("%s: copy of %d bytes at %d outside tensor %d of %d bytes", b.path, n, off, i, b.Layout.Blobs[i].NBytes())
+	}
+	crc, err := c.CopyRangeCRC(b.f, b.Layout.BlobOffset(i)+off, src, srcOff, n)
+	if err != nil {
+		return fmt.Errorf("%s: %w", b.path, err)
+	}
+	if b.Writeback {
+		fsutil.StartWriteback(b.f, b.Layout.BlobOffset(i)+off, n)
+	}
+	b.mu.Lock()
+	b.pieces[i] = append(b.pieces[i], Piece{Off: off, Len: n, CRC: crc})
+	b.mu.Unlock()
+	return nil
+}
+
 // Writer writes one torch.save file through a temporary name: the file
 // appears under its final name only after Commit, complete.
 type Writer struct {

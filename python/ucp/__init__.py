@@ -18,6 +18,7 @@ With ``group=`` a torch.distributed process group whose ranks need the same tens
 group), each rank reads about 1/N of the bytes and the group exchanges the rest, layer by layer.
 """
 
+import builtins
 import collections
 import ctypes
 import hashlib
@@ -350,6 +351,25 @@ def _run(ck, reqs, group, args, transport="torch", timeout=DEFAULT_TIMEOUT):
                   seconds={"agree": t_agree, "exchange": total - t_agree, "total": total})
 
 
+builtins_open = builtins.open  # ucp.open shadows open in this module
+
+
+def _find_nccl():
+    """The NCCL libucp opens: UCP_NCCL_LIBRARY, else the one this process already loaded (torch's), else ""
+    (libucp then tries the system's libnccl.so.2)."""
+    if os.environ.get("UCP_NCCL_LIBRARY"):
+        return os.environ["UCP_NCCL_LIBRARY"]
+    try:
+        with builtins_open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "/libnccl.so" in path and os.path.exists(path):
+                    return path
+    except OSError:
+        pass
+    return ""
+
+
 def _run_ucp(ck, reqs, group, args, timeout, world, me, t0):
     devices = {q.out.device for q in reqs}
     if len(devices) > 1:
@@ -371,6 +391,9 @@ def _run_ucp(ck, reqs, group, args, timeout, world, me, t0):
         torch.cuda.synchronize(dev)  # the outputs' allocation is done before another stream writes them
     spec = {"rank": me, "world": world, "addrs": addrs, "timeout_s": timeout, "args": args,
             "device": -1 if dev.type == "cpu" else index,
+            # Go reads its environment once, when libucp loads: pass what may be set later.
+            "nccl_library": _find_nccl() if dev.type == "cuda" else "",
+            "force_nccl": os.environ.get("UCP_FORCE_NCCL") == "1",
             "items": [{"param": q.param, "state": q.state, "layout": q.layout, "n": q.n, "rank": q.rank,
                        "padded": q.padded or 0, "start": q.start, "count": q.count,
                        "dtype": _DTYPES.get(q.out.dtype, _STORED)} for q in reqs]}

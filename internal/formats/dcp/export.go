@@ -193,6 +193,9 @@ func optimKeyOf(r *atomic.Reader) string {
 	return preferred(found, optimGroups)[0]
 }
 
+// NewSaveID is a random UUID for StorageMeta.save_id, as torch makes one.
+func NewSaveID() string { return newUUID() }
+
 func newUUID() string {
 	var b [16]byte
 	rand.Read(b[:])

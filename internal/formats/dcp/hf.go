@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/safetensors"
@@ -53,13 +54,72 @@ func DetectHF(path string) bool {
 	return false
 }
 
-// IndexHF builds the fragment table of a HuggingFaceStorageWriter folder.
+// IndexHF builds the fragment table of a HuggingFaceStorageWriter folder
+// or of a transformers model folder (save_pretrained). A config.json
+// beside the weights is copied into the atomic checkpoint (HFConfigCopy)
+// and, for a known model_type, gives the model family (internal/family).
 func IndexHF(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
 	c, err := OpenHF(ctx, path, opt)
 	if err != nil {
 		return nil, err
 	}
-	return c.Table()
+	t, err := c.Table()
+	if err != nil {
+		return nil, err
+	}
+	if err := hfConfig(t, path); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// HFConfigCopy is where the atomic checkpoint keeps the source's
+// config.json (hf.ConfigCopy).
+const HFConfigCopy = "hf_config.json"
+
+// hfConfig records config.json: copied as it is, and its family and
+// config when its model_type is a known family whose parameters these are.
+func hfConfig(t *fragment.Table, dir string) error {
+	p := filepath.Join(dir, "config.json")
+	st, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	t.CopyFiles = append(t.CopyFiles, fragment.CopyFile{Name: HFConfigCopy, Src: p, Size: st.Size()})
+	if dt, ok := m["dtype"].(string); ok {
+		t.DType = dt
+	} else if dt, ok := m["torch_dtype"].(string); ok {
+		t.DType = dt
+	}
+	mt, _ := m["model_type"].(string)
+	if _, err := family.ByHFModelType(mt); err != nil {
+		t.Notes = append(t.Notes, fmt.Sprintf("%s: model_type %q is no known model family: exports keep the names (--arch none) or name one with --arch", p, mt))
+		return nil
+	}
+	c, err := family.FromHF(m)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	var ps []family.Param
+	for _, x := range t.Params {
+		ps = append(ps, family.Param{Name: x.Name, Shape: x.Shape})
+	}
+	if _, err := family.Resolve(c, ps, t.Format); err != nil {
+		return fmt.Errorf("%s says %s, but the weights are not that model's: %w", p, c.Family, err)
+	}
+	t.Model = c
+	return nil
 }
 
 // hfIndex is model.safetensors.index.json.

@@ -49,6 +49,9 @@ type Metadata struct {
 	// Attrs holds the values of the Unknown attributes (Megatron's
 	// mcore_data, all_local_plans) for readers that know them.
 	Attrs map[string]pyobj.Value
+	// Class, when set, is the class Marshal pickles instead of torch's
+	// Metadata (a subclass such as Megatron's MCoreMetadata).
+	Class pyobj.Global
 	// Globals counts the module.name references of the pickle.
 	Globals map[string]int
 

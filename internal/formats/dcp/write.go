@@ -118,8 +118,15 @@ func (m *Metadata) Marshal() ([]byte, error) {
 			state.Set(name, v) // read from a pickle: kept (Megatron's mcore_data)
 		}
 	}
-	return pyobj.Marshal(newObject(metaModule, "Metadata", state), nil)
+	mod, name := metaModule, "Metadata"
+	if m.Class.Name != "" {
+		mod, name = m.Class.Module, m.Class.Name // a subclass (Megatron's MCoreMetadata)
+	}
+	return pyobj.Marshal(newObject(mod, name, state), nil)
 }
+
+// SaveBytes is saveBytes for other writers of DCP folders (bytes items).
+func SaveBytes(v pyobj.Value) ([]byte, error) { return saveBytes(v) }
 
 // saveBytes returns the torch.save stream of a small value whose tensors
 // are *torchfile.Blob with Data: a bytes item, as DefaultSavePlanner's

@@ -22,7 +22,7 @@ const (
 // ConfigCopy is where an atomic checkpoint converted from a Hugging Face
 // folder keeps the source's config.json, so an export to the same family
 // writes it back with every field (token ids, initializer range ...).
-const ConfigCopy = "hf/config.json"
+const ConfigCopy = "hf_config.json"
 
 // ModelConfig returns the family and config an export with arch uses:
 // for auto, the manifest's source.model, else the one its args give
@@ -108,7 +108,16 @@ func configJSON(r *atomic.Reader, c *family.Config, dt dtype.DType) ([]byte, err
 			return nil, err
 		}
 	}
-	m["torch_dtype"] = dt.String()
+	// transformers 4.56+ writes "dtype", earlier releases "torch_dtype".
+	set := false
+	for _, k := range []string{"dtype", "torch_dtype"} {
+		if _, ok := m[k]; ok {
+			m[k], set = dt.String(), true
+		}
+	}
+	if !set {
+		m["torch_dtype"] = dt.String()
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")

@@ -1,4 +1,4 @@
-package main
+package convert
 
 import (
 	"fmt"
@@ -6,11 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/ucp-project/ucp/internal/arrowtable"
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
-	"github.com/ucp-project/ucp/internal/report"
 )
 
 // outputPaths lists every file the atomic checkpoint of the plan will
@@ -83,36 +81,6 @@ func checkReadOverlap(src, dst, read string) error {
 		top := filepath.Join(s, strings.Split(rel, string(filepath.Separator))[0])
 		if st, err := os.Lstat(top); err == nil && !st.IsDir() {
 			return fmt.Errorf("refusing to write %s: it is the file %s of the source %s; give another destination", dst+suf, top, src)
-		}
-	}
-	return nil
-}
-
-// reportFiles are the files --report FILE writes ("": none).
-func reportFiles(path string) []string {
-	if path == "" {
-		return nil
-	}
-	return []string{path, report.SVGPath(path)}
-}
-
-// arrowFiles are the files --arrow FILE writes ("": none).
-func arrowFiles(path string) []string {
-	if path == "" {
-		return nil
-	}
-	return []string{path, arrowtable.PlanPath(path)}
-}
-
-// checkSideFiles refuses, before anything is read or written, a report or
-// Arrow file inside the checkpoint read or the DST written (folders), one
-// where a folder, link or FIFO is, and an existing file without --force.
-func checkSideFiles(force bool, folders []string, files ...[]string) error {
-	for _, fs := range files {
-		for _, f := range fs {
-			if err := fsutil.CheckOutputFile(f, force, folders...); err != nil {
-				return err
-			}
 		}
 	}
 	return nil

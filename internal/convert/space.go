@@ -1,4 +1,4 @@
-package main
+package convert
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
+	"github.com/ucp-project/ucp/internal/report"
 )
 
 // spaceMargin covers what the plan does not count: the torch files' heads
@@ -35,7 +36,7 @@ func checkSpace(dst string, plan *mapreduce.Plan, node int, reclaim bool) error 
 	}
 	if need > free {
 		return fmt.Errorf("%s: the conversion writes %s (%d bytes) but %s has only %s (%d bytes) free; nothing written",
-			dst, humanBytes(need), need, dir, humanBytes(free), free)
+			dst, report.HumanBytes(need), need, dir, report.HumanBytes(free), free)
 	}
 	return nil
 }

@@ -1,0 +1,141 @@
+package formats
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/formats/dcp"
+	"github.com/ucp-project/ucp/internal/formats/hf"
+	"github.com/ucp-project/ucp/internal/safetensors"
+	"github.com/ucp-project/ucp/internal/testkit"
+)
+
+// hfFolderTensors reads every tensor of a Hugging Face folder: name ->
+// dtype, shape and raw bytes.
+func hfFolderTensors(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("%s: no safetensors files (%v)", dir, err)
+	}
+	out := map[string]string{}
+	for _, fn := range files {
+		f, err := safetensors.Open(fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range f.Names() {
+			tt, _ := f.Tensor(n)
+			b, err := f.ReadTensor(tt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, dup := out[n]; dup {
+				t.Fatalf("%s: %s twice", dir, n)
+			}
+			out[n] = tt.DType.String() + string(must(json.Marshal(tt.Shape))) + string(b)
+		}
+		f.Close()
+	}
+	return out
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func readJSON(t *testing.T, path string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	b, err := os.ReadFile(path)
+	if err == nil {
+		err = json.Unmarshal(b, &m)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestHFFamilyRoundTrip: folders real transformers 4.57.1 wrote
+// (testdata/gen/hf_family_fixtures.py; every family, sharded and not,
+// fp32 and bf16, tied and untied) convert with the family recorded, and
+// export back (--arch auto) to bit-identical tensors and the same
+// config.json.
+func TestHFFamilyRoundTrip(t *testing.T) {
+	cases := testkit.Cases(t, "hf_family", 6)
+	var listing struct {
+		Cases map[string]struct{ Family, DType string }
+	}
+	b, err := os.ReadFile(testkit.Fixture("hf_family", "cases.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &listing)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range cases {
+		t.Run(name, func(t *testing.T) {
+			src := testkit.Fixture("hf_family", name)
+			tbl, err := Index(context.Background(), src, "", Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tbl.Format != "hf" || tbl.Model == nil || tbl.Model.Family != listing.Cases[name].Family {
+				t.Fatalf("format %s, model %+v; want family %s", tbl.Format, tbl.Model, listing.Cases[name].Family)
+			}
+			dir := testkit.Convert(t, tbl, 2)
+			r, err := atomic.OpenReader(dir, atomic.ReaderOptions{Verify: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m := r.Manifest.Source.Model; m == nil || m.Family != listing.Cases[name].Family {
+				t.Fatalf("manifest model %+v", m)
+			}
+			out := filepath.Join(t.TempDir(), "hf")
+			if _, err := hf.Export(context.Background(), r, out, hf.Options{Arch: hf.ArchAuto, NoSync: true, MaxShard: 2000}); err != nil {
+				t.Fatal(err)
+			}
+			want, got := hfFolderTensors(t, src), hfFolderTensors(t, out)
+			if len(want) != len(got) {
+				t.Errorf("%d tensors, want %d", len(got), len(want))
+			}
+			for n, w := range want {
+				if g, ok := got[n]; !ok {
+					t.Errorf("no %s", n)
+				} else if !bytes.Equal([]byte(g), []byte(w)) {
+					t.Errorf("%s differs", n)
+				}
+			}
+			wc, gc := readJSON(t, filepath.Join(src, "config.json")), readJSON(t, filepath.Join(out, "config.json"))
+			if !reflect.DeepEqual(wc, gc) {
+				t.Errorf("config.json:\n got %v\nwant %v", gc, wc)
+			}
+		})
+	}
+}
+
+// TestHFFamilyBadConfig: a config.json naming a known family whose
+// weights do not fit it is refused naming the file.
+func TestHFFamilyBadConfig(t *testing.T) {
+	dir := testkit.CopyTree(t, testkit.Fixture("hf_family", "qwen3_fp32"))
+	m := readJSON(t, filepath.Join(dir, "config.json"))
+	m["model_type"] = "llama" // qwen3's q/k norms have no llama role
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), must(json.Marshal(m)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Index(context.Background(), dir, "", Options{})
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("config.json says llama, but the weights are not that model's")) {
+		t.Fatalf("error %v", err)
+	}
+	_ = dcp.HFConfigCopy
+}

@@ -1,0 +1,630 @@
+package megatron
+
+import (
+	"context"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/formats/dcp"
+	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/layout"
+	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// Megatron-core versions whose torch_dist layout ucp writes (DISTWRITE.md);
+// DefaultCore is the newest one with a real fixture.
+const (
+	Core015     = "0.15"
+	Core018     = "0.18"
+	Core019     = "0.19"
+	DefaultCore = Core019
+)
+
+// Distributed-optimizer sharding types (distrib_optim_sharding_type).
+const (
+	FullyReshardable = "fully_reshardable"
+	DPReshardable    = "dp_reshardable"
+)
+
+// DistOptions say which Megatron-LM run a written torch_dist checkpoint is
+// for: the degrees, uneven split and Adam of ReshardOptions, the
+// megatron-core version and the optimizer sharding type.
+type DistOptions struct {
+	ReshardOptions
+	Core          string // Core015, Core018, Core019 ("": DefaultCore)
+	OptimSharding string // FullyReshardable ("") or DPReshardable
+	Workers       int    // rank files written at once (0: all cores)
+}
+
+// dwChunk is one box of a DCP tensor key: written by rank file, read from
+// the atomic state through shard (zeros where no map places elements).
+type dwChunk struct {
+	rank          int
+	offsets, size []int64
+	param, state  string
+	shard         fragment.Shard
+	info          dcp.StorageInfo
+}
+
+// dwKey is one key of the checkpoint: a tensor with chunks, or a bytes
+// item (its torch.save stream).
+type dwKey struct {
+	key    string
+	dt     dtype.DType
+	size   []int64
+	chunks []*dwChunk
+	data   []byte
+	info   dcp.StorageInfo
+}
+
+// localNorms are the local spec's sharded_state_dict_keys_map
+// (megatron/core/models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec):
+// its norms are saved under the names TE's fused linears give them.
+var localNorms = [][2]string{
+	{".input_layernorm.", ".self_attention.linear_qkv.layer_norm_"},
+	{".pre_mlp_layernorm.", ".mlp.linear_fc1.layer_norm_"},
+}
+
+// distKey is the torch_dist key of an atomic parameter and its global
+// layer (-1 outside the decoder layers): stacked layers drop the number
+// (the key gets a leading layer axis), norms take TE names.
+func distKey(name string) (string, int) {
+	n := layerIndex(name)
+	if n < 0 {
+		return name, -1
+	}
+	m := reLayer.FindStringSubmatch(name)
+	rest := "." + strings.TrimPrefix(name, m[0])
+	for _, ln := range localNorms {
+		if strings.HasPrefix(rest, ln[0]) {
+			rest = ln[1] + strings.TrimPrefix(rest, ln[0])
+		}
+	}
+	return m[1] + strings.TrimPrefix(rest, "."), n
+}
+
+// ReshardDist writes the atomic checkpoint r (converted from Megatron-LM)
+// as a Megatron-LM --ckpt-format torch_dist save folder dst for the given
+// degrees: iter_XXXXXXX/ with metadata.json, the common state, one
+// __R_0.distcp per model-parallel rank and .metadata (written last), then
+// latest_checkpointed_iteration.txt (DISTWRITE.md).
+func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOptions) (*ReshardStats, error) {
+	switch o.Core {
+	case "":
+		o.Core = DefaultCore
+	case Core015, Core018, Core019:
+	default:
+		return nil, fmt.Errorf("--megatron-core %q: ucp writes the torch_dist layouts of megatron-core %s, %s and %s", o.Core, Core015, Core018, Core019)
+	}
+	switch o.OptimSharding {
+	case "":
+		o.OptimSharding = FullyReshardable
+	case FullyReshardable:
+	case DPReshardable:
+		return nil, fmt.Errorf("--dist-optim-sharding %s is not written yet: use %s (any Megatron run loads it at any degree)", DPReshardable, FullyReshardable)
+	default:
+		return nil, fmt.Errorf("--dist-optim-sharding %q: give %s or %s", o.OptimSharding, FullyReshardable, DPReshardable)
+	}
+	if o.VPP > 0 {
+		return nil, fmt.Errorf("--vpp with --ckpt-format torch_dist is not written yet")
+	}
+	if o.Workers <= 0 {
+		o.Workers = runtime.NumCPU()
+	}
+	// torch_dist holds the distributed optimizer's state (fully_reshardable).
+	o.DistOptimizer = true
+	p, err := planMegatron(r, o.ReshardOptions)
+	if err != nil {
+		return nil, err
+	}
+	w := &distWriter{p: p, o: o}
+	if err := w.keys(); err != nil {
+		return nil, err
+	}
+	dst = filepath.Clean(dst)
+	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
+		return nil, err
+	}
+	iterDir := filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter))
+	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
+		if _, err := os.Stat(x); err == nil && !o.Force {
+			return nil, fmt.Errorf("%s exists; use --force to replace it", x)
+		}
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return nil, err
+	}
+	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
+	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
+		return w.write(ctx, tmp, iterDir, st)
+	}); err != nil {
+		return nil, err
+	}
+	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(strconv.FormatInt(p.iter, 10)), o.NoSync); err != nil {
+		return nil, err
+	}
+	st.Files++
+	return st, nil
+}
+
+type distWriter struct {
+	p      *rsPlan
+	o      DistOptions
+	swiglu bool
+	tensor []*dwKey // model keys, then optimizer keys
+	items  []*dwKey // bytes items (rank 0's file)
+}
+
+// stageOf is the pipeline stage holding an atomic parameter.
+func (w *distWriter) stageOf(name string, layer int) int {
+	switch {
+	case layer >= 0:
+		s, _ := w.p.chunkOf(layer)
+		return s
+	case strings.HasPrefix(name, "embedding."):
+		return 0
+	}
+	return w.o.PP - 1
+}
+
+// boxes are the boxes TP rank t of T saves of a tensor of (padded) shape
+// full, as Megatron's layers build their ShardedTensors: replicated whole
+// (rank 0 only: the main replica), column-parallel / vocabulary / QKV rows
+// split, row-parallel columns split, SwiGLU fc1 a gate and an up box
+// (megatron/core/transformer/mlp.py apply_swiglu_sharded_factory).
+func boxes(k kind, full []int64, T, t int) ([][2][]int64, error) {
+	whole := [][2][]int64{{make([]int64, len(full)), clone(full)}}
+	split := func(d int) ([][2][]int64, error) {
+		if d >= len(full) || full[d]%int64(T) != 0 {
+			return nil, fmt.Errorf("shape %v cannot be split %d ways on dim %d", full, T, d)
+		}
+		off, size := make([]int64, len(full)), clone(full)
+		size[d] = full[d] / int64(T)
+		off[d] = int64(t) * size[d]
+		return [][2][]int64{{off, size}}, nil
+	}
+	switch k {
+	case kindRep:
+		if t > 0 {
+			return nil, nil
+		}
+		return whole, nil
+	case kindVocab, kindQKV, kindCol:
+		return split(0)
+	case kindRow:
+		return split(1)
+	case kindSwiGLU:
+		if full[0]%int64(2*T) != 0 {
+			return nil, fmt.Errorf("SwiGLU shape %v cannot be split %d ways", full, T)
+		}
+		f := full[0] / 2
+		var out [][2][]int64
+		for _, base := range []int64{0, f} {
+			off, size := make([]int64, len(full)), clone(full)
+			size[0] = f / int64(T)
+			off[0] = base + int64(t)*size[0]
+			out = append(out, [2][]int64{off, size})
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no tensor-parallel rule")
+}
+
+// keys builds every key of the checkpoint: the model's tensors and, for
+// fully_reshardable, optimizer.state.{param,exp_avg,exp_avg_sq}.<key> with
+// the model key's shape and chunks; the _extra_state items of the layers'
+// linears and the common state (0.19) as bytes items.
+func (w *distWriter) keys() error {
+	p := w.p
+	if v, ok := p.args.Attr("swiglu"); ok && v == true {
+		w.swiglu = true
+	}
+	T, L := p.o.TP, p.layers
+	model := map[string]*dwKey{}
+	var order []string
+	for _, e := range p.r.Manifest.Params {
+		key, layer := distKey(e.Name)
+		k := splitKind(e.Name, w.swiglu)
+		if k == kindUnknown || k == kindGrouped1 || k == kindGrouped2 {
+			return fmt.Errorf("%s: parameter %s: no torch_dist layout known for it", p.r.Dir, e.Name)
+		}
+		full := clone(e.Shape)
+		if k == kindVocab && p.vocab > 0 {
+			full[0] = p.vocab
+		}
+		mk, ok := model[key]
+		if !ok {
+			size := full
+			if layer >= 0 {
+				size = append([]int64{int64(L)}, full...)
+			}
+			mk = &dwKey{key: key, dt: p.dt, size: size}
+			model[key] = mk
+			order = append(order, key)
+		}
+		s := w.stageOf(e.Name, layer)
+		for t := 0; t < T; t++ {
+			bs, err := boxes(k, full, T, t)
+			if err != nil {
+				return fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
+			}
+			for _, b := range bs {
+				ch := &dwChunk{rank: t + T*s, offsets: b[0], size: b[1], param: e.Name, shard: boxShard(b[0], b[1], e.Shape)}
+				if layer >= 0 {
+					ch.offsets = append([]int64{int64(layer)}, ch.offsets...)
+					ch.size = append([]int64{1}, ch.size...)
+				}
+				mk.chunks = append(mk.chunks, ch)
+			}
+		}
+	}
+	for _, key := range order {
+		mk := model[key]
+		if n := len(mk.size); n > 0 && mk.size[0] == int64(L) && strings.HasPrefix(key, "decoder.layers.") {
+			if err := coversLayers(mk, L); err != nil {
+				return fmt.Errorf("%s: %w", p.r.Dir, err)
+			}
+		}
+		for _, ch := range mk.chunks {
+			ch.state = fragment.FP32
+		}
+		w.tensor = append(w.tensor, mk)
+	}
+	for _, state := range []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq} {
+		name := state
+		if state == fragment.FP32 {
+			name = "param"
+		}
+		for _, key := range order {
+			mk := model[key]
+			ok := &dwKey{key: "optimizer.state." + name + "." + key, dt: dtype.Float32, size: clone(mk.size)}
+			for _, ch := range mk.chunks {
+				if !p.hasState(ch.param, state) {
+					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, ch.param, state)
+				}
+				c := *ch
+				c.state = state
+				ok.chunks = append(ok.chunks, &c)
+			}
+			w.tensor = append(w.tensor, ok)
+		}
+	}
+	none, err := dcp.SaveBytes(&pyobj.List{Items: []pyobj.Value{nil}})
+	if err != nil {
+		return err
+	}
+	for _, mod := range w.extraModules(order) {
+		for l := 0; l < L; l++ {
+			w.items = append(w.items, &dwKey{key: fmt.Sprintf("%s._extra_state/shard_%d_%d", mod, l, L), data: none})
+		}
+	}
+	if w.o.Core == Core019 {
+		common, err := w.common()
+		if err != nil {
+			return err
+		}
+		data, err := dcp.SaveBytes(&pyobj.List{Items: []pyobj.Value{common}})
+		if err != nil {
+			return err
+		}
+		w.items = append(w.items, &dwKey{key: "common_state/shard_0_1", data: data})
+	}
+	return nil
+}
+
+// coversLayers checks that a stacked key has every layer's chunks.
+func coversLayers(k *dwKey, L int) error {
+	seen := make([]bool, L)
+	for _, ch := range k.chunks {
+		seen[ch.offsets[0]] = true
+	}
+	for l, ok := range seen {
+		if !ok {
+			return fmt.Errorf("%s: layer %d has no tensor (torch_dist stacks every layer under one key)", k.key, l)
+		}
+	}
+	return nil
+}
+
+// extraModules are the layer modules saving _extra_state (ShardedObjects
+// keyed <module>._extra_state/shard_<layer>_<L>): the linears, and TE's
+// core attention with the TE spec, in the order the layer registers them.
+func (w *distWriter) extraModules(order []string) []string {
+	has := map[string]bool{}
+	for _, k := range order {
+		if m := linearModule(k); m != "" && strings.HasPrefix(m, "decoder.layers.") {
+			has[m] = true
+		}
+	}
+	var out []string
+	for _, m := range []string{"self_attention.core_attention", "self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2"} {
+		full := "decoder.layers." + m
+		if has[full] || (m == "self_attention.core_attention" && w.p.te && has["decoder.layers.self_attention.linear_proj"]) {
+			out = append(out, full)
+		}
+	}
+	return out
+}
+
+// boxShard reads the box [off, off+size) of a tensor whose atomic shape
+// is full (rows past it are vocabulary padding: zeros).
+func boxShard(off, size, full []int64) fragment.Shard {
+	in := clone(size)
+	for d := range in {
+		in[d] = max(0, min(off[d]+size[d], full[d])-off[d])
+	}
+	to := clone(off)
+	if in[0] == 0 {
+		to[0] = full[0] // only padding: a box of no rows at the end, as placement does
+	}
+	return fragment.Shard{Shape: clone(size), Maps: []fragment.BoxMap{{From: make([]int64, len(size)), To: to, Size: in}}}
+}
+
+// common is the common state dist_checkpointing.save stores beside the
+// tensors: the training loop's dict without rng state, args at the new
+// degrees (ckpt_format torch_dist) and the optimizer's param groups with
+// the sharding type.
+func (w *distWriter) common() (*pyobj.Dict, error) {
+	p := w.p
+	var all []rsParam
+	for _, st := range p.chunks {
+		for _, list := range st {
+			all = append(all, list...)
+		}
+	}
+	ov, err := p.distGroups(all)
+	if err != nil {
+		return nil, err
+	}
+	opt := ov.(*pyobj.Dict)
+	if w.o.Core != Core015 {
+		opt.Set("param_state_sharding_type", w.o.OptimSharding)
+	}
+	args := p.targetArgs().(*pyobj.Object)
+	if ad, ok := args.State.(*pyobj.Dict); ok {
+		ad.Set("ckpt_format", "torch_dist")
+		ad.Set("dist_ckpt_optim_fully_reshardable", w.o.OptimSharding == FullyReshardable)
+	}
+	c := pyobj.NewDict(pyobj.PlainDict)
+	c.Set("args", args)
+	cv, ok := p.extra.Get("checkpoint_version")
+	if !ok {
+		cv = 3.0
+	}
+	c.Set("checkpoint_version", cv)
+	c.Set("iteration", p.iter)
+	c.Set("optimizer", opt)
+	for _, k := range []string{"opt_param_scheduler", "lr_scheduler", "num_floating_point_operations_so_far"} {
+		if v, ok := p.extra.Get(k); ok {
+			c.Set(k, v)
+		}
+	}
+	return c, nil
+}
+
+// write writes the iteration folder's files into tmp: metadata.json, the
+// common state (common.pt up to core 0.18), every rank file in parallel,
+// then .metadata, and reads the folder back.
+func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardStats) error {
+	meta := `{"sharded_backend": "torch_dist", "sharded_backend_version": 1}`
+	if w.o.Core != Core019 {
+		meta = `{"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}`
+	}
+	if err := os.WriteFile(filepath.Join(tmp, dcp.MegatronMetadataFile), []byte(meta), 0o644); err != nil {
+		return err
+	}
+	st.Files++
+	st.Bytes += int64(len(meta))
+	if w.o.Core != Core019 {
+		common, err := w.common()
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(tmp, commonFile)
+		n, err := layout.WriteFile(w.p.r, path, common, nil)
+		if err != nil {
+			return err
+		}
+		st.Files++
+		st.Bytes += n
+	}
+	ranks := w.o.TP * w.o.PP
+	sizes := make([]int64, ranks)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(w.o.Workers)
+	for rank := 0; rank < ranks; rank++ {
+		g.Go(func() error {
+			n, err := w.writeRank(gctx, tmp, rank)
+			sizes[rank] = n
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for _, n := range sizes {
+		st.Files++
+		st.Bytes += n
+	}
+	pkl, err := w.metadata(final).Marshal()
+	if err != nil {
+		return err
+	}
+	// .metadata marks a complete save: last, after the data files.
+	if err := fsutil.WriteFileAtomic(filepath.Join(tmp, dcp.MetadataFile), pkl, w.o.NoSync); err != nil {
+		return err
+	}
+	st.Files++
+	st.Bytes += int64(len(pkl))
+	if _, err := IndexDist(ctx, tmp, Options{Workers: w.o.Workers}); err != nil {
+		return fmt.Errorf("the written checkpoint does not read back: %w", err)
+	}
+	return nil
+}
+
+// writeRank writes __<rank>_0.distcp: rank 0's bytes items first, then
+// every chunk the rank saves, each a torch.save stream of one tensor.
+func (w *distWriter) writeRank(ctx context.Context, dir string, rank int) (int64, error) {
+	name := fmt.Sprintf("__%d_0.distcp", rank)
+	path := filepath.Join(dir, name)
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	rw := &distRankWriter{r: w.p.r, f: f, name: name}
+	err = func() error {
+		if rank == 0 {
+			for _, k := range w.items {
+				if _, err := f.WriteAt(k.data, rw.at); err != nil {
+					return err
+				}
+				k.info = dcp.StorageInfo{RelativePath: name, Offset: rw.at, Length: int64(len(k.data))}
+				rw.at += int64(len(k.data))
+			}
+		}
+		for _, k := range w.tensor {
+			for _, ch := range k.chunks {
+				if ch.rank != rank {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				if err := rw.chunk(k.dt, ch); err != nil {
+					return fmt.Errorf("%s: %w", k.key, err)
+				}
+			}
+		}
+		return nil
+	}()
+	if err == nil && !w.o.NoSync {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return rw.at, nil
+}
+
+type distRankWriter struct {
+	r    *atomic.Reader
+	f    *os.File
+	name string
+	at   int64
+	buf  []byte
+}
+
+// pieceBytes bounds the bytes of one chunk held at once.
+const pieceBytes = 4 << 20
+
+// chunk writes one chunk as a torch.save stream of a contiguous tensor of
+// its size, streaming the atomic state through the chunk's shard.
+func (rw *distRankWriter) chunk(dt dtype.DType, ch *dwChunk) error {
+	l, err := torchfile.NewLayout("archive", &torchfile.Blob{DType: dt, Shape: ch.size})
+	if err != nil {
+		return err
+	}
+	base := rw.at
+	for _, s := range l.Head() {
+		if _, err := rw.f.WriteAt(s.Data, base+s.Off); err != nil {
+			return err
+		}
+	}
+	st, err := rw.r.OpenState(ch.param, ch.state)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	es := int64(dt.Size())
+	n := torchfile.Numel(ch.size)
+	step := max(pieceBytes/es, 1)
+	var crc uint32
+	for done := int64(0); done < n; {
+		m := min(n-done, step)
+		if int64(cap(rw.buf)) < m*es {
+			rw.buf = make([]byte, m*es)
+		}
+		b := rw.buf[:m*es]
+		if _, err := layout.ReadLocalAs(st, ch.shard, done, m, dt, b); err != nil {
+			return err
+		}
+		if err := fsutil.WriteAt(rw.f, b, base+l.BlobOffset(0)+done*es); err != nil {
+			return err
+		}
+		crc = crc32.Update(crc, crc32.IEEETable, b)
+		done += m
+	}
+	tail, err := l.Tail([]uint32{crc})
+	if err != nil {
+		return err
+	}
+	for _, s := range tail {
+		if _, err := rw.f.WriteAt(s.Data, base+s.Off); err != nil {
+			return err
+		}
+	}
+	rw.at += l.Size()
+	ch.info = dcp.StorageInfo{RelativePath: rw.name, Offset: base, Length: l.Size()}
+	return nil
+}
+
+// metadata is the .metadata of the written keys, as torch's
+// create_default_global_save_plan and FileSystemWriter.finish build it:
+// entries in key order (tensors, then the bytes items), chunks in the
+// order written, storage_data by rank then offset; no planner data
+// (Megatron saves with flatten_state_dict off). Core 0.15 pickles its own
+// MCoreMetadata subclass with mcore_data ({} per tensor key: nothing
+// reformulated).
+func (w *distWriter) metadata(final string) *dcp.Metadata {
+	md := &dcp.Metadata{StorageMeta: &dcp.StorageMeta{CheckpointID: final, SaveID: dcp.NewSaveID()}}
+	type stored struct {
+		off int64
+		e   dcp.StorageEntry
+		rk  int
+	}
+	var all []stored
+	mcore := pyobj.NewDict(pyobj.PlainDict)
+	for _, k := range w.tensor {
+		e := &dcp.Entry{Key: k.key, DType: k.dt, Size: clone(k.size)}
+		for _, ch := range k.chunks {
+			e.Chunks = append(e.Chunks, dcp.Chunk{Offsets: clone(ch.offsets), Sizes: clone(ch.size)})
+			all = append(all, stored{ch.info.Offset, dcp.StorageEntry{Index: dcp.MetadataIndex{FQN: k.key, Offset: clone(ch.offsets), HasOffset: true, Hint: -1}, Info: ch.info}, ch.rank})
+		}
+		md.Entries = append(md.Entries, e)
+		mcore.Set(k.key, pyobj.NewDict(pyobj.PlainDict))
+	}
+	for _, k := range w.items {
+		md.Entries = append(md.Entries, &dcp.Entry{Key: k.key, Bytes: true})
+		all = append(all, stored{k.info.Offset, dcp.StorageEntry{Index: dcp.MetadataIndex{FQN: k.key, Hint: -1}, Info: k.info}, 0})
+	}
+	sort.SliceStable(all, func(i, j int) bool {
+		if all[i].rk != all[j].rk {
+			return all[i].rk < all[j].rk
+		}
+		return all[i].off < all[j].off
+	})
+	for _, s := range all {
+		md.Storage = append(md.Storage, s.e)
+	}
+	if w.o.Core == Core015 {
+		md.Class = pyobj.Global{Module: "megatron.core.dist_checkpointing.strategies.torch", Name: "MCoreMetadata"}
+		md.Unknown = []string{"mcore_data"}
+		md.Attrs = map[string]pyobj.Value{"mcore_data": mcore}
+	}
+	return md
+}
