@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures
+.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed megatron-fixtures check-megatron
 
 all: build
 
@@ -112,6 +112,13 @@ check-deepspeed: build
 megatron-fixtures:
 	@test -n "$(MEGATRON_SRC)" || { echo "usage: make megatron-fixtures MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
 	./scripts/megatron-fixtures.sh $(MEGATRON_SRC)
+
+# Real megatron-core (a Megatron-LM release tag's tree: core_v0.19.0, core_v0.18.2, core_v0.15.3) loads
+# what `ucp reshard --to megatron --ckpt-format torch_dist` writes at new degrees, bit for bit against the
+# fixtures' live truth, trains a step, and times its load against its own checkpoint. Not part of CI.
+check-megatron: build
+	@test -n "$(MEGATRON_SRC)" || { echo "usage: make check-megatron MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
+	./scripts/megatron-check.sh $(MEGATRON_SRC) $(BIN)
 
 # The kill -9 loop (cmd/ucp TestKillResume): a generated ~2.2 GB DeepSpeed checkpoint is converted, killed
 # right after each phase and after 10 random delays, resumed with --resume and compared file by file with a

@@ -15,7 +15,7 @@
 # package install is resumed (dpkg --configure -a, then apt-get again).
 set -euo pipefail
 root=${UCP_TORCH2_CHROOT:-/var/cache/ucp/trixie}
-pkgs=python3,python3-torch,python3-numpy,python3-safetensors,python3-pydantic,python3-hjson,python3-packaging,python3-psutil,python3-tqdm,python3-einops,python3-yaml,python3-zstandard,python3-regex,python3-requests,python3-filelock
+pkgs=python3,python3-torch,python3-numpy,python3-safetensors,python3-pydantic,python3-hjson,python3-packaging,python3-psutil,python3-tqdm,python3-einops,python3-yaml,python3-zstandard,python3-regex,python3-requests,python3-filelock,python3-setuptools
 
 need_root() {
   if [ "$(id -u)" -ne 0 ]; then echo "torch2-chroot: must run as root (debootstrap, chroot, mount)" >&2; exit 1; fi

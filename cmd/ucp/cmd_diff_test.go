@@ -95,6 +95,8 @@ func TestDiff(t *testing.T) {
 		{"source equals its conversion", []string{src, atomicDir}, 0, "diff/equal.golden"},
 		{"every state listed", []string{"--all", atomicDir, src}, 0, "diff/all.golden"},
 		{"changed values", []string{src, changed}, 1, "diff/different.golden"},
+		// 4 KiB over 3 workers: pieces of 64 elements, the same result.
+		{"changed values, compared in small pieces", []string{"--memory", "4KiB", src, changed}, 1, "diff/different.golden"},
 		{"tolerance does not excuse a NaN", []string{"--atol", "10", src, changed}, 1, "diff/atol.golden"},
 		{"missing parameter", []string{atomicDir, bare}, 1, "diff/missing.golden"},
 		{"unreadable side", []string{src, filepath.Join(tmp, "nonexistent")}, 2, "diff/nonexistent.golden"},

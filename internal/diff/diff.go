@@ -15,6 +15,7 @@
 package diff
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -140,6 +141,7 @@ func Compare(ctx context.Context, a, b *fragment.Table, opt Options) (*Result, e
 			tasks = append(tasks, tk)
 		}
 	}
+	step := streamElems(opt)
 	sa, sb := mapreduce.NewSource(a), mapreduce.NewSource(b)
 	defer sa.Close()
 	defer sb.Close()
@@ -160,15 +162,28 @@ func Compare(ctx context.Context, a, b *fragment.Table, opt Options) (*Result, e
 				tk := tasks[i]
 				o := plan.Outputs[tk.Output]
 				p := byA[[2]int{o.Param, o.State}]
-				n := 4 * (tk.End - tk.Start)
-				bufA, bufB = grow(bufA, n), grow(bufB, n)
-				if err := ga.Read(p.ai, p.as, tk.Start, tk.End, bufA); err != nil {
-					return fmt.Errorf("A: %w", err)
+				// The task is compared in pieces of at most step elements:
+				// buffers stay small (and in the CPU's cache) whatever the
+				// plan's chunk.
+				var c chunkStats
+				c.first = -1
+				for lo := tk.Start; lo < tk.End; lo += step {
+					hi := min(lo+step, tk.End)
+					n := 4 * (hi - lo)
+					bufA, bufB = grow(bufA, n), grow(bufB, n)
+					if err := ga.Read(p.ai, p.as, lo, hi, bufA); err != nil {
+						return fmt.Errorf("A: %w", err)
+					}
+					if err := gb.Read(p.bi, p.bs, lo, hi, bufB); err != nil {
+						return fmt.Errorf("B: %w", err)
+					}
+					if bytes.Equal(bufA, bufB) { // equal bits are equal in every mode
+						c.elems += hi - lo
+						continue
+					}
+					c.merge(compareChunk(dtype.Float32s(bufA), dtype.Float32s(bufB), lo, opt))
 				}
-				if err := gb.Read(p.bi, p.bs, tk.Start, tk.End, bufB); err != nil {
-					return fmt.Errorf("B: %w", err)
-				}
-				p.e.add(compareChunk(dtype.Float32s(bufA), dtype.Float32s(bufB), tk.Start, opt))
+				p.e.add(c)
 			}
 		})
 	}
@@ -191,6 +206,28 @@ func Compare(ctx context.Context, a, b *fragment.Table, opt Options) (*Result, e
 	}
 	res.BytesRead = sa.BytesRead() + sb.BytesRead()
 	return res, nil
+}
+
+// maxStreamElems bounds the elements compared at once per worker: two
+// float32 buffers of 1 MiB, plus the raw reads behind them.
+const maxStreamElems = 256 << 10
+
+// bytesPerStreamElem is a comparer's memory per element in flight: two
+// float32 buffers and the raw source reads of both sides (up to 8 bytes
+// each, float64 sources).
+const bytesPerStreamElem = 24
+
+// streamElems is how many elements one worker compares at once: at most
+// maxStreamElems, less when --memory is smaller.
+func streamElems(opt Options) int64 {
+	n := int64(maxStreamElems)
+	if opt.ChunkElems > 0 {
+		n = min(n, opt.ChunkElems)
+	}
+	if opt.Memory > 0 {
+		n = min(n, max(opt.Memory/int64(max(opt.Workers, 1))/bytesPerStreamElem, 64))
+	}
+	return max(n, 1)
 }
 
 func grow(b []byte, n int64) []byte {
@@ -413,6 +450,18 @@ func compareChunk(a, b []float32, start int64, opt Options) chunkStats {
 		}
 	}
 	return c
+}
+
+// merge adds the statistics of a later piece of the same chunk.
+func (c *chunkStats) merge(d chunkStats) {
+	c.elems += d.elems
+	c.differ += d.differ
+	c.nan += d.nan
+	c.maxAbs = max(c.maxAbs, d.maxAbs)
+	c.maxRel = max(c.maxRel, d.maxRel)
+	if c.first < 0 {
+		c.first = d.first
+	}
 }
 
 func (c *chunkStats) note(i int64) {

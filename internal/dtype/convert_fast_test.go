@@ -67,3 +67,46 @@ func benchmarkWiden(b *testing.B, dt DType) {
 
 func BenchmarkWidenBFloat16(b *testing.B) { benchmarkWiden(b, BFloat16) }
 func BenchmarkWidenFloat16(b *testing.B)  { benchmarkWiden(b, Float16) }
+
+// TestNarrowBFloat16Lengths checks the four-at-a-time rounding against the
+// element rule at every length 0-9 and offset (the tail loop), and that
+// nothing is written past the end.
+func TestNarrowBFloat16Lengths(t *testing.T) {
+	src := make([]byte, 4*4099)
+	for i := range 4099 {
+		binary.LittleEndian.PutUint32(src[4*i:], uint32(i)*0x9e3779b9) // NaNs, ties and subnormals among them
+	}
+	for n := 0; n <= 9; n++ {
+		for start := 0; start+n <= 4099; start += 37 {
+			dst := make([]byte, 2*n+2)
+			binary.LittleEndian.PutUint16(dst[2*n:], 0xbeef)
+			if err := FromFloat32(dst[:2*n], src[4*start:4*(start+n)], BFloat16); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < n; i++ {
+				u := binary.LittleEndian.Uint32(src[4*(start+i):])
+				if got, want := binary.LittleEndian.Uint16(dst[2*i:]), BFloat16Bits(u); got != want {
+					t.Fatalf("n=%d: %#08x rounded to %#04x, want %#04x", n, u, got, want)
+				}
+			}
+			if binary.LittleEndian.Uint16(dst[2*n:]) != 0xbeef {
+				t.Fatalf("n=%d: wrote past the end", n)
+			}
+		}
+	}
+}
+
+func BenchmarkNarrowBFloat16(b *testing.B) {
+	const n = 1 << 20
+	src := make([]byte, 4*n)
+	for i := range n {
+		binary.LittleEndian.PutUint32(src[4*i:], uint32(0x3f800000+i*77))
+	}
+	dst := make([]byte, 2*n)
+	b.SetBytes(4 * n)
+	for b.Loop() {
+		if err := FromFloat32(dst, src, BFloat16); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

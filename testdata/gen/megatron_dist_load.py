@@ -1,0 +1,166 @@
+"""Real megatron-core loads a torch_dist folder written by `ucp reshard --to megatron --ckpt-format
+torch_dist` at the written degrees and must give the source fixture's live truth bit for bit, then
+train a step.
+
+    python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP
+
+CASE_DIR holds `written/` (ucp's save folder) and the source fixture's `truth.pt`; CASE is the
+source's generator case (megatron_dist_fixtures.CASES: the model geometry). Each of TP·PP·DP ranks
+(gloo, one process each) builds the fixture's GPTModel with Megatron's DDP and distributed optimizer at
+the new degrees, every parameter and optimizer state NaN first, then does what the training loop's
+load does: `dist_checkpointing.load` of `{'model': model.sharded_state_dict(), 'optimizer':
+optimizer.sharded_state_dict(model_sd, is_loading=True, metadata={'distrib_optim_sharding_type':
+'fully_reshardable'})}`, `model.load_state_dict`, `optimizer.load_state_dict`. The live model and the
+optimizer's fp32 main parameters and Adam moments are gathered over every rank (the fixture
+generator's local_truth/merge) and compared with truth.pt: states exactly, weights with the truth's fp32
+cast to the dtype ucp saved (the training dtype, as a Float16Module holds every parameter) and back.
+Then one optimizer step on seeded gradients must succeed. Prints "ok ..." and exits 0 on success.
+Run inside the torch 2.6 chroot by scripts/megatron-check.sh.
+"""
+import os
+import sys
+import time
+
+src, case_dir, case_name = sys.argv[1], sys.argv[2], sys.argv[3]
+TP, PP, DP = (int(x) for x in sys.argv[4:7])
+# UCP_OWN=1: `written/` is the fixture's own checkpoint (the load-time baseline); its model weights
+# are the live ones (fp32 norms of the unwrapped bf16 model), compared with truth weight directly.
+OWN = os.environ.get("UCP_OWN") == "1"
+STEPS = 2  # the fixtures' optimizer steps (megatron_dist_fixtures.STEPS)
+sys.path.insert(0, src)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import megatron_dist_fixtures as gen
+
+
+def patch_dcp_load():
+    import torch.distributed.checkpoint as tdcp
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    orig = tdcp.load
+
+    def load(state_dict, storage_reader=None, *, planner=None, no_dist=False, **kw):
+        # DCP's load(no_dist=...) arrived in torch 2.7; 2.6 has _load_state_dict(no_dist=...).
+        if no_dist:
+            return _load_state_dict(state_dict, storage_reader=storage_reader, planner=planner, no_dist=True)
+        return orig(state_dict, storage_reader=storage_reader, planner=planner, **kw)
+
+    tdcp.load = load
+
+
+def patch_torch_adam_step():
+    """megatron-core 0.19's load_parameter_state_from_fully_reshardable leaves torch Adam's 'step'
+    out of the tensors it hands _set_main_param_and_optimizer_states, which then looks it up for
+    every tensor of the live state ('step' included) and raises KeyError: Megatron's own
+    fully_reshardable checkpoints do not load with torch AdamW (no TE/Apex, as on CPU) either
+    (UCP_OWN=1 shows it). The step itself comes from the param groups (load_state_dict); the shim
+    only lets the lookup skip it, as it skips every non-tensor."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    orig = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_states(self, model_param, tensors):
+        return orig(self, model_param, {"step": None, **tensors})
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
+
+def worker(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
+    gen.install_shims()
+    patch_dcp_load()
+    patch_torch_adam_step()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing
+
+    case = dict(gen.CASES[case_name])
+    case.update(tp=TP, pp=PP, dp=DP)
+    cfg, ddp, model, opt = gen.build(case, rank, world)
+    # Nothing may survive from initialization: NaN everywhere before the load.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+        for o in getattr(opt, "chained_optimizers", [opt]):
+            for g in o.shard_fp32_from_float16_groups + o.shard_fp32_groups:
+                for p in g:
+                    p.fill_(float("nan"))
+            # torch AdamW (Megatron without TE/Apex, as on CPU) creates its state lazily, and
+            # DistributedOptimizer.state_dict() (called by sharded_state_dict) asserts one step over
+            # the states: create them as init_state_fn does, with a step, all NaN; the load replaces
+            # every value (a GPU run's FusedAdam keeps the step in its groups and needs no shim);
+            # the step -1 (one value: the assertion) must be replaced by the checkpoint's.
+            o.init_state_fn(o.optimizer, o.config)
+            for st in o.optimizer.state.values():
+                for v in st.values():
+                    v.fill_(float("nan"))
+                st["step"] = torch.tensor(-1.0)
+    save = os.path.join(case_dir, "written")
+    it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
+    t0 = time.time()
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd,
+             "optimizer": opt.sharded_state_dict(model_sd, is_loading=True,
+                                                 metadata={"distrib_optim_sharding_type": "fully_reshardable"})}
+    loaded = dist_checkpointing.load(state, it)
+    model.load_state_dict(loaded["model"])
+    opt.load_state_dict(loaded["optimizer"])
+    load_s = time.time() - t0
+    steps = {float(st["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for st in o.optimizer.state.values()}
+    pieces = [None] * world
+    dist.all_gather_object(pieces, gen.local_truth(model, opt, not case.get("impl")))
+    bad = []
+    if rank == 0:
+        truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
+        full = gen.merge([e for p in pieces for e in p], TP)
+        saved_dt = torch.bfloat16 if case["dtype"] == "bf16" else torch.float32
+        n = 0
+        for name, st in full.items():
+            for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):
+                if name not in truth[k]:
+                    bad.append(f"{name}: no truth {k}")
+                    continue
+                want = truth[k][name]
+                if k == "weight" and not OWN:
+                    want = truth["fp32"][name].to(saved_dt).float()
+                got = st[k]  # merge() cuts the vocabulary to the true rows
+                n += 1
+                if got.shape != want.shape:
+                    bad.append(f"{name} {k}: shape {list(got.shape)}, want {list(want.shape)}")
+                elif not torch.equal(got, want):
+                    # The fixtures' bf16 model is not wrapped in Float16Module: its norms live in fp32,
+                    # the distributed optimizer's main params are views of them, and loading the
+                    # optimizer overwrites this rank's owned range with the fp32 main values. ucp saves
+                    # model tensors in the training dtype (as a Float16Module holds them), so there each
+                    # element is either the truth's fp32 value or its bf16 rounding.
+                    exact = truth["fp32"][name]
+                    mixed = k == "weight" and not OWN and torch.equal(torch.where(got == exact, want, got), want)
+                    if not mixed:
+                        bad.append(f"{name} {k} differs")
+        if steps != {float(STEPS)}:
+            bad.append(f"optimizer steps after the load: {steps}, want {STEPS}")
+        if len(full) != len(truth["fp32"]):
+            bad.append(f"{len(full)} parameters loaded, truth has {len(truth['fp32'])}")
+    flag = torch.tensor([len(bad)])
+    dist.broadcast(flag, 0)
+    if flag.item() == 0:
+        gen.synthetic_step(ddp, model, opt, 99)
+        dist.barrier()
+    if rank == 0:
+        if bad:
+            print("FAIL", case_dir, *bad[:20], sep="\n  ")
+        else:
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP} DP {DP}: "
+                  f"{n} tensors equal to the truth, one training step taken; load {load_s:.2f}s", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if bad:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    world = TP * PP * DP
+    mp.spawn(worker, args=(world, 29700 + os.getpid() % 200), nprocs=world, join=True)
