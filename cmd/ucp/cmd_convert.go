@@ -163,72 +163,8 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		}
 		return writeArrow(out, opts.Arrow, job.Table, job.Plan)
 	}
-<<<<<<< HEAD
-	if !opts.Finalize {
-		if err := checkOutputs(dst, plan); err != nil {
-			return err
-		}
-		if err := checkSpace(dst, plan, node, nodes == 1); err != nil {
-			return err
-		}
-	}
-	var sources []fsutil.FileID
-	if !opts.Finalize {
-		// What the journal records of the input, for --resume to compare.
-		files, err := t.SourceFiles()
-		if err == nil {
-			sources, err = fsutil.Identify(files)
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", src, err)
-		}
-	}
-	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: opts.Force, Tool: versionString(), Node: node, Nodes: nodes,
-		FinalizeOnly: opts.Finalize, NoSync: opts.NoSync, Resume: opts.Resume, Sources: sources, AfterPhase: stopAfter})
-	if err != nil {
-		return err
-	}
-	stopAfter("created")
-	if opts.Finalize {
-		return finalize(out, errOut, w, plan, start, opts.Quiet)
-	}
-	bar := newProgress(errOut, "converting", progressTotal(plan, node, w), opts.Quiet)
-	stats, err := mapreduce.Run(ctx, plan, w, mapreduce.Options{Node: node, Workers: opts.Workers, CheckReplicas: opts.CheckReplicas,
-		Progress: bar.add})
-	bar.finish()
-	if opts.Report != "" && stats != nil {
-		if rerr := report.Write(opts.Report, report.Meta{Node: node, Nodes: plan.Nodes,
-			PlanID: plan.ID(), ChunkElems: plan.ChunkElems, NodeBytes: plan.NodeBytes, Index: indexed}, stats); rerr != nil && err == nil {
-			err = rerr
-		}
-	}
-	if err != nil {
-		if nodes == 1 {
-			w.Abort()
-		}
-		return err
-	}
-	stopAfter("converted")
-	all, err := w.FinishNode()
-	if err != nil {
-		return err
-	}
-	stopAfter("node-done")
-	if nodes == 1 {
-		m, err := mapreduce.Finalize(plan, w)
-		if err != nil {
-			w.Abort()
-			return err
-		}
-		warn(errOut, w)
-		summary(out, opts, t, src, dst, m, stats, w, start, indexed)
-		return nil
-	}
-	if !opts.Quiet {
-=======
 	res, err := job.Run(ctx)
 	if res.NodeDone && !opts.Quiet {
->>>>>>> main
 		fmt.Fprintf(out, "node %d of %d (from %s) done: %s\n", node, nodes, from,
 			transferLine(res.Stats.BytesRead, res.Stats.BytesWritten, time.Since(job.Start), job.Indexed))
 		stragglers(out, res.Stats)
