@@ -141,6 +141,11 @@ func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportO
 	if err != nil {
 		return err
 	}
+	// Up front, as convert: Hugging Face and torch files hold the weights
+	// (at most their fp32 size), DCP the optimizer states too.
+	if err := checkFree(dst, atomicBytes(r.Manifest, tg.Name != "dcp")+spaceMargin, "the export writes up to", true); err != nil {
+		return err
+	}
 	var bar *progress
 	o.Progress = func(total, read, written int64) {
 		if bar == nil {

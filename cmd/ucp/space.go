@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 )
@@ -25,6 +26,13 @@ func checkSpace(dst string, plan *mapreduce.Plan, node int, reclaim bool) error 
 		}
 	}
 	need += spaceMargin
+	return checkFree(dst, need, "the conversion writes", reclaim)
+}
+
+// checkFree refuses a run that writes need bytes into DST.partial when
+// DST's file system has less free space (reclaim counts an old
+// DST.partial, which the run empties first, as free).
+func checkFree(dst string, need int64, what string, reclaim bool) error {
 	dir := fsutil.Existing(dst + atomic.PartialSuffix)
 	free, _, err := fsutil.FSInfo(dir)
 	if err != nil {
@@ -34,8 +42,22 @@ func checkSpace(dst string, plan *mapreduce.Plan, node int, reclaim bool) error 
 		free += fsutil.DiskUsage(dst + atomic.PartialSuffix)
 	}
 	if need > free {
-		return fmt.Errorf("%s: the conversion writes %s (%d bytes) but %s has only %s (%d bytes) free; nothing written",
-			dst, humanBytes(need), need, dir, humanBytes(free), free)
+		return fmt.Errorf("%s: %s %s (%d bytes) but %s has only %s (%d bytes) free; nothing written",
+			dst, what, humanBytes(need), need, dir, humanBytes(free), free)
 	}
 	return nil
+}
+
+// atomicBytes sums the bytes of an atomic checkpoint's state files: all
+// of them, or only the fp32 weights.
+func atomicBytes(m *atomic.Manifest, fp32Only bool) int64 {
+	var n int64
+	for _, p := range m.Params {
+		for _, f := range p.Files {
+			if !fp32Only || f.State == fragment.FP32 {
+				n += f.Bytes
+			}
+		}
+	}
+	return n
 }
