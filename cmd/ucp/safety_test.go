@@ -366,3 +366,30 @@ func TestVerifyChecksHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestExportReshardSpaceCheck (issue 26 item 10): export and reshard
+// refuse up front, as convert does, an output that cannot fit in the free
+// space (here a manifest claiming petabytes), writing nothing.
+func TestExportReshardSpaceCheck(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), a); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	editManifest(t, a, func(m *atomic.Manifest) { m.Params[0].Files[0].Bytes = 1 << 55 })
+	for _, args := range [][]string{
+		{"export", "--to", "torch", a, filepath.Join(dir, "torch")},
+		{"export", "--to", "dcp", a, filepath.Join(dir, "dcp")},
+		{"reshard", a, filepath.Join(dir, "ds", "step"), "--to", "deepspeed", "--dp", "2", "--zero", "1"},
+	} {
+		r := ucp(t, nil, args...)
+		if r.code == 0 || !strings.Contains(r.stderr, "free; nothing written") {
+			t.Errorf("%v: exit %d, %q; want the free-space refusal", args, r.code, r.stderr)
+		}
+	}
+	for _, out := range []string{"torch", "dcp", "ds"} {
+		if _, err := os.Lstat(filepath.Join(dir, out)); !os.IsNotExist(err) {
+			t.Errorf("%s written", filepath.Join(dir, out))
+		}
+	}
+}

@@ -125,6 +125,18 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseManifest(path, b)
+}
+
+// maxManifestNumel bounds a parameter's elements (2^60: far beyond any
+// model, and numel times any element size stays within int64).
+const maxManifestNumel = 1 << 60
+
+// ParseManifest decodes ucp.json (read from path) and checks what its
+// readers rely on: the format and version, parameter names, shapes of
+// non-negative dims whose product cannot overflow, state dtypes, and file
+// sizes that are not negative.
+func ParseManifest(path string, b []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -135,9 +147,30 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if m.Version != ManifestVersion {
 		return nil, fmt.Errorf("%s: manifest version %d is not supported (want %d)", path, m.Version, ManifestVersion)
 	}
-	for _, p := range m.Params {
+	for i := range m.Params {
+		p := &m.Params[i]
 		if err := CheckName(p.Name); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		n := int64(1)
+		for _, d := range p.Shape {
+			if d < 0 || d > 0 && n > maxManifestNumel/d {
+				return nil, fmt.Errorf("%s: parameter %s: shape %v is negative or holds more than 2^60 elements", path, p.Name, p.Shape)
+			}
+			n *= d
+		}
+		if _, err := p.StateDType(); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		for _, f := range p.Files {
+			if f.Bytes < 0 {
+				return nil, fmt.Errorf("%s: parameter %s: file %s of %d bytes", path, p.Name, f.Path, f.Bytes)
+			}
+		}
+	}
+	for _, f := range m.Files {
+		if f.Bytes < 0 {
+			return nil, fmt.Errorf("%s: file %s of %d bytes", path, f.Path, f.Bytes)
 		}
 	}
 	return &m, nil

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -84,10 +86,8 @@ func (w *Writer) resume() ([]FileEntry, error) {
 		return nil, err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	var head journalHead
-	if !sc.Scan() || json.Unmarshal(sc.Bytes(), &head) != nil {
+	head, entries, ok := parseJournal(f, w.tmp)
+	if !ok {
 		return nil, nil // not even the head: nothing to reuse
 	}
 	if head.Plan != w.opt.PlanID {
@@ -98,13 +98,7 @@ func (w *Writer) resume() ([]FileEntry, error) {
 		return nil, fmt.Errorf("%s: cannot resume: %w since the run that wrote it; rerun without --resume to start over", w.tmp, err)
 	}
 	var keep []FileEntry
-	seen := map[string]bool{}
-	for sc.Scan() {
-		var e FileEntry
-		if json.Unmarshal(sc.Bytes(), &e) != nil || CheckPath(w.tmp, e.Path) != nil || seen[e.Path] {
-			continue
-		}
-		seen[e.Path] = true
+	for _, e := range entries {
 		p := filepath.Join(w.tmp, filepath.FromSlash(e.Path))
 		if err := VerifyFile(p, e); err != nil {
 			os.Remove(p)
@@ -120,6 +114,33 @@ func (w *Writer) resume() ([]FileEntry, error) {
 		return nil
 	})
 	return keep, nil
+}
+
+// parseJournal decodes a journal: its head (ok false when there is none)
+// and the entries worth checking: each a file path inside dir (not the
+// folder itself nor ucp's own .ucp-nodes files), listed once, of a size
+// that is not negative. Torn, malformed or overlong lines are skipped:
+// anything not listed is redone.
+func parseJournal(r io.Reader, dir string) (head journalHead, entries []FileEntry, ok bool) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	if !sc.Scan() || json.Unmarshal(sc.Bytes(), &head) != nil {
+		return head, nil, false
+	}
+	seen := map[string]bool{}
+	for sc.Scan() {
+		var e FileEntry
+		if json.Unmarshal(sc.Bytes(), &e) != nil || CheckPath(dir, e.Path) != nil || seen[e.Path] || e.Bytes < 0 {
+			continue
+		}
+		c := path.Clean(e.Path)
+		if c != e.Path || c == "." || c == nodesDir || strings.HasPrefix(c, nodesDir+"/") {
+			continue
+		}
+		seen[e.Path] = true
+		entries = append(entries, e)
+	}
+	return head, entries, true
 }
 
 // sameSources refuses a resume when the source files of the killed run

@@ -49,6 +49,12 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newReader(dir, root, m, opt)
+}
+
+// newReader indexes a parsed manifest: parameters listed once, every file
+// path inside the checkpoint.
+func newReader(dir, root string, m *Manifest, opt ReaderOptions) (*Reader, error) {
 	r := &Reader{Dir: dir, Manifest: m, opt: opt, root: root, files: map[string]FileEntry{}, params: map[string]int{},
 		verified: map[string]error{}}
 	add := func(e FileEntry) error {
