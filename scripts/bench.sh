@@ -160,6 +160,17 @@ if [ -n "${UCP_BENCH_REAL:-}" ]; then
   bench "real DeepSpeed checkpoint" "$UCP_BENCH_REAL"
 fi
 
+if [ "${BENCH_RING:-1}" = 1 ]; then
+  # transport="ucp"'s CPU exchange: the TCP ring between two processes (each way at once, as a group load runs
+  # it) against one plain loopback stream measured in the same run (internal/load/ringbench_test.go).
+  go test -count=1 -run '^$' -bench 'RingTwoProcesses|LoopbackFloor' -benchtime 8x ./internal/load > "$B/ring.txt" 2>&1 ||
+    { cat "$B/ring.txt" >&2; exit 1; }
+  ring=$(awk '/RingTwoProcesses/ {print $(NF-1)}' "$B/ring.txt")
+  floor=$(awk '/LoopbackFloor/ {print $(NF-1)}' "$B/ring.txt")
+  echo
+  echo "CPU ring (2 processes, received per rank): $ring MB/s; one loopback stream: $floor MB/s; ratio $(ratio "$ring" "$floor")"
+fi
+
 echo
 echo "scaling (--no-sync): bytes, seconds per GB and peak RSS relative to the first case"
 awk -F'\t' '{split($1, v, " "); if (NR==1) {b0=v[1]; s0=v[2]/v[1]; r0=v[3]}

@@ -13,13 +13,47 @@ func TestBarUnits(t *testing.T) {
 	var b bytes.Buffer
 	bar := newBar(&b, "converting", 3<<30)
 	bar.Add64(1536 << 20)
-	if err := bar.RenderBlank(); err != nil {
-		t.Fatal(err)
-	}
 	out := b.String()
-	if !strings.Contains(out, "(1.5/3.0 GiB") || strings.Contains(out, "GB") ||
+	if !strings.Contains(out, "1.5 GiB / 3.0 GiB") || strings.Contains(out, "GB") ||
 		!strings.Contains(out, "converting") {
 		t.Errorf("bar: %q", out)
+	}
+}
+
+// TestBarRate (issue 22, friction 3): no rate until the bar has run a
+// second (a burst counted at the start showed "1.6 TiB/s"), then the
+// average since the start; 100% only when everything is done; Finish
+// clears the line.
+func TestBarRate(t *testing.T) {
+	var b bytes.Buffer
+	now := time.Unix(1000, 0)
+	bar := newBar(&b, "converting", 4<<30)
+	bar.now = func() time.Time { return now }
+	bar.start = now
+	steps := []struct {
+		after time.Duration
+		add   int64
+		want  string
+	}{
+		{10 * time.Millisecond, 1 << 30, "converting  25% [=======                       ] 1.0 GiB / 4.0 GiB"},
+		{2 * time.Second, 1 << 30, "converting  50% [===============               ] 2.0 GiB / 4.0 GiB, 1.0 GiB/s, 2s left"},
+		{4 * time.Second, 2<<30 - 64<<20, "converting  98% [=============================Й] 3.9 GiB / 4.0 GiB, 1008.0 MiB/s"},
+		{4*time.Second + barEvery, 64 << 20, "converting 100% [==============================] 4.0 GiB / 4.0 GiB, 975.2 MiB/s"},
+	}
+	for _, s := range steps {
+		now = time.Unix(1000, 0).Add(s.after)
+		b.Reset()
+		bar.Add64(s.add)
+		got := strings.TrimRight(strings.TrimPrefix(b.String(), "\r"), " ")
+		want := strings.ReplaceAll(s.want, "Й", " ")
+		if got != want {
+			t.Errorf("after %s: got %q, want %q", s.after, got, want)
+		}
+	}
+	b.Reset()
+	bar.Finish()
+	if got := b.String(); strings.Trim(got, "\r ") != "" {
+		t.Errorf("Finish wrote %q", got)
 	}
 }
 

@@ -43,6 +43,7 @@ type convertOptions struct {
 	NoSync        bool
 	DSVersion     string
 	Resume        bool
+	NoLatest      bool
 }
 
 func newConvertCommand() *cobra.Command {
@@ -103,6 +104,7 @@ rerun alone.`,
 	f.Int64Var(&opts.ChunkElems, "chunk-elems", 0, "largest task in elements (default: from the memory budget and the balance)")
 	f.MarkHidden("chunk-elems")
 	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the output to disk before writing the manifest")
+	f.BoolVar(&opts.NoLatest, "no-latest", false, "do not write or change the latest_universal pointer file beside DST")
 	f.BoolVar(&opts.Resume, "resume", false, "reuse the files a killed or failed run completed in DST.partial (checked against their CRC-32) and do only the rest")
 	return cmd
 }
@@ -126,7 +128,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	if opts.Resume && !opts.Force && isAtomic(dst) {
 		if _, err := os.Stat(dst + atomic.PartialSuffix); os.IsNotExist(err) {
-			return resumeComplete(out, dst, opts.NoSync, opts.Quiet)
+			return resumeComplete(out, dst, opts)
 		}
 	}
 	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
@@ -144,10 +146,10 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	co := convert.Options{From: opts.From, Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize, Node: node, Nodes: nodes,
 		Memory: memory, ChunkElems: opts.ChunkElems, DSVersion: opts.DSVersion, Force: opts.Force, Finalize: opts.Finalize,
 		NoSync: opts.NoSync, Resume: opts.Resume, CheckReplicas: opts.CheckReplicas, Report: opts.Report, Tool: versionString(),
-		AfterPhase: stopAfter,
+		AfterPhase: stopAfter, NoLatest: opts.NoLatest,
 		Progress: func(total int64) (func(read, written int64), func()) {
 			bar := newProgress(errOut, "converting", total, opts.Quiet)
-			return bar.add, bar.finish
+			return convert.ProgressCounter(bar.addBytes), bar.finish
 		}}
 	job, err := convert.Plan(ctx, src, dst, deferred, co)
 	if ie := (*convert.IndexError)(nil); errors.As(err, &ie) {
@@ -158,7 +160,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	defer job.Close()
 	if opts.DryRun {
-		if err := printPlan(out, job.Table, job.Plan); err != nil || opts.Arrow == "" {
+		if err := printPlan(out, job.Table, job.Plan, dst, opts); err != nil || opts.Arrow == "" {
 			return err
 		}
 		return writeArrow(out, opts.Arrow, job.Table, job.Plan)
@@ -180,6 +182,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 		if !opts.Quiet {
 			fmt.Fprintf(out, "finalized %s: %d parameters, manifest written in %s\n", res.Writer.Dst, len(res.Manifest.Params),
 				fmtDuration(time.Since(job.Start)))
+			printPointer(out, res.Writer.Pointer)
 		}
 	case !res.AllDone:
 		if !opts.Quiet {
@@ -196,14 +199,27 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 // resumeComplete answers --resume when DST is already complete (the
 // killed run got as far as the rename): nothing to convert, but the
 // latest_universal pointer may still be missing.
-func resumeComplete(out io.Writer, dst string, noSync, quiet bool) error {
-	if err := convert.LinkLatest(dst, noSync); err != nil {
-		return err
+func resumeComplete(out io.Writer, dst string, opts convertOptions) error {
+	var p *atomic.Pointer
+	if !opts.NoLatest {
+		pt, err := convert.LinkLatest(dst, opts.NoSync)
+		if err != nil {
+			return err
+		}
+		p = &pt
 	}
-	if !quiet {
+	if !opts.Quiet {
 		fmt.Fprintf(out, "%s is already complete (it has %s): nothing to resume; 'ucp verify %s' checks it\n", dst, atomic.ManifestName, dst)
+		printPointer(out, p)
 	}
 	return nil
+}
+
+// printPointer says which pointer file beside DST was written or changed.
+func printPointer(out io.Writer, p *atomic.Pointer) {
+	if p != nil {
+		fmt.Fprintf(out, "  %s (--no-latest leaves it alone)\n", p)
+	}
 }
 
 // warn prints the writer's warnings: problems that left DST complete.
@@ -218,11 +234,20 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 		return
 	}
 	fmt.Fprintf(out, "converted %s checkpoint %s -> %s\n", t.Format, src, dst)
-	fmt.Fprintf(out, "  %d parameters, %d files, %s\n", len(m.Params), len(m.AllFiles()),
+	// "written" counts the tensor and copied bytes; the files also hold
+	// torch-file framing, small pickled values and the manifest, so the
+	// folder's size (what ls and du see) is given apart.
+	var listed int64
+	for _, f := range m.AllFiles() {
+		listed += f.Bytes
+	}
+	fmt.Fprintf(out, "  %d parameters; tensor data and copied files: %s\n", len(m.Params),
 		transferLine(stats.BytesRead, stats.BytesWritten, time.Since(start), indexed))
+	fmt.Fprintf(out, "  %s: %s\n", dst, filesLine(dst, len(m.AllFiles()), listed))
 	if n, b := w.Reused(); opts.Resume {
 		fmt.Fprintf(out, "  resumed: %d files (%s) reused from %s%s, the rest converted this time\n", n, humanBytes(b), filepath.Base(dst), atomic.PartialSuffix)
 	}
+	printPointer(out, w.Pointer)
 	stragglers(out, stats)
 	for _, n := range t.Notes {
 		fmt.Fprintln(out, "  note:", n)
@@ -258,15 +283,23 @@ func stragglers(out io.Writer, stats *mapreduce.Stats) {
 	fmt.Fprintf(out, "  slowest tasks: %s\n", strings.Join(tasks, ", "))
 }
 
-func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
-	var read, written int64
+func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan, dst string, opts convertOptions) error {
+	var total int64
 	for _, tk := range plan.Tasks {
 		r, w := plan.IO(tk)
-		read, written = read+r, written+w
+		total += r + w
+	}
+	// The totals from the table, exact: what the run's summary will say.
+	read, written := t.Bytes()
+	for _, f := range t.CopyFiles {
+		read, written = read+f.Size, written+f.Size
 	}
 	fmt.Fprintf(out, "plan: %d tasks over %d node(s) x %d worker(s), chunks of at most %d elements: %s to read, %s to write\n",
 		len(plan.Tasks), plan.Nodes, plan.Cores, plan.ChunkElems, humanBytes(read), humanBytes(written))
-	fmt.Fprintf(out, "PARAMETERS counts the parameters (of %d) a worker touches: a parameter split in chunks over\n"+
+	fmt.Fprintf(out, "Each node's tasks are fixed by the plan. Within a node the workers take its tasks from one queue, each\n"+
+		"the next task when it is free, so which worker does which task depends on timing: the WORKER rows are a\n"+
+		"simulation by bytes, what to expect, not an assignment (--report FILE.json records what each worker did).\n"+
+		"PARAMETERS counts the parameters (of %d) a worker touches: a parameter split in chunks over\n"+
 		"several workers is counted by each of them. SHARE is the worker's part of the bytes read and written.\n\n", len(t.Params))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tWORKER\tTASKS\tPARAMETERS\tREAD\tWRITE\tSHARE")
@@ -282,10 +315,24 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan) error {
 				}
 			}
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(r), humanBytes(w),
-				100*float64(r+w)/float64(max(read+written, 1)))
+				100*float64(r+w)/float64(max(total, 1)))
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What the real run would do with DST as it is now.
+	if _, err := os.Stat(dst); err == nil {
+		switch {
+		case opts.Force:
+			fmt.Fprintf(out, "\nnote: %s exists: the real run (--force) replaces it once the new checkpoint is complete\n", dst)
+		case opts.Resume && isAtomic(dst):
+			fmt.Fprintf(out, "\nnote: %s is complete: the real run (--resume) has nothing to do\n", dst)
+		default:
+			fmt.Fprintf(out, "\nnote: %s exists: the real run will refuse it (--force replaces it)\n", dst)
+		}
+	}
+	return nil
 }
 
 // progress shows a bar on a terminal and nothing otherwise.
@@ -304,9 +351,12 @@ func newProgress(w io.Writer, label string, total int64, quiet bool) *progress {
 	return &progress{bar: newBar(w, label, total)}
 }
 
-func (p *progress) add(read, written int64) {
-	if p.bar != nil {
-		p.bar.Add64(read + written)
+// add counts bytes read and written (export's bar counts both).
+func (p *progress) add(read, written int64) { p.addBytes(read + written) }
+
+func (p *progress) addBytes(n int64) {
+	if p.bar != nil && n != 0 {
+		p.bar.Add64(n)
 	}
 }
 

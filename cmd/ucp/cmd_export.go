@@ -59,9 +59,10 @@ fp32 master weights cast to --dtype (default: the training dtype the
 manifest records, else float32); optimizer states are left out. --arch
 auto (hf's default) names the tensors as the transformers class of the
 model family the checkpoint records (Megatron and Megatron-DeepSpeed args,
-a Hugging Face config.json: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe) and writes its
-config.json: fused QKV and fc1 split, interleaved RoPE rows reordered,
-layernorm-1p weights + 1, rope scaling carried; a model no family computes
+a Hugging Face config.json: llama, mistral, qwen2, qwen3, mixtral,
+qwen2_moe, qwen3_moe) and writes its config.json: fused QKV and fc1
+split, interleaved RoPE rows reordered, layernorm-1p weights + 1, rope
+scaling carried; a model no family computes
 exactly is refused with the option's name. --arch FAMILY names the family,
 --arch none keeps the source's names; --params REGEX exports a subset.`,
 		Example: `  ucp export out/atomic out/dcp --to dcp

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -93,6 +92,7 @@ written as DST.partial and renamed when complete.`,
 	f.StringVar(&opts.DSVersion, "deepspeed-version", "", "--to deepspeed: the DeepSpeed release the target runs, written as ds_version (default: the source's); 0.19.5 and later also get checkpoint_parallel_dimensions")
 	f.BoolVar(&opts.Force, "force", false, "replace DST if it exists")
 	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the written files to disk")
+	f.BoolVar(&opts.NoLatest, "no-latest", false, "--to deepspeed: do not write or change the 'latest' pointer file beside DST")
 	f.BoolVar(&opts.Verify, "verify", true, "check every atomic file's CRC-32 against the manifest before using it")
 	f.BoolVar(&opts.Quiet, "quiet", false, "no summary")
 	return cmd
@@ -151,9 +151,9 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 		fmt.Fprintf(out, "  %d files, %s in %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
 	} else {
 		fmt.Fprintf(out, "resharded %s -> %s (%s: DP %d, TP %d, ZeRO-%d)\n", src, dst, tg.Name, opts.DP, opts.TP, opts.Zero)
-		fmt.Fprintf(out, "  %d files, %s in %s; %s names tag %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)),
-			filepath.Join(filepath.Dir(filepath.Clean(dst)), "latest"), filepath.Base(filepath.Clean(dst)))
+		fmt.Fprintf(out, "  %d files, %s in %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
 	}
+	printPointer(out, st.Pointer)
 	for _, n := range st.Notes {
 		fmt.Fprintln(out, "  note:", n)
 	}

@@ -33,7 +33,7 @@ func TestReshardThenInspect(t *testing.T) {
 		save := filepath.Join(dir, strings.Join(c.args, ""))
 		args := append([]string{"reshard", atomic, filepath.Join(save, "step3"), "--to", "deepspeed"}, c.args...)
 		r := ucp(t, nil, args...)
-		if r.code != 0 || !strings.Contains(r.stdout, "latest names tag step3") {
+		if r.code != 0 || !strings.Contains(r.stdout, "latest naming step3") {
 			t.Fatalf("%v: exit %d\n%s%s", c.args, r.code, r.stdout, r.stderr)
 		}
 		if b, err := os.ReadFile(filepath.Join(save, "latest")); err != nil || string(b) != "step3" {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"sort"
@@ -115,7 +116,7 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 	case len(unlisted) > 0:
 		return fmt.Errorf("%s: %d files or folders are not in the manifest (left from another run, or added by hand?)", dir, len(unlisted))
 	}
-	fmt.Fprintf(out, "%s: %d files, %s, all match the manifest\n", dir, len(files), humanBytes(total))
+	fmt.Fprintf(out, "%s: %s; the listed files all match the manifest\n", dir, filesLine(dir, len(files), total))
 	return nil
 }
 
@@ -179,4 +180,15 @@ func unlistedEntries(dir string, m *atomic.Manifest) ([]string, error) {
 	})
 	sort.Strings(out)
 	return out, err
+}
+
+// filesLine counts an atomic checkpoint's files as ls and du see them: the
+// n files the manifest lists (bytes in all) and the manifest itself.
+func filesLine(dir string, n int, bytes int64) string {
+	st, err := os.Stat(filepath.Join(dir, atomic.ManifestName))
+	if err != nil {
+		return fmt.Sprintf("%d files, %s", n, humanBytes(bytes))
+	}
+	return fmt.Sprintf("%d files, %s: %d listed in %s (%s) and %s itself (%s)", n+1, humanBytes(bytes+st.Size()),
+		n, atomic.ManifestName, humanBytes(bytes), atomic.ManifestName, humanBytes(st.Size()))
 }

@@ -34,7 +34,7 @@ func inspectAtomic(out io.Writer, dir string, asJSON bool) error {
 		bytes += f.Bytes
 	}
 	d := m.Source.Degrees
-	fmt.Fprintf(out, "%s: atomic checkpoint (version %d), %d parameters, %d files, %s\n", dir, m.Version, len(m.Params), len(files), humanBytes(bytes))
+	fmt.Fprintf(out, "%s: atomic checkpoint (version %d), %d parameters, %s\n", dir, m.Version, len(m.Params), filesLine(dir, len(files), bytes))
 	fmt.Fprintf(out, "converted from %s %s", m.Source.Format, m.Source.Path)
 	if m.Source.Tag != "" {
 		fmt.Fprintf(out, " (tag %s)", m.Source.Tag)
@@ -46,9 +46,15 @@ func inspectAtomic(out io.Writer, dir string, asJSON bool) error {
 	if d.ZeRO > 0 {
 		fmt.Fprintf(out, "  ZeRO-%d", d.ZeRO)
 	}
-	fmt.Fprint(out, "\n\n")
+	if m.Source.DType != "" {
+		fmt.Fprintf(out, "  trained in %s", m.Source.DType)
+	}
+	// DTYPE is the dtype of the atomic state files: float32 master
+	// weights and moments whatever the training dtype (a bf16 run's
+	// fp32.pt is float32); frozen parameters and buffers keep theirs.
+	fmt.Fprint(out, "\nDTYPE: the dtype of the state files here (training states are float32; frozen parameters and buffers keep their own)\n\n")
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARAMETER\tPATTERN\tSHAPE\tSOURCE DTYPE\tSTATES")
+	fmt.Fprintln(tw, "PARAMETER\tPATTERN\tSHAPE\tDTYPE\tSTATES")
 	for _, p := range m.Params {
 		name := escapeControl(p.Name)
 		if p.Frozen {

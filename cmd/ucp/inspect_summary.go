@@ -78,7 +78,7 @@ func describe(t *fragment.Table, p *fragment.Param) paramRow {
 		r.split = strings.Join(parts, ",")
 	}
 	for _, s := range p.States {
-		r.src += stateSrcBytes(s)
+		r.src += p.SrcBytes(s)
 		r.out += stateOutBytes(p, s)
 	}
 	return r
@@ -92,14 +92,6 @@ func stateOutBytes(p *fragment.Param, s *fragment.State) int64 {
 		size = dt.Size()
 	}
 	return int64(size) * p.Numel()
-}
-
-func stateSrcBytes(s *fragment.State) int64 {
-	var b int64
-	for _, f := range s.Frags {
-		b += f.Len * int64(f.Src.DType().Size())
-	}
-	return b
 }
 
 // dtypes is "training/master": the table's training dtype (when the source
@@ -175,7 +167,14 @@ func printCheckpointView(out io.Writer, t *fragment.Table, opts inspectOptions) 
 	if err := printSummary(out, rows); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nlegend: Partial = averaged copies, Replicate = identical copies, Shard-* = split (see ucp inspect --help); DTYPE = training/master")
+	// The DTYPE column is in the parameter listing only: the legend
+	// explains it there.
+	legend := "\nlegend: Partial = averaged copies, Replicate = identical copies, Shard-* = split (see ucp inspect --help)"
+	listed := opts.Layers || opts.All || re != nil || len(rows) <= smallModel
+	if listed {
+		legend += "; DTYPE = training/master (the dtype the model trained in / the optimizer's master weights)"
+	}
+	fmt.Fprintln(out, legend)
 	switch {
 	case opts.Layers:
 		fmt.Fprintln(out)
@@ -228,7 +227,7 @@ func printSummary(out io.Writer, rows []paramRow) error {
 			sb := get(byState, &stateOrder, s.Name)
 			sb.tensors++
 			sb.elems += r.p.Numel()
-			sb.src += stateSrcBytes(s)
+			sb.src += r.p.SrcBytes(s)
 			sb.out += stateOutBytes(r.p, s)
 		}
 	}

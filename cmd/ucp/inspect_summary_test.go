@@ -81,6 +81,22 @@ func TestDryRunGolden(t *testing.T) {
 	if !strings.Contains(run.stdout, want) || strings.Contains(run.stdout, "0.00") || strings.Contains(run.stdout, "GB") {
 		t.Fatalf("the run's summary does not say %q in binary units:\n%s", want, run.stdout)
 	}
+	// A dry run onto the DST that now exists says what the real run would
+	// do with it (issue 22, friction 4).
+	for _, c := range []struct {
+		name string
+		args []string
+	}{{"dry-run-exists", nil}, {"dry-run-exists-force", []string{"--force"}}} {
+		r := ucp(t, nil, append(append([]string{"convert", "--dry-run", "--workers", "2", "--memory", "1GiB"}, c.args...), src, out)...)
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		golden(t, "convert/"+c.name+".golden", r.stdout, src, "SRC", out, "OUT")
+	}
+	// The real run does refuse it.
+	if r := ucp(t, nil, "convert", "--workers", "2", src, out); r.code == 0 || !strings.Contains(r.stderr, "already exists") {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
 }
 
 // TestArrowGolden: inspect --arrow and convert --dry-run --arrow say what

@@ -71,6 +71,8 @@ type Options struct {
 	// NoSync skips syncing the files to disk before the manifest is
 	// written (for scratch output, or when the caller syncs).
 	NoSync bool
+	// NoLatest leaves the latest_universal pointer beside DST alone.
+	NoLatest bool
 	// FinalizeOnly opens a multi-node DST.partial to finalize it: nothing
 	// of what the nodes wrote, their records included, is touched.
 	FinalizeOnly bool
@@ -104,6 +106,9 @@ type Writer struct {
 
 	// Warnings are problems after DST was complete, for the user to see.
 	Warnings []string
+	// Pointer is the latest_universal pointer the finished checkpoint
+	// wrote or found naming it (nil with NoLatest or when it failed).
+	Pointer *Pointer
 
 	lock    *os.File             // DST.partial, flocked for the run
 	finLock *os.File             // finalize.lock, flocked by the finalizer
@@ -479,9 +484,13 @@ func (w *Writer) commit(m *Manifest) error {
 	}
 	// DST is complete now: failing to write the pointer beside it (a full
 	// disk) is a warning, not a failed conversion.
-	parent := filepath.Dir(w.Dst)
-	if err := fsutil.WriteFileAtomic(filepath.Join(parent, LatestUniversal), []byte(filepath.Base(w.Dst)), w.opt.NoSync); err != nil {
-		w.Warnings = append(w.Warnings, fmt.Sprintf("%s is complete, but %s was not updated to name it: %v", w.Dst, LatestUniversal, err))
+	if !w.opt.NoLatest {
+		p, err := WritePointer(LatestUniversalOf(w.Dst), filepath.Base(w.Dst), w.Dst, w.opt.NoSync)
+		if err != nil {
+			w.Warnings = append(w.Warnings, fmt.Sprintf("%s is complete, but %s was not updated to name it: %v", w.Dst, LatestUniversal, err))
+		} else {
+			w.Pointer = &p
+		}
 	}
 	w.release()
 	return nil

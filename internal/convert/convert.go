@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -36,6 +35,7 @@ type Options struct {
 	Resume        bool
 	CheckReplicas bool
 	Report        string // --report: per-worker timings to this JSON file
+	NoLatest      bool   // leave the latest_universal pointer beside DST alone
 	Tool          string // the manifest's tool string
 	// AfterPhase, when set, is called after each phase (the kill tests'
 	// hook): indexed, created, converted, node-done, finalize-locked, and
@@ -157,7 +157,7 @@ func (j *Job) Run(ctx context.Context) (*Result, error) {
 		}
 	}
 	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: o.Force, Tool: o.Tool, Node: o.Node, Nodes: o.Nodes,
-		FinalizeOnly: o.Finalize, NoSync: o.NoSync, Resume: o.Resume, Sources: sources, AfterPhase: o.AfterPhase})
+		FinalizeOnly: o.Finalize, NoSync: o.NoSync, Resume: o.Resume, Sources: sources, AfterPhase: o.AfterPhase, NoLatest: o.NoLatest})
 	if err != nil {
 		return res, err
 	}
@@ -232,20 +232,16 @@ func (j *Job) finalize(res *Result) error {
 // LinkLatest answers --resume when DST is already complete (the killed
 // run got as far as the rename): nothing to convert, but the
 // latest_universal pointer beside DST may still be missing.
-func LinkLatest(dst string, noSync bool) error {
-	p := filepath.Join(filepath.Dir(filepath.Clean(dst)), atomic.LatestUniversal)
-	if b, err := os.ReadFile(p); err != nil || string(b) != filepath.Base(filepath.Clean(dst)) {
-		if err := fsutil.WriteFileAtomic(p, []byte(filepath.Base(filepath.Clean(dst))), noSync); err != nil {
-			return err
-		}
-	}
-	return nil
+func LinkLatest(dst string, noSync bool) (atomic.Pointer, error) {
+	return atomic.WritePointer(atomic.LatestUniversalOf(dst), filepath.Base(filepath.Clean(dst)), dst, noSync)
 }
 
-// progressTotal is what the bar counts to: the bytes this node's tasks
-// read and write, as the reducers report them (a task's weight is its
-// reads plus its writes), less the files a resumed run reuses (w may be
-// nil).
+// progressTotal is what convert's bar counts to: the source bytes this
+// node's tasks read, the figure inspect ("to read"), --dry-run and the
+// summary ("read") give, less the files a resumed run reuses (w may be
+// nil). Reads are reported as each range is read, so the bar moves evenly
+// to the end (counting a task's writes, reported in one lump when it
+// ends, made it sit at 99%).
 func progressTotal(plan *mapreduce.Plan, node int, w *atomic.Writer) int64 {
 	var n int64
 	for _, tk := range plan.Tasks {
@@ -257,7 +253,14 @@ func progressTotal(plan *mapreduce.Plan, node int, w *atomic.Writer) int64 {
 				continue
 			}
 		}
-		n += tk.Bytes
+		r, _ := plan.IO(tk)
+		n += r
 	}
 	return n
+}
+
+// ProgressCounter turns the reducers' progress reports into the bar's
+// count: the bytes read.
+func ProgressCounter(add func(int64)) func(read, written int64) {
+	return func(read, _ int64) { add(read) }
 }

@@ -245,6 +245,7 @@ type ReshardOptions struct {
 	// torch_dist the megatron-core layout and optimizer sharding type.
 	CkptFormat, MegatronCore, DistOptimSharding string
 	Force, NoSync                               bool
+	NoLatest                                    bool // DeepSpeed: leave the 'latest' pointer beside DST alone
 	// DSVersion is the DeepSpeed release the target runs (ds_version and
 	// the keys that release writes); "": the source's.
 	DSVersion string
@@ -255,6 +256,9 @@ type ReshardStats struct {
 	Files int
 	Bytes int64
 	Notes []string
+	// Pointer is the pointer file beside DST written or found naming it
+	// (DeepSpeed's 'latest'), nil when none.
+	Pointer *atomic.Pointer
 }
 
 // ExportOptions are the options every export writer understands; each
@@ -344,11 +348,11 @@ func Targets() []Target {
 					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers, --ckpt-format, --megatron-core, --dist-optim-sharding)")
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
-					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync, Version: o.DSVersion})
+					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync, NoLatest: o.NoLatest, Version: o.DSVersion})
 				if err != nil {
 					return nil, err
 				}
-				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes}, nil
+				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes, Pointer: st.Pointer}, nil
 			},
 		},
 		{

@@ -176,6 +176,25 @@ func (p *Param) StateWith(name string, shards []Shard) *State {
 	return st
 }
 
+// SrcBytes is what converting state s reads of the source: its fragments'
+// bytes, less the vocabulary padding rows they hold (the rows from
+// Info.VocabSize to Info.PaddedVocab are stored but never read).
+func (p *Param) SrcBytes(s *State) int64 {
+	var b, n int64
+	for _, f := range s.Frags {
+		b += f.Len * int64(f.Src.DType().Size())
+		n += f.Len
+	}
+	v, pv := p.Info.VocabSize, p.Info.PaddedVocab
+	if v > 0 && pv > v && len(p.Shape) > 0 && p.Shape[0] == v {
+		// The fragments hold whole copies of the padded parameter.
+		if padded := p.Numel() / v * pv; padded > 0 && n%padded == 0 {
+			return b / pv * v
+		}
+	}
+	return b
+}
+
 // Numel returns the number of elements of the full parameter.
 func (p *Param) Numel() int64 { return torchfile.Numel(p.Shape) }
 
@@ -305,9 +324,7 @@ func (t *Table) SortParams() {
 func (t *Table) Bytes() (src int64, out int64) {
 	for _, p := range t.Params {
 		for _, s := range p.States {
-			for _, f := range s.Frags {
-				src += f.Len * int64(f.Src.DType().Size())
-			}
+			src += p.SrcBytes(s)
 			out += 4 * p.Numel()
 		}
 	}

@@ -309,7 +309,7 @@ func LoadGroupCUDA(ctx context.Context, comm *TCPComm, r *atomic.Reader, items [
 	aborted := false
 	if useNCCL {
 		t := time.Now()
-		if nc, err = ncclGroup(ctx, comm, timeout, opt.NCCLLibrary); err != nil {
+		if nc, err = ncclGroup(ctx, comm, device, timeout, opt.NCCLLibrary); err != nil {
 			return st, err
 		}
 		defer func() {
@@ -488,7 +488,7 @@ func checkDevicePtr(it Item, p uint64, device int) error {
 
 // ncclGroup forms the NCCL group of the ring's ranks on the current device:
 // rank 0's unique id goes around the ring.
-func ncclGroup(ctx context.Context, comm *TCPComm, timeout time.Duration, lib string) (C.ncclComm_t, error) {
+func ncclGroup(ctx context.Context, comm *TCPComm, device int, timeout time.Duration, lib string) (C.ncclComm_t, error) {
 	var nc C.ncclComm_t
 	if err := openNCCL(lib); err != nil {
 		return nc, err
@@ -508,12 +508,37 @@ func ncclGroup(ctx context.Context, comm *TCPComm, timeout time.Duration, lib st
 	if len(all[0]) != n {
 		return nc, fmt.Errorf("rank 0 sent an NCCL id of %d bytes, want %d", len(all[0]), n)
 	}
+	// ncclCommInitRank waits for every rank: a rank that dies now would
+	// hang it, so it runs aside (on its own thread, with this device's
+	// context) and the load gives up after the timeout.
 	id := C.CBytes(all[0])
-	defer C.free(id)
-	if err := ncCheck("ncclCommInitRank", C.ucp_nccl_init(&nc, C.int(comm.Size()), id, C.int(comm.Rank()))); err != nil {
-		return nc, err
+	type result struct {
+		nc  C.ncclComm_t
+		err error
 	}
-	return nc, nil
+	done := make(chan result, 1)
+	go func() {
+		defer C.free(id)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var cctx C.CUcontext
+		if err := cuCheck("the primary context", C.ucp_ctx(C.int(device), &cctx)); err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer C.ucp_ctx_pop()
+		var c C.ncclComm_t
+		err := ncCheck("ncclCommInitRank", C.ucp_nccl_init(&c, C.int(comm.Size()), id, C.int(comm.Rank())))
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		return r.nc, r.err
+	case <-time.After(timeout):
+		return nc, fmt.Errorf("rank %d: ncclCommInitRank: the group did not form within %v (a rank died or cannot reach this one)", comm.Rank(), timeout)
+	case <-ctx.Done():
+		return nc, ctx.Err()
+	}
 }
 
 // DeviceBuffer is device memory for tests and tools without torch.

@@ -180,7 +180,7 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 			}
 			oi := add(Output{Kind: StateFile, Path: atomic.StatePath(p.Name, st.Name), Param: pi, State: si, Name: st.Name,
 				Shape: p.Shape, DType: dt, Bare: opt.BareStates})
-			srcPerElem := srcBytesPerElem(st, numel)
+			srcPerElem := srcBytesPerElem(p, st, numel)
 			es := int64(dt.Size())
 			ranges := splitRows(numel, row, chunk)
 			for ci, r := range ranges {
@@ -303,15 +303,11 @@ func (p *Plan) IO(tk Task) (read, written int64) {
 
 // srcBytesPerElem is the source bytes read per output element of a state,
 // replicas included (they are read for checking or averaging).
-func srcBytesPerElem(st *fragment.State, numel int64) float64 {
+func srcBytesPerElem(p *fragment.Param, st *fragment.State, numel int64) float64 {
 	if numel == 0 {
 		return 0
 	}
-	var b int64
-	for _, f := range st.Frags {
-		b += f.Len * int64(f.Src.DType().Size())
-	}
-	return float64(b) / float64(numel)
+	return float64(p.SrcBytes(st)) / float64(numel)
 }
 
 // splitRows cuts [0, numel) into ranges of at most chunk elements, on row

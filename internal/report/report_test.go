@@ -84,9 +84,11 @@ func TestTimeline(t *testing.T) {
 	}
 	for _, want := range []string{
 		`fill="#111">language_model.output_layer.weight/exp_avg_sq [2/3]</text>`, // a big task's label, drawn
-		`fill="#111">…ge_model.embedding.word_embeddings.weight/fp32</text>`,     // cut to its box, end kept
+		`fill="#111">…embedding.word_embeddings.weight/fp32</text>`,              // cut to its box by whole components
 		`x&lt;y&gt;&amp;z/exp_avg_sq`,                                            // escaped
-		`>worker 2</text>`, `fill="#b00">100% busy</text>`,                       // the straggler marked
+		`font-weight="bold">worker 2</text>`, `fill="#444">busy 100%</text>`, // the straggler in bold, not alarming
+		`the run took 1.25s; worker 2 (in bold) finished last</text>`,
+		`convert's summary counts it and the manifest too`,
 		`>0</text>`, `>0.2s</text>`, `>1.2s</text>`, // ticks
 		`>language_model.output_layer.weight/exp_avg_sq [2/3]  (1.15s, 1.0 GiB, worker 2)</text>`,
 	} {
@@ -94,8 +96,29 @@ func TestTimeline(t *testing.T) {
 			t.Errorf("timeline lacks %s", want)
 		}
 	}
-	if strings.Contains(svg, `fill="#111">layers.1.mlp.bias`) || strings.Contains(svg, `_sq</text>`) {
-		t.Error("a task too narrow for its name is labelled")
+	if strings.Contains(svg, `fill="#111">layers.1.mlp.bias`) || strings.Contains(svg, `_sq</text>`) || strings.Contains(svg, "#b00") {
+		t.Error("a task too narrow for its name is labelled, or a busy worker is marked in red")
+	}
+}
+
+// TestFit (issue 22, friction 8): a label is cut by whole components of
+// the parameter name, never inside one ("…_avg [1/4]"); too narrow, none.
+func TestFit(t *testing.T) {
+	const l = "language_model.encoder.layers.0.mlp.dense_h_to_4h.weight/exp_avg [1/4]"
+	for _, c := range []struct {
+		n    int
+		want string
+	}{
+		{100, l},
+		{45, "…0.mlp.dense_h_to_4h.weight/exp_avg [1/4]"},
+		{40, "…mlp.dense_h_to_4h.weight/exp_avg [1/4]"},
+		{36, "…dense_h_to_4h.weight/exp_avg [1/4]"},
+		{30, "…weight/exp_avg [1/4]"},
+		{12, ""},
+	} {
+		if got := fit(l, c.n); got != c.want {
+			t.Errorf("fit(%d) = %q, want %q", c.n, got, c.want)
+		}
 	}
 }
 

@@ -49,9 +49,9 @@ func Timeline(st *mapreduce.Stats, m Meta) string {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">`+"\n",
 		left+plotW+right, h)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="8" y="24" font-size="16" font-weight="bold">ucp convert, node %d of %d: %d tasks on %d workers in %s</text>`+"\n",
-		m.Node, max(m.Nodes, 1), st.Tasks, len(st.Workers), dur(st.Elapsed))
-	fmt.Fprintf(&b, `<text x="8" y="44" fill="#444">%s read, %s written; indexing before the run took %s. White lines separate tasks; hover a box for its task.</text>`+"\n",
+	fmt.Fprintf(&b, `<text x="8" y="24" font-size="16" font-weight="bold">ucp convert, node %d of %d: %d tasks on %d workers, the run took %s%s</text>`+"\n",
+		m.Node, max(m.Nodes, 1), st.Tasks, len(st.Workers), dur(st.Elapsed), lastNote(st, s))
+	fmt.Fprintf(&b, `<text x="8" y="44" fill="#444">%s read, %s written; before the run, indexing took %s (convert's summary counts it and the manifest too). White lines separate tasks; hover a box for its task.</text>`+"\n",
 		size(st.BytesRead), size(st.BytesWritten), dur(m.Index))
 	lx := 8.0
 	for _, p := range Phases {
@@ -67,12 +67,14 @@ func Timeline(st *mapreduce.Stats, m Meta) string {
 	for i, w := range st.Workers {
 		y := top + i*rowH
 		busy := w.Busy()
-		fmt.Fprintf(&b, `<text x="8" y="%d">worker %d</text>`, y+19, i)
-		fill := "#444"
+		// The worker that finished last is named so, not coloured as an
+		// alarm: being busy all the time is what a worker should be.
+		weight := ""
 		if len(st.Workers) > 1 && i == s.Last {
-			fill = "#b00"
+			weight = ` font-weight="bold"`
 		}
-		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" fill="%s">%.0f%% busy</text>`+"\n", left-8, y+19, fill,
+		fmt.Fprintf(&b, `<text x="8" y="%d"%s>worker %d</text>`, y+19, weight, i)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" fill="#444">busy %.0f%%</text>`+"\n", left-8, y+19,
 			100*busy.Seconds()/max(st.Elapsed.Seconds(), 1e-9))
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"><title>worker %d: read %s, convert %s, write %s, wait %s</title></rect>`+"\n",
 			left, y+3, plotW, rowH-6, Phases[3].Colour, i, dur(w.Read), dur(w.Convert), dur(w.Write), dur(w.Wait))
@@ -97,6 +99,14 @@ func Timeline(st *mapreduce.Stats, m Meta) string {
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+// lastNote names the worker that finished last (in bold in its row).
+func lastNote(st *mapreduce.Stats, s Stragglers) string {
+	if len(st.Workers) < 2 {
+		return ""
+	}
+	return fmt.Sprintf("; worker %d (in bold) finished last", s.Last)
 }
 
 // task draws one task's box: its phases side by side in proportion, a
@@ -124,24 +134,31 @@ func task(b *strings.Builder, sp mapreduce.Span, x func(float64) float64, y int)
 	if w >= 3 {
 		fmt.Fprintf(b, `<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="none" stroke="white" stroke-width="1"/>`, x0, y+3, w, rowH-6)
 	}
-	if w >= labelW {
-		fmt.Fprintf(b, `<text x="%.2f" y="%d" font-size="11" fill="#111">%s</text>`, x0+3, y+19,
-			html.EscapeString(fit(sp.Label, int((w-6)/charW))))
+	if l := fit(sp.Label, int((w-6)/charW)); w >= labelW && l != "" {
+		fmt.Fprintf(b, `<text x="%.2f" y="%d" font-size="11" fill="#111">%s</text>`, x0+3, y+19, html.EscapeString(l))
 	}
 	b.WriteString("</g>\n")
 }
 
-// fit shortens a label to n characters, keeping its end (the state name
-// and chunk) and marking the cut.
+// fit shortens a task label ("name/state [chunk]") to n characters by
+// dropping whole leading components of the parameter name, marking the cut
+// ("…mlp.dense_h_to_4h.weight/exp_avg [1/4]"); a box too narrow for the
+// last component and the state gets no label ("" ), its tooltip says it.
 func fit(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
+	if len([]rune(s)) <= n {
 		return s
 	}
-	if n <= 1 {
-		return "…"
+	name, suffix := s, ""
+	if i := strings.LastIndex(s, "/"); i >= 0 {
+		name, suffix = s[:i], s[i:]
 	}
-	return "…" + string(r[len(r)-(n-1):])
+	comps := strings.Split(name, ".")
+	for k := 1; k < len(comps); k++ {
+		if l := "…" + strings.Join(comps[k:], ".") + suffix; len([]rune(l)) <= n {
+			return l
+		}
+	}
+	return ""
 }
 
 // tickStep picks 1, 2 or 5 times a power of ten giving 5 to 10 ticks.

@@ -118,6 +118,23 @@ class Megatron(unittest.TestCase):
     def test_tp1(self):
         self.check_tp(1)
 
+    def test_ucp_transport_alone(self):
+        # transport="ucp" without a group: a ring of one in Go, into the same tensors as the plain reader.
+        states = ("fp32", "exp_avg")
+        want = ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=states, dtype=torch.bfloat16)
+        got = ucp.load_state_dict(MEG, tp=2, tp_rank=1, states=states, dtype=torch.bfloat16, transport="ucp",
+                                  device="cpu")
+        self.assertEqual(ucp.last_load_stats()["transport"], "ucp")
+        for s in states:
+            for n in want[s]:
+                self.assertTrue(bits_equal(got[s][n], want[s][n]), (s, n))
+        with self.assertRaises(ucp.UCPError) as cm:
+            ucp.load_state_dict(MEG, transport="nccl")
+        self.assertIn("transport='nccl'", str(cm.exception))
+        if not torch.cuda.is_available():
+            with self.assertRaises(ucp.UCPError):  # no CUDA here: a clear error, not a crash
+                ucp.load_state_dict(MEG, transport="ucp", device="cuda:0")
+
     def test_qkv_groups_from_parts(self):
         # The fp32 QKV at TP 2 equals Megatron's per-group [q_g; k_g; v_g] built from separate projections.
         name = "decoder.layers.1.self_attention.linear_qkv.weight"
@@ -649,7 +666,7 @@ class Group(unittest.TestCase):
         for k in range(2):
             line = next((l for l in outs[k].splitlines() if l.startswith("DIED")), "")
             self.assertIn("raised after", line, outs[k])
-            self.assertLess(float(line.split("after ")[1].split()[0]), 3 + 3, line)
+            self.assertLess(float(line.split("after ")[1].split()[0]), 3 + 7, line)  # the timeout, plus slack for a loaded machine
             self.assertEqual(procs[k].returncode, 0, outs[k])
         self.assertNotEqual(procs[2].returncode, 0)
 

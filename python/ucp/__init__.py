@@ -436,6 +436,8 @@ def _device(device, transport):
         raise UCPError(f"device={device!r}: {e}") from None
     if d.type not in ("cpu", "cuda"):
         raise UCPError(f"device={device!r}: ucp loads into CPU or CUDA tensors")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise UCPError(f"device={device!r}: this torch ({torch.__version__}) has no usable CUDA")
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d

@@ -14,7 +14,9 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 
+	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -193,6 +195,13 @@ func build(dir, tag string, grid [][]*rank) (*fragment.Table, error) {
 	}
 	t := &fragment.Table{Format: "deepspeed-zero3", Source: dir, Tag: tag,
 		Degrees: fragment.Degrees{TP: T, PP: 1, DP: D, EP: 1, ZeRO: 3}}
+	// DeepSpeed prefixes the optimizer files with "bf16_" exactly when the
+	// run trains in bfloat16 (DeepSpeedEngine._get_zero_ckpt_prefix,
+	// deepspeed/runtime/engine.py); the ZeRO-3 module state holds only
+	// placeholders, so the file name is what tells.
+	if strings.HasPrefix(filepath.Base(r00.opath), "bf16_") {
+		t.DType = dtype.BFloat16.String()
+	}
 	// Parameter names and per-TP shapes, from each TP rank's dp-0 file.
 	var names []string
 	where := make([]map[string]piece, T)

@@ -31,6 +31,7 @@ type ReshardOptions struct {
 	BF16Optimizer bool
 	Force         bool // replace DST when it exists
 	NoSync        bool
+	NoLatest      bool // leave the 'latest' pointer beside DST alone
 	// Version is the DeepSpeed release the target runs ("0.19.5"), written
 	// as ds_version; "" takes the source's ds_version.
 	Version string
@@ -38,9 +39,10 @@ type ReshardOptions struct {
 
 // ReshardStats tell what was written.
 type ReshardStats struct {
-	Files int
-	Bytes int64
-	Notes []string
+	Files   int
+	Bytes   int64
+	Notes   []string
+	Pointer *atomic.Pointer // 'latest' beside DST, unless NoLatest
 }
 
 // Reshard writes the atomic checkpoint r as the tag folder dst of a native
@@ -73,9 +75,12 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}); err != nil {
 		return nil, err
 	}
-	latest := filepath.Join(filepath.Dir(dst), "latest")
-	if err := fsutil.WriteFileAtomic(latest, []byte(tag), o.NoSync); err != nil {
-		return nil, err
+	if !o.NoLatest {
+		p, err := atomic.WritePointer(filepath.Join(filepath.Dir(dst), "latest"), tag, dst, o.NoSync)
+		if err != nil {
+			return nil, err
+		}
+		st.Pointer = &p
 	}
 	return st, nil
 }
