@@ -110,6 +110,13 @@ check-deepspeed: build
 # Regenerates the Megatron torch_dist fixtures with real megatron-core (a Megatron-LM release
 # tag's tree, e.g. core_v0.19.0) on CPU in the torch 2.6 chroot; run once per core version.
 # Not part of CI: the fixtures are committed.
+# The MoE families (mixtral, qwen3_moe, qwen2_moe) against real megatron-core and real transformers on CPU
+# (scripts/check-moe.sh; TRANSFORMERS_SHIMS=../shared/tools/transformers-shims by default). Not run by CI.
+.PHONY: check-moe
+check-moe: build
+	@test -n "$(MEGATRON_SRC)" -a -n "$(TRANSFORMERS_SRC)" || { echo "usage: make check-moe MEGATRON_SRC=/path/to/Megatron-LM-core_v0.19.0 TRANSFORMERS_SRC=/path/to/transformers-v4.57.1"; exit 2; }
+	./scripts/check-moe.sh "$(MEGATRON_SRC)" "$(TRANSFORMERS_SRC)" $(BIN)
+
 megatron-fixtures:
 	@test -n "$(MEGATRON_SRC)" || { echo "usage: make megatron-fixtures MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
 	./scripts/megatron-fixtures.sh $(MEGATRON_SRC)

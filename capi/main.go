@@ -222,9 +222,7 @@ func ucp_shard(h C.uintptr_t, param, state *C.char, kind, n, rank, paddedVocab C
 		return cerr(fmt.Errorf("%s: %d dims (at most %d)", C.GoString(param), len(sh.Shape), maxDims))
 	}
 	out := unsafe.Slice((*int64)(unsafe.Pointer(shape)), maxDims)
-	for i, d := range sh.Shape {
-		out[i] = d
-	}
+	copy(out, sh.Shape)
 	*ndim = C.int(len(sh.Shape))
 	return nil
 }

@@ -407,15 +407,6 @@ func (w *Writer) FinishShared(rel string, root pyobj.Value, pieces []torchfile.P
 	return FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}, nil
 }
 
-// Finish completes a single-process conversion: this node's record, then
-// Finalize.
-func (w *Writer) Finish(complete func(*Records) (*Manifest, error)) (*Manifest, error) {
-	if _, err := w.FinishNode(); err != nil {
-		return nil, err
-	}
-	return w.Finalize(complete)
-}
-
 // Finalize merges the records of all nodes, has complete turn them into
 // the manifest (it may finish shared files and write files of its own),
 // and commits: syncs DST.partial, writes the manifest, renames the folder

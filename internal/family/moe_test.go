@@ -148,7 +148,7 @@ func TestMoEResolveUnfused(t *testing.T) {
 	more := *c
 	more.Experts = 4
 	extra := moeParams(&more, false, "")
-	if _, err := Resolve(c, extra, "megatron"); err == nil || !strings.Contains(err.Error(), "expert 3 of layer 0") {
+	if _, err := Resolve(c, extra, "megatron"); err == nil || !strings.Contains(err.Error(), "is expert 3 of layer") {
 		t.Errorf("extra expert: %v", err)
 	}
 }

@@ -40,22 +40,26 @@ type Format struct {
 }
 
 // All returns the known formats in detection order.
-func All() []Format {
+func All() []Format { return all(nil) }
+
+// all is All with the DeepSpeed formats listing folders through s: one
+// Index call lists the tag folder once for every Detect and the reader.
+func all(s *deepspeed.Scan) []Format {
 	return []Format{
 		{
 			Name:   "deepspeed",
 			Help:   "DeepSpeed ZeRO-1/2 and BF16_Optimizer, with Megatron-DeepSpeed TP/PP",
-			Detect: deepspeed.Detect,
+			Detect: s.Detect,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return deepspeed.Index(ctx, path, deepspeed.Options{Tag: o.Tag, Workers: o.Workers})
+				return deepspeed.Index(ctx, path, deepspeed.Options{Tag: o.Tag, Workers: o.Workers, Scan: s})
 			},
 		},
 		{
 			Name:   "zero3",
 			Help:   "DeepSpeed ZeRO-3, including AutoTP grids",
-			Detect: deepspeed.DetectZero3,
+			Detect: s.DetectZero3,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return deepspeed.IndexZero3(ctx, path, deepspeed.Zero3Options{Tag: o.Tag, Workers: o.Workers})
+				return deepspeed.IndexZero3(ctx, path, deepspeed.Zero3Options{Tag: o.Tag, Workers: o.Workers, Scan: s})
 			},
 		},
 		{
@@ -103,8 +107,10 @@ func Names() []string {
 }
 
 // Lookup returns the format with the given name.
-func Lookup(name string) (Format, error) {
-	for _, f := range All() {
+func Lookup(name string) (Format, error) { return lookup(All(), name) }
+
+func lookup(all []Format, name string) (Format, error) {
+	for _, f := range all {
 		if f.Name == name {
 			return f, nil
 		}
@@ -113,8 +119,10 @@ func Lookup(name string) (Format, error) {
 }
 
 // Detect returns the format of the checkpoint at path.
-func Detect(path string) (Format, error) {
-	for _, f := range All() {
+func Detect(path string) (Format, error) { return detect(All(), path) }
+
+func detect(all []Format, path string) (Format, error) {
+	for _, f := range all {
 		if f.Detect(path) {
 			return f, nil
 		}
@@ -173,17 +181,19 @@ func validated(path string, t *fragment.Table) (*fragment.Table, error) {
 }
 
 func index(ctx context.Context, path, name string, o Options) (*fragment.Table, error) {
+	s := &deepspeed.Scan{}
+	formats := all(s)
 	var f Format
 	var err error
 	if name != "" {
-		f, err = Lookup(name)
+		f, err = lookup(formats, name)
 	} else {
-		f, err = Detect(path)
+		f, err = detect(formats, path)
 		if err != nil {
 			// A folder one format's files are partly there for gets that
 			// format's precise reason, as --from would give it.
-			if c := partlyClaimed(path); len(c) == 1 {
-				if f, err = Lookup(c[0]); err != nil {
+			if c := partlyClaimed(s, path); len(c) == 1 {
+				if f, err = lookup(formats, c[0]); err != nil {
 					return nil, err
 				}
 				t, ierr := f.Index(ctx, path, o)
@@ -205,14 +215,14 @@ func index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 // tag file (ZeRO-3 when its per-rank model states are there), Megatron's
 // iteration tracker or iter_*/mp_rank_* folders, DCP .distcp files or an
 // unfinished .metadata.tmp.
-func partlyClaimed(path string) []string {
+func partlyClaimed(s *deepspeed.Scan, path string) []string {
 	var out []string
 	has := func(pattern string) bool {
 		m, err := filepath.Glob(filepath.Join(path, pattern))
 		return err == nil && len(m) > 0
 	}
-	if dir, tag, err := deepspeed.ResolveTag(path, ""); err == nil {
-		if f, err := deepspeed.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
+	if dir, tag, err := s.ResolveTag(path, ""); err == nil {
+		if f, err := s.ListFiles(dir, tag); err == nil && len(f.Zero3) > 0 && len(f.Model) == 0 {
 			out = append(out, "zero3")
 		} else {
 			out = append(out, "deepspeed")

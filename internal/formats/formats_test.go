@@ -126,7 +126,7 @@ func TestPartlyClaimed(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if got := strings.Join(partlyClaimed(dir), ","); got != c.want {
+			if got := strings.Join(partlyClaimed(nil, dir), ","); got != c.want {
 				t.Errorf("claimed by %q, want %q", got, c.want)
 			}
 		})

@@ -42,29 +42,16 @@ type Copier struct {
 // these files; the bytes must be copied through the buffer.
 var errKernelUnsupported = errors.New("in-kernel copy not supported")
 
-// CopyRange copies n bytes of src at srcOff to dst at dstOff.
-func (c *Copier) CopyRange(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) error {
-	_, err := c.copy(dst, dstOff, src, srcOff, n, false)
-	return err
-}
-
-// CopyRangeCRC copies like CopyRange and returns the CRC-32 (IEEE) of the
-// bytes copied.
+// CopyRangeCRC copies n bytes of src at srcOff to dst at dstOff and
+// returns the CRC-32 (IEEE) of the bytes copied.
 func (c *Copier) CopyRangeCRC(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) (uint32, error) {
-	return c.copy(dst, dstOff, src, srcOff, n, true)
-}
-
-func (c *Copier) copy(dst *os.File, dstOff int64, src *os.File, srcOff, n int64, hash bool) (uint32, error) {
 	kernel := c.kernel
 	if kernel == nil {
 		kernel = kernelCopy
 	}
 	var crc uint32
 	for n > 0 && !c.noKernel {
-		piece := min(n, 1<<30)
-		if hash {
-			piece = min(n, copyPiece)
-		}
+		piece := min(n, copyPiece)
 		k, err := kernel(dst, dstOff, src, srcOff, int(piece))
 		if errors.Is(err, errKernelUnsupported) {
 			c.noKernel = true
@@ -76,15 +63,12 @@ func (c *Copier) copy(dst *os.File, dstOff int64, src *os.File, srcOff, n int64,
 		if k == 0 {
 			return 0, fmt.Errorf("copying %s to %s: %s ends before byte %d: %w", src.Name(), dst.Name(), src.Name(), srcOff+n, io.ErrUnexpectedEOF)
 		}
-		if hash {
-			var err error
-			if crc, err = c.hash(crc, src, srcOff, int64(k)); err != nil {
-				return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
-			}
+		if crc, err = c.hash(crc, src, srcOff, int64(k)); err != nil {
+			return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
 		}
 		n, srcOff, dstOff = n-int64(k), srcOff+int64(k), dstOff+int64(k)
 	}
-	return c.copyBuffered(crc, dst, dstOff, src, srcOff, n, hash)
+	return c.copyBuffered(crc, dst, dstOff, src, srcOff, n)
 }
 
 // hash extends crc with n bytes of f at off, read through the buffer.
@@ -103,7 +87,7 @@ func (c *Copier) hash(crc uint32, f *os.File, off, n int64) (uint32, error) {
 	return crc, nil
 }
 
-func (c *Copier) copyBuffered(crc uint32, dst *os.File, dstOff int64, src *os.File, srcOff, n int64, hash bool) (uint32, error) {
+func (c *Copier) copyBuffered(crc uint32, dst *os.File, dstOff int64, src *os.File, srcOff, n int64) (uint32, error) {
 	if len(c.Buf) == 0 {
 		c.Buf = make([]byte, CopyBufSize)
 	}
@@ -115,9 +99,7 @@ func (c *Copier) copyBuffered(crc uint32, dst *os.File, dstOff int64, src *os.Fi
 			}
 			return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
 		}
-		if hash {
-			crc = crc32.Update(crc, crc32.IEEETable, b)
-		}
+		crc = crc32.Update(crc, crc32.IEEETable, b)
 		if _, err := dst.WriteAt(b, dstOff); err != nil {
 			return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
 		}

@@ -43,7 +43,6 @@ func TestCopyRange(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		copier  Copier
-		crc     bool
 		kernel  bool // the kernel must still be asked afterwards
 		srcOff  int64
 		n       int64
@@ -53,9 +52,9 @@ func TestCopyRange(t *testing.T) {
 		{name: "kernel", kernel: true, srcOff: 5, n: 2<<20 + 3, dstOff: 100},
 		{name: "fallback", copier: Copier{kernel: refuse}, srcOff: 5, n: 2<<20 + 3, dstOff: 100, bufSize: 4096},
 		{name: "fallback after a partial kernel copy", copier: Copier{kernel: refuseLater}, srcOff: 0, n: int64(len(data)), dstOff: 7, bufSize: 1000},
-		{name: "crc", crc: true, kernel: true, srcOff: 1, n: 3 << 20, dstOff: 0, bufSize: 65536},
-		{name: "crc fallback after a partial kernel copy", copier: Copier{kernel: refuseLater}, crc: true, srcOff: 3, n: 3 << 20, dstOff: 11, bufSize: 4096},
-		{name: "crc fallback", copier: Copier{kernel: refuse}, crc: true, srcOff: 3, n: 1<<20 + 1, dstOff: 11},
+		{name: "crc", kernel: true, srcOff: 1, n: 3 << 20, dstOff: 0, bufSize: 65536},
+		{name: "crc fallback after a partial kernel copy", copier: Copier{kernel: refuseLater}, srcOff: 3, n: 3 << 20, dstOff: 11, bufSize: 4096},
+		{name: "crc fallback", copier: Copier{kernel: refuse}, srcOff: 3, n: 1<<20 + 1, dstOff: 11},
 		{name: "empty", kernel: true, srcOff: 10, n: 0, dstOff: 10},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -74,16 +73,12 @@ func TestCopyRange(t *testing.T) {
 				cp.Buf = make([]byte, c.bufSize)
 			}
 			want := data[c.srcOff : c.srcOff+c.n]
-			if c.crc {
-				crc, err := cp.CopyRangeCRC(dst, c.dstOff, src, c.srcOff, c.n)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if crc != crc32.ChecksumIEEE(want) {
-					t.Errorf("crc %08x, want %08x", crc, crc32.ChecksumIEEE(want))
-				}
-			} else if err := cp.CopyRange(dst, c.dstOff, src, c.srcOff, c.n); err != nil {
+			crc, err := cp.CopyRangeCRC(dst, c.dstOff, src, c.srcOff, c.n)
+			if err != nil {
 				t.Fatal(err)
+			}
+			if crc != crc32.ChecksumIEEE(want) {
+				t.Errorf("crc %08x, want %08x", crc, crc32.ChecksumIEEE(want))
 			}
 			if cp.noKernel == c.kernel {
 				t.Errorf("noKernel = %v after the copy", cp.noKernel)
@@ -109,7 +104,7 @@ func TestCopyRange(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = cp.CopyRange(dst, 0, src, int64(len(data))-10, 20)
+		_, err = cp.CopyRangeCRC(dst, 0, src, int64(len(data))-10, 20)
 		dst.Close()
 		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), srcPath) {
 			t.Errorf("short source: %v", err)

@@ -39,31 +39,7 @@ func ReadModel(r *atomic.Reader) (Model, error) {
 	if !ok || !isObj {
 		return m, nil // no args: nothing to check against
 	}
-	get := func(name string, def int64) (int64, error) {
-		x, ok := ns.Attr(name)
-		if !ok || x == nil {
-			return def, nil
-		}
-		n, ok := pyobj.Int(x)
-		if !ok {
-			return 0, fmt.Errorf("%s/%s: args.%s is %s, not an int", r.Dir, atomic.ExtraState, name, pyobj.Repr(x))
-		}
-		return n, nil
-	}
-	m.Megatron = true
-	if m.Heads, err = get("num_attention_heads", 0); err != nil {
-		return m, err
-	}
-	m.QueryGroups = m.Heads
-	if gqa, _ := ns.Attr("group_query_attention"); gqa == true {
-		if m.QueryGroups, err = get("num_query_groups", m.Heads); err != nil {
-			return m, err
-		}
-	}
-	if m.VocabDivisor, err = get("make_vocab_size_divisible_by", 128); err != nil {
-		return m, err
-	}
-	return m, nil
+	return MegatronModel(Args{Path: fmt.Sprintf("%s/%s", r.Dir, atomic.ExtraState), NS: ns})
 }
 
 // argsModel is the geometry in the scalar args the manifest carries

@@ -34,21 +34,10 @@ type TCPComm struct {
 	ln         net.Listener
 }
 
-// DialTCP joins the ring of len(addrs) ranks as rank, listening on
-// addrs[rank] and connecting to the next rank's address, retrying until
-// ctx is done (the peers start in any order).
-func DialTCP(ctx context.Context, rank int, addrs []string) (*TCPComm, error) {
-	if rank < 0 || rank >= len(addrs) {
-		return nil, fmt.Errorf("rank %d of %d", rank, len(addrs))
-	}
-	ln, err := net.Listen("tcp", addrs[rank])
-	if err != nil {
-		return nil, err
-	}
-	return NewTCPComm(ctx, rank, ln, addrs)
-}
-
-// NewTCPComm is DialTCP with a listener the caller opened (port 0 in tests).
+// NewTCPComm joins the ring of len(addrs) ranks as rank, accepting on ln
+// (the caller listens on addrs[rank]; port 0 in tests) and connecting to
+// the next rank's address, retrying until ctx is done (the peers start in
+// any order).
 func NewTCPComm(ctx context.Context, rank int, ln net.Listener, addrs []string) (*TCPComm, error) {
 	c := &TCPComm{rank: rank, size: len(addrs), ln: ln}
 	if c.size == 1 {

@@ -36,12 +36,6 @@ func Create(dst string, p *Plan, opt atomic.Options) (*atomic.Writer, error) {
 	return atomic.Create(dst, opt)
 }
 
-// Finish completes a single-process conversion: this node's record, then
-// Finalize.
-func Finish(p *Plan, w *atomic.Writer) (*atomic.Manifest, error) {
-	return w.Finish(p.complete(w))
-}
-
 // Finalize completes the checkpoint once every node has finished: the
 // shared state files, the value files and the manifest.
 func Finalize(p *Plan, w *atomic.Writer) (*atomic.Manifest, error) {

@@ -208,7 +208,10 @@ func Convert(tb testing.TB, t *fragment.Table, workers int) string {
 		w.Abort()
 		tb.Fatal(err)
 	}
-	if _, err := mapreduce.Finish(plan, w); err != nil {
+	if _, err := w.FinishNode(); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := mapreduce.Finalize(plan, w); err != nil {
 		tb.Fatal(err)
 	}
 	return dst

@@ -199,7 +199,10 @@ func (h *torchHooks) resolve(module, name string) (pyobj.Callable, bool) {
 			}
 			p := *t
 			p.Parameter = true
-			p.RequiresGrad, _ = a[1].(bool)
+			var ok2 bool
+			if p.RequiresGrad, ok2 = a[1].(bool); !ok2 {
+				return nil, fmt.Errorf("%s: requires_grad is %s, not a bool", name, pyobj.TypeName(a[1]))
+			}
 			return &p, nil
 		}), true
 	case "torch._tensor._rebuild_from_type_v2":
@@ -247,7 +250,10 @@ func rebuildTensor(a []pyobj.Value, dt dtype.DType) (pyobj.Value, error) {
 	}
 	t := &Tensor{Storage: st, DType: dt, StorageOffset: off, Shape: shape, Stride: stride}
 	if len(a) > 4 {
-		t.RequiresGrad, _ = a[4].(bool)
+		var ok bool
+		if t.RequiresGrad, ok = a[4].(bool); !ok {
+			return nil, fmt.Errorf("_rebuild_tensor: requires_grad is %s, not a bool", pyobj.TypeName(a[4]))
+		}
 	}
 	if err := t.validate(); err != nil {
 		return nil, err

@@ -1,7 +1,7 @@
 """Write small random Hugging Face models of each family with real transformers' save_pretrained.
 
 Usage (torch 2.x chroot, transformers from source, offline; see ../shared/recipes/transformers-offline.md):
-  PYTHONPATH=SHIMS:TRANSFORMERS/src python3 hf_family_fixtures.py OUT_DIR
+  PYTHONPATH=SHIMS:TRANSFORMERS/src python3 hf_family_fixtures.py OUT_DIR [CASE ...]
 
 One folder per case under OUT_DIR (testdata/fixtures/hf_family): config.json and model.safetensors, or
 model-0000i-of-0000n.safetensors + model.safetensors.index.json (max_shard_size), exactly as
@@ -78,7 +78,9 @@ huggingface_hub.split_torch_state_dict_into_shards = split_torch_state_dict_into
 
 import transformers  # noqa: E402  (after the shim is completed)
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 GEOM = dict(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=40, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0)
@@ -97,12 +99,32 @@ CASES = {
     "qwen3_bf16_sharded": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, head_dim=8), torch.bfloat16, 2500),
 }
 
+# The MoE families (internal/family/moe.go), seeded apart so that adding them left the cases above unchanged:
+# 4 experts, top-2, every layer MoE.
+MOE = dict(num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=12)
+MOE_CASES = {
+    "mixtral_bf16_sharded": (MixtralConfig, MixtralForCausalLM, dict(tie_word_embeddings=False, num_local_experts=4,
+                                                                      num_experts_per_tok=2, sliding_window=None),
+                             torch.bfloat16, 3000),
+    "qwen2_moe_fp32": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(tie_word_embeddings=False, num_experts=4,
+                                                                 shared_expert_intermediate_size=20, **MOE),
+                       torch.float32, None),
+    "qwen3_moe_bf16": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(tie_word_embeddings=False, head_dim=8, num_experts=4,
+                                                                 norm_topk_prob=True, **MOE), torch.bfloat16, None),
+}
 
-def main(out):
+
+def main(out, only=None):
     os.makedirs(out, exist_ok=True)
     listing = {"transformers": transformers.__version__, "cases": {}}
-    for i, (name, (ccls, mcls, over, dt, shard)) in enumerate(sorted(CASES.items())):
-        torch.manual_seed(1000 + i)
+    if only and os.path.exists(os.path.join(out, "cases.json")):  # rewrite the named cases, keep the others
+        listing = json.load(open(os.path.join(out, "cases.json")))
+    todo = [(1000 + i, n, c) for i, (n, c) in enumerate(sorted(CASES.items()))]
+    todo += [(2000 + i, n, c) for i, (n, c) in enumerate(sorted(MOE_CASES.items()))]
+    for seed, name, (ccls, mcls, over, dt, shard) in todo:
+        if only and name not in only:
+            continue
+        torch.manual_seed(seed)
         cfg = ccls(**{**GEOM, **over})
         model = mcls(cfg).eval()
         with torch.no_grad():
@@ -124,4 +146,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])  # OUT_DIR [CASE ...]: only those cases

@@ -35,11 +35,10 @@ type Config struct {
 var Default = Config{Hidden: 2048, Layers: 4, Vocab: 50257, Positions: 2048, TP: 2, DP: 4, Seed: 1}
 
 type param struct {
-	name     string
-	full     []int64
-	split    int // -1 replicated, else the TP split dim
-	vocab    bool
-	replPatt string
+	name  string
+	full  []int64
+	split int // -1 replicated, else the TP split dim
+	vocab bool
 }
 
 func (c Config) paddedVocab() int64 {

@@ -302,6 +302,9 @@ func convertErr(t *testing.T, tbl *fragment.Table) (string, error) {
 		w.Abort()
 		return "", err
 	}
-	_, err = mapreduce.Finish(plan, w)
+	if _, err := w.FinishNode(); err != nil {
+		return "", err
+	}
+	_, err = mapreduce.Finalize(plan, w)
 	return dst, err
 }

@@ -510,8 +510,8 @@ func parseIndex(v pyobj.Value) (MetadataIndex, error) {
 		return MetadataIndex{}, fmt.Errorf("is %s, not MetadataIndex", pyobj.TypeName(v))
 	}
 	idx := MetadataIndex{Hint: -1}
-	fv, ok := o.Attr("fqn")
-	if idx.FQN, ok = fv.(string); !ok {
+	fv, has := o.Attr("fqn")
+	if idx.FQN, ok = fv.(string); !has || !ok {
 		return MetadataIndex{}, fmt.Errorf("MetadataIndex.fqn is %s, not a str", pyobj.TypeName(fv))
 	}
 	if ov, ok := o.Attr("offset"); ok && ov != nil {

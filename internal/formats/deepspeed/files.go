@@ -5,9 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
@@ -34,9 +34,50 @@ type Files struct {
 	Zero3  map[[2]int]string // (dp, mp) -> zero_pp_rank_D_mp_rank_XX_model_states.pt
 }
 
+// Scan lists each folder once for one walk over a checkpoint: the
+// registry's Detect calls, its partly-claimed check and Index share it
+// (formats.Index makes one per call). A nil *Scan lists every time.
+type Scan struct {
+	mu   sync.Mutex
+	dirs map[string]listing
+}
+
+type listing struct {
+	ents []os.DirEntry
+	err  error
+}
+
+// readDir is os.ReadDir, once per folder for a non-nil s.
+func (s *Scan) readDir(dir string) ([]os.DirEntry, error) {
+	if s == nil {
+		return os.ReadDir(dir)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.dirs[dir]
+	if !ok {
+		l.ents, l.err = os.ReadDir(dir)
+		if s.dirs == nil {
+			s.dirs = map[string]listing{}
+		}
+		s.dirs[dir] = l
+	}
+	return l.ents, l.err
+}
+
+// Files resolves the tag folder of path (ResolveTag) and classifies its
+// rank files (ListFiles).
+func (s *Scan) Files(path, tag string) (*Files, error) {
+	dir, name, err := s.ResolveTag(path, tag)
+	if err != nil {
+		return nil, err
+	}
+	return s.ListFiles(dir, name)
+}
+
 // ResolveTag finds the folder holding the rank files: path itself, or the
 // tag named by tag, or by the "latest" file in path.
-func ResolveTag(path, tag string) (dir, name string, err error) {
+func (s *Scan) ResolveTag(path, tag string) (dir, name string, err error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return "", "", err
@@ -51,7 +92,7 @@ func ResolveTag(path, tag string) (dir, name string, err error) {
 		}
 		return dir, tag, nil
 	}
-	if HasRankFiles(path) {
+	if s.HasRankFiles(path) {
 		return path, filepath.Base(path), nil
 	}
 	b, err := fsutil.ReadFile(filepath.Join(path, "latest"))
@@ -70,8 +111,8 @@ func ResolveTag(path, tag string) (dir, name string, err error) {
 }
 
 // HasRankFiles reports whether dir holds DeepSpeed rank files.
-func HasRankFiles(dir string) bool {
-	ents, err := os.ReadDir(dir)
+func (s *Scan) HasRankFiles(dir string) bool {
+	ents, err := s.readDir(dir)
 	if err != nil {
 		return false
 	}
@@ -87,8 +128,8 @@ func HasRankFiles(dir string) bool {
 // ListFiles classifies the rank files of a tag folder. Two files for the
 // same rank (say bf16_ and plain optimizer files, or mp_rank_1 and
 // mp_rank_01) are an error that names both.
-func ListFiles(dir, tag string) (*Files, error) {
-	ents, err := os.ReadDir(dir)
+func (s *Scan) ListFiles(dir, tag string) (*Files, error) {
+	ents, err := s.readDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -135,16 +176,6 @@ func ListFiles(dir, tag string) (*Files, error) {
 func Atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
-}
-
-// SortedKeys returns the map's int keys in order.
-func SortedKeys(m map[int]string) []int {
-	ks := make([]int, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Ints(ks)
-	return ks
 }
 
 // OptimName is the name DeepSpeed gives the optimizer file of a rank, for

@@ -15,6 +15,7 @@ import (
 type Options struct {
 	Tag     string // tag folder to read instead of the one 'latest' names
 	Workers int    // files decoded at once (0: all cores)
+	Scan    *Scan  // the listings of the walk that detected the format (nil: list)
 }
 
 // modelState is one mp_rank_XX_model_states.pt.
@@ -50,11 +51,11 @@ type group struct {
 // Index builds the fragment table of a DeepSpeed ZeRO-1/2 checkpoint at
 // path (a save folder with 'latest', or a tag folder).
 func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
-	dir, tag, err := ResolveTag(path, opt.Tag)
+	dir, tag, err := opt.Scan.ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := ListFiles(dir, tag)
+	files, err := opt.Scan.ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}

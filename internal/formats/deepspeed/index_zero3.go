@@ -26,16 +26,13 @@ import (
 type Zero3Options struct {
 	Tag     string
 	Workers int
+	Scan    *Scan // the listings of the walk that detected the format (nil: list)
 }
 
 // DetectZero3 reports whether path holds a ZeRO-3 checkpoint: per-rank
 // zero_pp_rank_*_model_states.pt files and no mp_rank_* model states.
-func DetectZero3(path string) bool {
-	dir, tag, err := ResolveTag(path, "")
-	if err != nil {
-		return false
-	}
-	f, err := ListFiles(dir, tag)
+func (s *Scan) DetectZero3(path string) bool {
+	f, err := s.Files(path, "")
 	return err == nil && len(f.Zero3) > 0 && len(f.Model) == 0
 }
 
@@ -56,11 +53,11 @@ type rank struct {
 
 // IndexZero3 builds the fragment table of the ZeRO-3 checkpoint at path.
 func IndexZero3(ctx context.Context, path string, opt Zero3Options) (*fragment.Table, error) {
-	dir, tag, err := ResolveTag(path, opt.Tag)
+	dir, tag, err := opt.Scan.ResolveTag(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := ListFiles(dir, tag)
+	files, err := opt.Scan.ListFiles(dir, tag)
 	if err != nil {
 		return nil, err
 	}

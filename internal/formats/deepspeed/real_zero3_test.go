@@ -10,7 +10,7 @@ import (
 
 func TestRealZero3Checkpoint(t *testing.T) {
 	dir := testkit.Fixture("deepspeed-real", "z3_dp2_fp32")
-	if !DetectZero3(filepath.Join(dir, "checkpoint")) {
+	if !new(Scan).DetectZero3(filepath.Join(dir, "checkpoint")) {
 		t.Fatal("not detected as ZeRO-3")
 	}
 	tbl, err := IndexZero3(context.Background(), filepath.Join(dir, "checkpoint"), Zero3Options{})

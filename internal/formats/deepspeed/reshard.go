@@ -642,15 +642,23 @@ func VersionLess(a, b [3]int) bool {
 // source's when it suits the target dtype, else what the engine creates
 // (a DynamicLossScaler with DeepSpeed's defaults for fp16, a static scale
 // of 1 otherwise).
-func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool) {
+func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool, err error) {
 	want := "LossScaler"
 	if p.dt == dtype.Float16 {
 		want = "DynamicLossScaler"
 	}
 	if v, ok := p.optim.Get("loss_scaler"); ok {
 		if obj, ok := v.(*pyobj.Object); ok && obj.Class != nil && obj.Class.Name == want {
-			d, _ := obj.Attr("dynamic")
-			return obj, d == true
+			// A dynamic that is not a bool is an error naming the file, not false.
+			d, has := obj.Attr("dynamic")
+			if !has {
+				return obj, false, nil
+			}
+			b, ok := d.(bool)
+			if !ok {
+				return nil, false, fmt.Errorf("%s: loss_scaler.dynamic is %s, not a bool", filepath.Join(p.r.Dir, atomic.ZeroDir, atomic.OptimizerState), pyobj.Repr(d))
+			}
+			return obj, b, nil
 		}
 	}
 	cls := &pyobj.Global{Module: "deepspeed.runtime.fp16.loss_scaler", Name: want}
@@ -664,7 +672,7 @@ func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool) {
 			"dtype", pyobj.DType{DType: dtype.Float16})
 		p.notes = append(p.notes, "the source has no fp16 loss scaler: a DynamicLossScaler with DeepSpeed's defaults (scale 2^16) is written")
 	}
-	return &pyobj.Object{Class: cls, Via: pyobj.ByNewObj, State: st, Built: true}, want == "DynamicLossScaler"
+	return &pyobj.Object{Class: cls, Via: pyobj.ByNewObj, State: st, Built: true}, want == "DynamicLossScaler", nil
 }
 
 // clipGrad is the source's gradient clipping (optimizer state, else config).
@@ -783,7 +791,10 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		osd.Set("ds_version", p.version)
 		osd.Set("param_slice_mappings", &mappings)
 	} else {
-		scaler, dynamic := p.lossScaler()
+		scaler, dynamic, err := p.lossScaler()
+		if err != nil {
+			return err
+		}
 		osd.Set("loss_scaler", scaler)
 		osd.Set("dynamic_loss_scale", dynamic)
 		osd.Set("overflow", false)

@@ -136,7 +136,10 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 	for gi, g := range p.groups {
 		pgroups.Items = append(pgroups.Items, paramGroup(g.hyper, groupSubs[gi]...))
 	}
-	scaler, dynamic := p.lossScaler()
+	scaler, dynamic, err := p.lossScaler()
+	if err != nil {
+		return err
+	}
 	osd := pyobj.NewDict(pyobj.PlainDict)
 	osd.Set("zero_stage", zeroStageEnum(3))
 	osd.Set("loss_scaler", scaler)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 )
 
@@ -12,6 +13,7 @@ import (
 type Args struct {
 	path string
 	ns   *pyobj.Object
+	la   layout.Args // the strict attribute reader over ns
 
 	TP, PP, VPP, EP, ETP int
 	NumExperts           int
@@ -46,42 +48,17 @@ func (a *Args) missing(name, why string) error {
 
 // intAttr reads a required int attribute.
 func (a *Args) intAttr(name, why string) (int64, error) {
-	v, ok := a.attr(name)
-	if !ok || v == nil {
+	if v, ok := a.attr(name); !ok || v == nil {
 		return 0, a.missing(name, why)
 	}
-	n, ok := pyobj.Int(v)
-	if !ok {
-		return 0, fmt.Errorf("%s: args.%s is %s, not an int", a.path, name, pyobj.Repr(v))
-	}
-	return n, nil
+	return a.la.Int(name, 0)
 }
 
 // optInt reads an int attribute that may be absent or None.
-func (a *Args) optInt(name string, def int64) (int64, error) {
-	v, ok := a.attr(name)
-	if !ok || v == nil {
-		return def, nil
-	}
-	n, ok := pyobj.Int(v)
-	if !ok {
-		return 0, fmt.Errorf("%s: args.%s is %s, not an int", a.path, name, pyobj.Repr(v))
-	}
-	return n, nil
-}
+func (a *Args) optInt(name string, def int64) (int64, error) { return a.la.Int(name, def) }
 
 // boolAttr reads a bool attribute; absent or None gives def.
-func (a *Args) boolAttr(name string, def bool) (bool, error) {
-	v, ok := a.attr(name)
-	if !ok || v == nil {
-		return def, nil
-	}
-	b, ok := v.(bool)
-	if !ok {
-		return false, fmt.Errorf("%s: args.%s is %s, not a bool", a.path, name, pyobj.Repr(v))
-	}
-	return b, nil
-}
+func (a *Args) boolAttr(name string, def bool) (bool, error) { return a.la.Bool(name, def) }
 
 // parseArgs reads the arguments of one model_optim_rng.pt root.
 func parseArgs(path string, root *pyobj.Dict) (*Args, error) {
@@ -93,7 +70,7 @@ func parseArgs(path string, root *pyobj.Dict) (*Args, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: 'args' is %s, not an argparse.Namespace", path, pyobj.TypeName(v))
 	}
-	a := &Args{path: path, ns: ns}
+	a := &Args{path: path, ns: ns, la: layout.Args{Path: path, NS: ns}}
 	var err error
 	get := func(dst *int, name, why string) {
 		if err != nil {

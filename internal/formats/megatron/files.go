@@ -23,7 +23,6 @@ const (
 
 var (
 	reRankDir = regexp.MustCompile(`^mp_rank_(\d+)((?:_\d+)*)$`)
-	reIterDir = regexp.MustCompile(`^iter_(\d+)$`)
 )
 
 // rankDir is one mp_rank_* folder: the files one writer saved.

@@ -156,19 +156,10 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if _, ok := p.args.State.(*pyobj.Dict); !ok {
 		return nil, fmt.Errorf("%s/%s: args has no attribute dict", r.Dir, atomic.ExtraState)
 	}
-	intArg := func(k string, def int64) (int64, error) {
-		v, ok := p.args.Attr(k)
-		if !ok || v == nil {
-			return def, nil
-		}
-		n, ok := pyobj.Int(v)
-		if !ok {
-			return 0, fmt.Errorf("%s/%s: args.%s is %s, not an int", r.Dir, atomic.ExtraState, k, pyobj.Repr(v))
-		}
-		return n, nil
-	}
-	boolArg := func(k string) bool { v, _ := p.args.Attr(k); return v == true }
-	L, err := intArg("num_layers", 0)
+	// One read of extra_state.pt: its args give the writer's settings and
+	// the target geometry (layout.MegatronModel).
+	args := layout.Args{Path: fmt.Sprintf("%s/%s", r.Dir, atomic.ExtraState), NS: p.args}
+	L, err := args.Int("num_layers", 0)
 	if err != nil {
 		return nil, err
 	}
@@ -176,20 +167,28 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		return nil, fmt.Errorf("%s/%s: args.num_layers is missing", r.Dir, atomic.ExtraState)
 	}
 	p.layers = int(L)
-	if p.modelCP, err = intArg("context_parallel_size", 1); err != nil {
+	if p.modelCP, err = args.Int("context_parallel_size", 1); err != nil {
 		return nil, err
 	}
-	if n, err := intArg("num_experts", 0); err != nil || n > 0 {
+	if n, err := args.Int("num_experts", 0); err != nil || n > 0 {
 		if err != nil {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%s: a mixture-of-experts model (args.num_experts %d): --to megatron does not write expert layouts yet", r.Dir, n)
 	}
-	if boolArg("use_legacy_models") {
+	// A bool that is not one is an error naming the file, not false.
+	if legacy, err := args.Bool("use_legacy_models", false); err != nil || legacy {
+		if err != nil {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%s: a legacy (non-MCore) Megatron model: --to megatron writes MCore state dicts only", r.Dir)
 	}
-	p.untie = boolArg("untie_embeddings_and_output_weights")
-	p.qkWD = boolArg("apply_wd_to_qk_layernorm")
+	if p.untie, err = args.Bool("untie_embeddings_and_output_weights", false); err != nil {
+		return nil, err
+	}
+	if p.qkWD, err = args.Bool("apply_wd_to_qk_layernorm", false); err != nil {
+		return nil, err
+	}
 	if impl, ok := p.args.Attr("transformer_impl"); ok {
 		p.te = impl == "transformer_engine"
 	}
@@ -201,7 +200,7 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 			return nil, fmt.Errorf("%s/%s: iteration is %s", r.Dir, atomic.ExtraState, pyobj.Repr(it))
 		}
 	}
-	model, err := layout.ReadModel(r)
+	model, err := layout.MegatronModel(args)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,242 @@
+"""MoE families against the real consumers (make check-moe MEGATRON_SRC=... TRANSFORMERS_SRC=...).
+
+Run by scripts/check-moe.sh inside the torch 2.6 chroot, in a work folder holding megatron-core's `megatron/`
+package (src/), transformers' package (hf/transformers), the import shims (shims/) and
+testdata/gen/megatron_dist_fixtures.py (its CPU shims for megatron-core). Phases, per case:
+
+  megatron CASE   real megatron-core builds a small MoE GPTModel on CPU (local spec: SequentialMLP experts,
+                  SwiGLU, top-k routing with no capacity factor, no token dropping, no aux loss) from a Megatron
+                  command line parsed by Megatron's own parse_args and core_transformer_config_from_args, sets
+                  distinct weights, computes fp32 logits of a fixed batch, and saves a torch_dist checkpoint the
+                  way Megatron's save_checkpoint lays it out ({'args', 'checkpoint_version', 'iteration',
+                  'model': sharded_state_dict} under iter_0000001). Then, before ucp is trusted, this script's
+                  own mapping of the Megatron state dict to the transformers names loads into the real
+                  XForCausalLM, whose logits must equal Megatron's: the routing is the same.
+  export CASE     transformers loads ucp's export (ucp convert + ucp export --to hf) with no missing, unexpected
+                  or mismatched keys; logits equal Megatron's (fp32, max |diff| <= 1e-4, same argmax).
+  hfsave CASE     real transformers writes its own random model (save_pretrained) and its logits.
+  hfback CASE     that folder after ucp convert --from hf + ucp export --to hf: the same logits.
+"""
+import json
+import os
+import sys
+
+import torch
+
+CASES = {
+    # name: megatron arguments beyond the common ones, transformers class
+    "mixtral": (["--moe-router-topk", "2"], "MixtralForCausalLM"),
+    "qwen3_moe": (["--qk-layernorm", "--moe-router-pre-softmax", "--moe-router-topk", "2", "--kv-channels", "12"],
+                  "Qwen3MoeForCausalLM"),
+    "qwen2_moe": (["--add-qkv-bias", "--moe-shared-expert-intermediate-size", "40", "--moe-shared-expert-gate",
+                   "--moe-router-topk", "3"], "Qwen2MoeForCausalLM"),
+}
+VOCAB, SEQ, BATCH = 96, 16, 2
+COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--group-query-attention",
+          "--num-query-groups", "2", "--ffn-hidden-size", "48", "--num-experts", "4", "--moe-ffn-hidden-size", "24",
+          "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--normalization", "RMSNorm",
+          "--norm-epsilon", "1e-6", "--swiglu", "--position-embedding-type", "rope", "--rotary-base", "10000",
+          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--moe-router-load-balancing-type", "none",
+          "--moe-aux-loss-coeff", "0", "--moe-token-dispatcher-type", "allgather", "--hidden-dropout", "0",
+          "--attention-dropout", "0", "--micro-batch-size", "1", "--make-vocab-size-divisible-by", "32",
+          "--use-cpu-initialization", "--no-gradient-accumulation-fusion", "--transformer-impl", "local",
+          "--vocab-size", str(VOCAB), "--no-rope-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion",
+          "--no-masked-softmax-fusion", "--no-persist-layer-norm"]
+
+
+def batch():
+    g = torch.Generator().manual_seed(7)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+
+
+def compare(what, got, want):
+    d = (got.float() - want.float()).abs().max().item()
+    same = torch.equal(got.argmax(-1), want.argmax(-1))
+    ok = d <= 1e-4 and same
+    print(f"{'ok  ' if ok else 'FAIL'} {what}: max |diff| {d:.3g}, argmax {'equal' if same else 'differs'}", flush=True)
+    return ok
+
+
+# ---------------------------------------------------------------- Megatron
+
+def megatron(case, out):
+    sys.path.insert(0, "src")
+    sys.path.insert(0, ".")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    import megatron_dist_fixtures as mdf
+    mdf.install_shims()
+    import megatron.core.tensor_parallel.random as mrandom
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()  # the RNG tracker's fork, on CPU
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    from megatron.core import parallel_state as ps
+    from megatron.core import dist_checkpointing
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
+    ps.initialize_model_parallel(1, 1)
+    model_parallel_cuda_manual_seed(1234)
+    extra, _ = CASES[case]
+    sys.argv = ["pretrain_gpt.py"] + COMMON + extra
+    args = parse_args()
+    args.rank, args.world_size = 0, 1
+    validate_args(args, {})
+    args.padded_vocab_size = VOCAB
+    cfg = core_transformer_config_from_args(args)
+    spec = get_gpt_layer_local_spec(args.num_experts, False, args.qk_layernorm, normalization=args.normalization)
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+                     pre_process=True, post_process=True, share_embeddings_and_output_weights=False,
+                     position_embedding_type="rope", rotary_percent=1.0, rotary_base=args.rotary_base)
+    g = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            norm = "layernorm" in n or n.endswith("norm.weight")
+            scale = 1.0 if "router" in n else 0.2  # a clear routing margin
+            p.copy_(torch.randn(p.shape, generator=g) * (0.1 if norm else scale) + (1.0 if norm else 0.0))
+    model.eval()
+    ids = batch()
+    pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, -1)
+    with torch.no_grad():
+        logits = model(ids, pos, None).float()
+    os.makedirs(out, exist_ok=True)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    torch.save({"ids": ids, "logits": logits, "state": sd}, os.path.join(out, "megatron.pt"))
+    ck = os.path.join(out, "mcore")
+    state = {"args": args, "checkpoint_version": 3.0, "iteration": 1, "model": model.sharded_state_dict()}
+    os.makedirs(os.path.join(ck, "iter_0000001"))
+    dist_checkpointing.save(state, os.path.join(ck, "iter_0000001"))
+    with open(os.path.join(ck, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("1")
+    # Our own mapping first: the routing and the math must agree before ucp is trusted.
+    hf = own_mapping(case, sd, args)
+    m = hf_model(case, args)
+    missing, unexpected = m.load_state_dict(hf, strict=False)
+    if missing or unexpected:
+        sys.exit(f"own mapping: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        got = m(ids).logits
+    ok = compare(f"{case}: Megatron -> this script's own mapping -> transformers {CASES[case][1]}", got, logits)
+    sys.exit(0 if ok else 1)
+
+
+def hf_config(case, args):
+    import transformers
+    common = dict(vocab_size=VOCAB, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
+                  num_attention_heads=args.num_attention_heads, num_key_value_heads=args.num_query_groups,
+                  max_position_embeddings=SEQ, rms_norm_eps=args.layernorm_epsilon, rope_theta=args.rotary_base,
+                  tie_word_embeddings=False, num_experts_per_tok=args.moe_router_topk)
+    if case == "mixtral":
+        return transformers.MixtralConfig(intermediate_size=args.moe_ffn_hidden_size, num_local_experts=args.num_experts,
+                                          **common)
+    q = dict(num_experts=args.num_experts, moe_intermediate_size=args.moe_ffn_hidden_size,
+             norm_topk_prob=not args.moe_router_pre_softmax, decoder_sparse_step=1, mlp_only_layers=[],
+             intermediate_size=args.ffn_hidden_size, **common)
+    if case == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(head_dim=args.kv_channels, attention_bias=False, **q)
+    return transformers.Qwen2MoeConfig(shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+                                       qkv_bias=True, **q)
+
+
+def hf_model(case, args):
+    import transformers
+    cls = getattr(transformers, CASES[case][1])
+    torch.manual_seed(0)
+    return cls(hf_config(case, args)).float().eval()
+
+
+def own_mapping(case, sd, args):
+    """Megatron-core local names -> transformers names, written here independently of ucp."""
+    G, d = args.num_query_groups, args.kv_channels
+    H = args.num_attention_heads
+    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
+           "model.norm.weight": sd["decoder.final_layernorm.weight"], "lm_head.weight": sd["output_layer.weight"]}
+    moe = "block_sparse_moe" if case == "mixtral" else "mlp"
+    names = ("w1", "w3", "w2") if case == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    for layer in range(args.num_layers):
+        p, h = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+        out[h + "input_layernorm.weight"] = sd[p + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = sd[p + "pre_mlp_layernorm.weight"]
+        for w in ("weight", "bias"):
+            if p + "self_attention.linear_qkv." + w not in sd:
+                continue
+            t = sd[p + "self_attention.linear_qkv." + w]
+            t = t.view(G, (H // G + 2) * d, *t.shape[1:])
+            q, k, v = torch.split(t, [H // G * d, d, d], dim=1)
+            for n, x in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+                out[h + f"self_attn.{n}.{w}"] = x.reshape(-1, *t.shape[2:])
+        out[h + "self_attn.o_proj.weight"] = sd[p + "self_attention.linear_proj.weight"]
+        if args.qk_layernorm:
+            out[h + "self_attn.q_norm.weight"] = sd[p + "self_attention.q_layernorm.weight"]
+            out[h + "self_attn.k_norm.weight"] = sd[p + "self_attention.k_layernorm.weight"]
+        out[h + f"{moe}.gate.weight"] = sd[p + "mlp.router.weight"]
+        for e in range(args.num_experts):
+            fc1 = sd[p + f"mlp.experts.local_experts.{e}.linear_fc1.weight"]
+            gate, up = torch.chunk(fc1, 2, dim=0)
+            out[h + f"{moe}.experts.{e}.{names[0]}.weight"] = gate
+            out[h + f"{moe}.experts.{e}.{names[1]}.weight"] = up
+            out[h + f"{moe}.experts.{e}.{names[2]}.weight"] = sd[p + f"mlp.experts.local_experts.{e}.linear_fc2.weight"]
+        if case == "qwen2_moe":
+            gate, up = torch.chunk(sd[p + "mlp.shared_experts.linear_fc1.weight"], 2, dim=0)
+            out[h + "mlp.shared_expert.gate_proj.weight"] = gate
+            out[h + "mlp.shared_expert.up_proj.weight"] = up
+            out[h + "mlp.shared_expert.down_proj.weight"] = sd[p + "mlp.shared_experts.linear_fc2.weight"]
+            out[h + "mlp.shared_expert_gate.weight"] = sd[p + "mlp.shared_experts.gate_weight"]
+    return out
+
+
+# ---------------------------------------------------------------- transformers
+
+def load_checked(case, path):
+    import transformers
+    cls = getattr(transformers, CASES[case][1])
+    m, info = cls.from_pretrained(path, torch_dtype=torch.float32, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        sys.exit(f"{path}: {bad}")
+    return m.eval()
+
+
+def export(case, out):
+    want = torch.load(os.path.join(out, "megatron.pt"))
+    m = load_checked(case, os.path.join(out, "hf"))
+    with torch.no_grad():
+        got = m(want["ids"]).logits
+    ok = compare(f"{case}: Megatron torch_dist -> ucp convert -> ucp export --to hf -> transformers {CASES[case][1]}",
+                 got, want["logits"])
+    sys.exit(0 if ok else 1)
+
+
+def hfsave(case, out):
+    sys.path.insert(0, "gen")
+    import hf_family_fixtures  # noqa: F401  (gives the hub shim the shard-splitting contract, before transformers)
+    import transformers
+    a = json.load(open(os.path.join(out, "hf", "config.json")))
+    cls = getattr(transformers, CASES[case][1])
+    cfg = getattr(transformers, CASES[case][1].replace("ForCausalLM", "Config")).from_dict(a)
+    torch.manual_seed(5)
+    m = cls(cfg).float().eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.add_(torch.randn(p.shape) * 0.05)
+    ids = batch()
+    with torch.no_grad():
+        logits = m(ids).logits
+    m.save_pretrained(os.path.join(out, "hf_src"), safe_serialization=True, max_shard_size="100KB")
+    torch.save({"ids": ids, "logits": logits}, os.path.join(out, "hf_src.pt"))
+
+
+def hfback(case, out):
+    want = torch.load(os.path.join(out, "hf_src.pt"))
+    m = load_checked(case, os.path.join(out, "hf_back"))
+    with torch.no_grad():
+        got = m(want["ids"]).logits
+    ok = compare(f"{case}: transformers save_pretrained -> ucp convert --from hf -> ucp export --to hf -> transformers",
+                 got, want["logits"])
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    phase, case = sys.argv[1], sys.argv[2]
+    {"megatron": megatron, "export": export, "hfsave": hfsave, "hfback": hfback}[phase](case, os.path.join("out", case))
