@@ -4,6 +4,7 @@ PYTHON   ?= /usr/bin/python3
 BIN      := bin/ucp
 EXAMPLE  ?= testdata/fixtures/deepspeed/megatron_tp2_bf16opt_dp2/checkpoint
 FUZZTIME ?= 60s
+FUZZFLAGS ?=
 OUT      ?= out
 
 # CI (CI=true) turns every skipped real-torch or shared-fixture check into a failure.
@@ -139,12 +140,12 @@ killtest:
 bench: build
 	./scripts/bench.sh
 
-FUZZ_TARGETS := ./internal/pyobj:FuzzUnpickle ./internal/torchfile:FuzzRead ./internal/safetensors:FuzzRead ./internal/formats/dcp:FuzzMetadata
+FUZZ_TARGETS := ./internal/pyobj:FuzzUnpickle ./internal/torchfile:FuzzRead ./internal/safetensors:FuzzRead ./internal/formats/dcp:FuzzMetadata ./internal/atomic:FuzzManifest ./internal/atomic:FuzzJournal
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
-		$(GO) test $$pkg -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s || exit 1; \
+		$(GO) test $$pkg -run='^$$' -fuzz="^$$name$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=5s $(FUZZFLAGS) || exit 1; \
 	done
 
 lint:

@@ -17,6 +17,9 @@
 #   BENCH_MEMORY=1GiB       ucp's --memory budget
 #   BENCH_REPEAT=3          rounds of each case; the fastest run counts
 #   BENCH_ZERO3=1 BENCH_DOUBLE=1 BENCH_EXPORT=1   cases to run (0 skips)
+#   BENCH_GENERATED=1       0: only UCP_BENCH_REAL
+#   BENCH_COMMANDS=1        verify, diff, export --to hf|torch|dcp, reshard --zero 1|2|3 and the Python
+#                           load against their floors (cat, cp of the files read, cp -r, readinto)
 #   BENCH_NODES=0           1: also 4 nodes as 4 processes (output must equal 1 node's)
 #   UCP_BENCH_REAL=DIR      a real DeepSpeed checkpoint (save folder or tag folder): the 255M-parameter
 #                           GPT-like ZeRO-2 bf16 DP 2 one written by DeepSpeed's engine with
@@ -102,11 +105,64 @@ bench() {
   printf '%s %s %s\t%s\n' "$bytes" "${nosync[0]}" "$rss" "$name" >> "$B/summary"
 }
 
+# cmdcase NAME FLOOR-FN UCP-ARGS...: alternates the floor and the ucp command
+# REPEAT times; prints the fastest of each, the ratio and ucp's peak RSS.
+cmdcase() {
+  local name=$1 floorfn=$2 r; shift 2
+  rm -f "$B"/t.f "$B"/t.u "$B"/rss.u
+  for r in $(seq "$REPEAT"); do
+    rm -rf "$B/cmdout" "$B/cmdcp"; sync
+    timed "$B/t.f" "$floorfn"
+    rm -rf "$B/cmdout" "$B/cmdcp"; sync
+    /usr/bin/time -f '%M' -o "$B/rss.one" "$UCP" "$@" >>"$B/log" 2>&1 || [ "$1" = diff ] || { echo "failed: ucp $*" >&2; tail -5 "$B/log" >&2; exit 1; }
+    rm -rf "$B/cmdout" "$B/cmdcp"; sync
+    timed "$B/t.u" "$UCP" "$@" || true
+    cat "$B/rss.one" >> "$B/rss.u"
+  done
+  local f u
+  read -r -a f <<< "$(fastest "$B/t.f")"
+  read -r -a u <<< "$(fastest "$B/t.u")"
+  printf '  %-34s %7s %7s %7s   floor %7s %7s %7s  %6sx  %s\n' "$name" "${u[@]}" "${f[@]}" "$(ratio "${u[0]}" "${f[0]}")" \
+    "$(mb "$(( $(sort -n "$B/rss.u" | tail -1) * 1024 ))")"
+}
+
+# commands NAME SRC: every other command against its floor on SRC and its conversion.
+commands() {
+  local name=$1 src=$2
+  ucp "$src" "$B/atomic" "$B/report.json" > /dev/null
+  A=$B/atomic S=$src
+  warm "$A"; warm "$src"
+  echo
+  echo "$name: the other commands, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS)"
+  fcat() { find "$A" -type f -exec cat {} + > /dev/null; }
+  fcat2() { find "$S" "$A" -type f -exec cat {} + > /dev/null; }
+  # export reads the fp32 weights; its floor copies exactly those files.
+  # export and reshard sync what they write: so do their floors.
+  fweights() { mkdir -p "$B/cmdcp" && find "$A/zero" -name fp32.pt -exec cp --parents -t "$B/cmdcp" {} + && sync; }
+  fcpa() { cp -r "$A" "$B/cmdcp" && sync; }
+  cmdcase "verify" fcat verify "$A"
+  cmdcase "diff SRC ATOMIC" fcat2 diff --memory "$MEM" "$S" "$A"
+  for to in hf torch; do
+    cmdcase "export --to $to" fweights export --quiet --force --to $to --arch none --memory "$MEM" "$A" "$B/cmdout"
+  done
+  cmdcase "export --to dcp" fweights export --quiet --force --to dcp "$A" "$B/cmdout"
+  for z in 1 2 3; do
+    cmdcase "reshard --to deepspeed --zero $z --dp 3" fcpa reshard --force --to deepspeed --zero $z --dp 3 "$A" "$B/cmdout/global_step1"
+  done
+  if [ -f python/ucp/libucp.so ]; then
+    read -r fl us rf ru <<< "$(/usr/bin/python3 scripts/bench_load.py "$A" "$REPEAT" | awk '{print $2, $4, $6, $8}')"
+    printf '  %-34s %7s %23s   floor %7s %15s  %6sx  %s\n' "python load_state_dict (3 states)" "$us" "" "$fl" "" "$(ratio "$us" "$fl")" "$(mb "$ru")"
+  fi
+  rm -rf "$B/atomic" "$B/cmdout" "$B/cmdcp" "$B/latest_universal" "$B/latest"
+}
+
 : > "$B/summary"
+if [ "${BENCH_GENERATED:-1}" = 1 ]; then
 gen "$B/src" --layers "$LAYERS"
 bench "generated ZeRO-2 bf16, TP 2 x DP 4" "$B/src"
+[ "${BENCH_COMMANDS:-1}" = 1 ] && commands "generated ZeRO-2 bf16, TP 2 x DP 4" "$B/src"
 
-if [ "${BENCH_EXPORT:-1}" = 1 ]; then
+if [ "${BENCH_EXPORT:-1}" = 1 ] && [ -f "$B/src/latest" ]; then
   # ucp export --to hf (bf16, synced) against cp -r; sync of the same output bytes.
   ucp "$B/src" "$B/atomic" "$B/report.json" > /dev/null
   warm "$B/atomic"
@@ -146,18 +202,21 @@ if [ "${BENCH_NODES:-0}" = 1 ]; then
   rm -rf "$B/one" "$B/out4" "$B/latest_universal"
 fi
 
-if [ "${BENCH_ZERO3:-1}" = 1 ]; then
+fi
+
+if [ "${BENCH_ZERO3:-1}" = 1 ] && [ "${BENCH_GENERATED:-1}" = 1 ]; then
   gen "$B/z3" --layers "$LAYERS" --zero3 --dp 4
   bench "generated ZeRO-3 bf16, DP 4" "$B/z3"
 fi
 
-if [ "${BENCH_DOUBLE:-1}" = 1 ]; then
+if [ "${BENCH_DOUBLE:-1}" = 1 ] && [ "${BENCH_GENERATED:-1}" = 1 ]; then
   gen "$B/src2" --layers "$LAYERS2"
   bench "generated ZeRO-2 bf16, TP 2 x DP 4, $LAYERS2 layers" "$B/src2"
 fi
 
 if [ -n "${UCP_BENCH_REAL:-}" ]; then
   bench "real DeepSpeed checkpoint" "$UCP_BENCH_REAL"
+  [ "${BENCH_COMMANDS:-1}" = 1 ] && commands "real DeepSpeed checkpoint" "$UCP_BENCH_REAL"
 fi
 
 if [ "${BENCH_RING:-1}" = 1 ]; then

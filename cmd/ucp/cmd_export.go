@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/convert"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats"
 	"github.com/ucp-project/ucp/internal/formats/hf"
@@ -140,6 +141,11 @@ func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportO
 	}
 	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})
 	if err != nil {
+		return err
+	}
+	// Up front, as convert: Hugging Face and torch files hold the weights
+	// (at most their fp32 size), DCP the optimizer states too.
+	if err := convert.CheckFree(dst, convert.AtomicBytes(r.Manifest, tg.Name != "dcp")+convert.SpaceMargin, "the export writes up to", true); err != nil {
 		return err
 	}
 	var bar *progress

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/convert"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats"
 )
@@ -88,6 +89,7 @@ written as DST.partial and renamed when complete.`,
 	f.IntVar(&opts.Zero, "zero", -1, "DeepSpeed ZeRO stage (1, 2 or 3)")
 	f.StringVar(&opts.DType, "dtype", "", "training dtype of the target (float32, bfloat16, float16; default: the source's)")
 	f.BoolVar(&opts.BF16Optimizer, "bf16-optimizer", false, "DeepSpeed BF16_Optimizer files (bf16, ZeRO stage 1, fp32 gradient accumulation)")
+	f.StringVar(&opts.DSVersion, "deepspeed-version", "", "--to deepspeed: the DeepSpeed release the target runs, written as ds_version (default: the source's); 0.19.5 and later also get checkpoint_parallel_dimensions")
 	f.BoolVar(&opts.Force, "force", false, "replace DST if it exists")
 	f.BoolVar(&opts.NoSync, "no-sync", false, "do not sync the written files to disk")
 	f.BoolVar(&opts.NoLatest, "no-latest", false, "--to deepspeed: do not write or change the 'latest' pointer file beside DST")
@@ -129,6 +131,12 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 	start := time.Now()
 	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})
 	if err != nil {
+		return err
+	}
+	// Up front, as convert: the target holds every state once (ZeRO and
+	// tensor-parallel partitions) and the weights again in the training
+	// dtype (at most their fp32 size).
+	if err := convert.CheckFree(dst, convert.AtomicBytes(r.Manifest, false)+convert.AtomicBytes(r.Manifest, true)+convert.SpaceMargin, "the reshard writes up to", true); err != nil {
 		return err
 	}
 	st, err := tg.Reshard(ctx, r, dst, opts.ReshardOptions)

@@ -55,6 +55,15 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 		return err
 	}
 	files := m.AllFiles()
+	// State files' headers are checked against their parameter's entry.
+	states := map[string]*atomic.ParamEntry{}
+	for i := range m.Params {
+		for _, f := range m.Params[i].Files {
+			if f.State != atomic.StepState {
+				states[f.Path] = &m.Params[i]
+			}
+		}
+	}
 	var mu sync.Mutex
 	var bad []string
 	var total int64
@@ -71,6 +80,9 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 			}
 			if err == nil {
 				err = atomic.VerifyFile(filepath.Join(dir, filepath.FromSlash(f.Path)), f)
+			}
+			if p := states[f.Path]; err == nil && p != nil {
+				err = checkStateHeader(filepath.Join(dir, filepath.FromSlash(f.Path)), p)
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -106,6 +118,17 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 	}
 	fmt.Fprintf(out, "%s: %s; the listed files all match the manifest\n", dir, filesLine(dir, len(files), total))
 	return nil
+}
+
+// checkStateHeader checks a state file's tensor header (dtype, shape,
+// storage size) against the manifest: the CRC only proves the file is the
+// one the manifest lists, not that the manifest describes it.
+func checkStateHeader(path string, p *atomic.ParamEntry) error {
+	f, _, err := atomic.OpenStateFile(path, p)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // insideRoot refuses a file whose real path (symbolic links resolved)

@@ -326,3 +326,82 @@ func TestTwoConversionsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeSourceChanged (issue 26 fault 4): a run killed after writing
+// its files, then its source rank files changed in place (same size;
+// mtime put back; or replaced by a rename with the same bytes), is not
+// resumed: --resume is refused naming the file, and a run without it
+// converts the new source.
+func TestResumeSourceChanged(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(t *testing.T, path string)
+		want   string
+	}{
+		{"bytes changed", func(t *testing.T, path string) {
+			flipMiddle(t, path)
+		}, "was modified"},
+		{"bytes changed, mtime put back", func(t *testing.T, path string) {
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			flipMiddle(t, path)
+			if err := os.Chtimes(path, st.ModTime(), st.ModTime()); err != nil {
+				t.Fatal(err)
+			}
+		}, "other bytes"},
+		{"replaced by a copy", func(t *testing.T, path string) {
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, path+".new", data)
+			if err := os.Chtimes(path+".new", st.ModTime(), st.ModTime()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(path+".new", path); err != nil {
+				t.Fatal(err)
+			}
+		}, "was replaced"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			src := realCkpt(t)
+			dst := filepath.Join(t.TempDir(), "atomic")
+			stopped(t, "converted", "convert", "--quiet", src, dst)()
+			rank := filepath.Join(src, "global_step3", "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+			tc.change(t, rank)
+			r := ucp(t, nil, "convert", "--quiet", "--resume", src, dst)
+			if r.code == 0 || !strings.Contains(r.stderr, "cannot resume") || !strings.Contains(r.stderr, rank) || !strings.Contains(r.stderr, tc.want) {
+				t.Fatalf("resume after the source changed: exit %d, %q", r.code, r.stderr)
+			}
+			if _, err := os.Stat(dst); !os.IsNotExist(err) {
+				t.Error("DST appeared")
+			}
+		})
+	}
+}
+
+// flipMiddle changes one byte in the middle of a file, keeping its size.
+func flipMiddle(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, _ := f.Stat()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, st.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x40
+	if _, err := f.WriteAt(b, st.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+}

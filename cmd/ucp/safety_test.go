@@ -322,3 +322,74 @@ func TestLatestUniversalFailureIsWarning(t *testing.T) {
 		t.Fatalf("verify: %s", r.stdout)
 	}
 }
+
+// TestVerifyChecksHeaders (issue 26 fault 9): verify reads each state
+// file's tensor header and reports a manifest whose shape or dtype
+// disagrees with the file, though every size and CRC-32 matches.
+func TestVerifyChecksHeaders(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed-real", "z1_dp2_fp32", "checkpoint"), dst); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	if r := ucp(t, nil, "verify", dst); r.code != 0 {
+		t.Fatalf("untouched: %s%s", r.stdout, r.stderr)
+	}
+	pristine, err := os.ReadFile(filepath.Join(dst, atomic.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(p *atomic.ParamEntry)
+		want string
+	}{
+		{"shape", func(p *atomic.ParamEntry) { p.Shape[0] *= 2 }, "but the manifest says float32"},
+		{"rank", func(p *atomic.ParamEntry) { p.Shape = append(p.Shape, 1) }, "but the manifest says float32"},
+		{"dtype", func(p *atomic.ParamEntry) { p.DType = "bfloat16" }, "but the manifest says bfloat16"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writeFile(t, filepath.Join(dst, atomic.ManifestName), pristine)
+			var name string
+			editManifest(t, dst, func(m *atomic.Manifest) {
+				for i := range m.Params {
+					if len(m.Params[i].Shape) == 2 {
+						tc.edit(&m.Params[i])
+						name = m.Params[i].Name
+						return
+					}
+				}
+			})
+			r := ucp(t, nil, "verify", dst)
+			if r.code == 0 || !strings.Contains(r.stdout, "BAD") || !strings.Contains(r.stdout, name) || !strings.Contains(r.stdout, tc.want) {
+				t.Errorf("verify after editing %s's %s: exit %d\n%s%s", name, tc.name, r.code, r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// TestExportReshardSpaceCheck (issue 26 item 10): export and reshard
+// refuse up front, as convert does, an output that cannot fit in the free
+// space (here a manifest claiming petabytes), writing nothing.
+func TestExportReshardSpaceCheck(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "atomic")
+	if r := ucp(t, nil, "convert", "--quiet", testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint"), a); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	editManifest(t, a, func(m *atomic.Manifest) { m.Params[0].Files[0].Bytes = 1 << 55 })
+	for _, args := range [][]string{
+		{"export", "--to", "torch", a, filepath.Join(dir, "torch")},
+		{"export", "--to", "dcp", a, filepath.Join(dir, "dcp")},
+		{"reshard", a, filepath.Join(dir, "ds", "step"), "--to", "deepspeed", "--dp", "2", "--zero", "1"},
+	} {
+		r := ucp(t, nil, args...)
+		if r.code == 0 || !strings.Contains(r.stderr, "free; nothing written") {
+			t.Errorf("%v: exit %d, %q; want the free-space refusal", args, r.code, r.stderr)
+		}
+	}
+	for _, out := range []string{"torch", "dcp", "ds"} {
+		if _, err := os.Lstat(filepath.Join(dir, out)); !os.IsNotExist(err) {
+			t.Errorf("%s written", filepath.Join(dir, out))
+		}
+	}
+}

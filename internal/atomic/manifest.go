@@ -49,18 +49,30 @@ type Degrees struct {
 
 // ParamEntry describes one parameter and its files.
 type ParamEntry struct {
-	Name        string       `json:"name"`
-	Shape       []int64      `json:"shape"`
-	DType       string       `json:"dtype"`
-	Pattern     string       `json:"pattern"`
-	SplitDims   []int        `json:"split_dims,omitempty"` // -1: a flattened tensor split in ranges
-	Frozen      bool         `json:"frozen,omitempty"`
-	SourceDType string       `json:"source_dtype,omitempty"` // frozen parameters and buffers: the stored dtype
-	VocabSize   int64        `json:"vocab_size,omitempty"`
-	PaddedVocab int64        `json:"padded_vocab_size,omitempty"`
-	Aliases     []string     `json:"aliases,omitempty"`
-	Files       []StateEntry `json:"files"`
+	Name        string   `json:"name"`
+	Shape       []int64  `json:"shape"`
+	DType       string   `json:"dtype"`
+	Pattern     string   `json:"pattern"`
+	SplitDims   []int    `json:"split_dims,omitempty"` // -1: a flattened tensor split in ranges
+	Frozen      bool     `json:"frozen,omitempty"`
+	SourceDType string   `json:"source_dtype,omitempty"` // frozen parameters and buffers: the stored dtype
+	VocabSize   int64    `json:"vocab_size,omitempty"`
+	PaddedVocab int64    `json:"padded_vocab_size,omitempty"`
+	Aliases     []string `json:"aliases,omitempty"`
+	// TPLayout says where the tensor-parallel cut of the state files'
+	// keys (cat_dim, sub-parameters, vocabulary) comes from: TPFromSource,
+	// TPFromFamily, or "" when nothing records it (a source saved without
+	// tensor parallelism and no model-family rule): such a parameter is
+	// never cut for a tensor-parallel target (layout.Model.Slice refuses).
+	TPLayout string       `json:"tp_layout,omitempty"`
+	Files    []StateEntry `json:"files"`
 }
+
+// ParamEntry.TPLayout values.
+const (
+	TPFromSource = "source" // the source checkpoint's own TP layout
+	TPFromFamily = "family" // the model family's rules (internal/family)
+)
 
 // StateDType is the dtype of the parameter's state tensors: DType, which
 // is float32 for trained parameters and the stored dtype for frozen
@@ -113,6 +125,18 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseManifest(path, b)
+}
+
+// maxManifestNumel bounds a parameter's elements (2^60: far beyond any
+// model, and numel times any element size stays within int64).
+const maxManifestNumel = 1 << 60
+
+// ParseManifest decodes ucp.json (read from path) and checks what its
+// readers rely on: the format and version, parameter names, shapes of
+// non-negative dims whose product cannot overflow, state dtypes, and file
+// sizes that are not negative.
+func ParseManifest(path string, b []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -123,9 +147,30 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if m.Version != ManifestVersion {
 		return nil, fmt.Errorf("%s: manifest version %d is not supported (want %d)", path, m.Version, ManifestVersion)
 	}
-	for _, p := range m.Params {
+	for i := range m.Params {
+		p := &m.Params[i]
 		if err := CheckName(p.Name); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		n := int64(1)
+		for _, d := range p.Shape {
+			if d < 0 || d > 0 && n > maxManifestNumel/d {
+				return nil, fmt.Errorf("%s: parameter %s: shape %v is negative or holds more than 2^60 elements", path, p.Name, p.Shape)
+			}
+			n *= d
+		}
+		if _, err := p.StateDType(); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		for _, f := range p.Files {
+			if f.Bytes < 0 {
+				return nil, fmt.Errorf("%s: parameter %s: file %s of %d bytes", path, p.Name, f.Path, f.Bytes)
+			}
+		}
+	}
+	for _, f := range m.Files {
+		if f.Bytes < 0 {
+			return nil, fmt.Errorf("%s: file %s of %d bytes", path, f.Path, f.Bytes)
 		}
 	}
 	return &m, nil

@@ -49,6 +49,12 @@ func OpenReader(dir string, opt ReaderOptions) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newReader(dir, root, m, opt)
+}
+
+// newReader indexes a parsed manifest: parameters listed once, every file
+// path inside the checkpoint.
+func newReader(dir, root string, m *Manifest, opt ReaderOptions) (*Reader, error) {
 	r := &Reader{Dir: dir, Manifest: m, opt: opt, root: root, files: map[string]FileEntry{}, params: map[string]int{},
 		verified: map[string]error{}}
 	add := func(e FileEntry) error {
@@ -206,9 +212,29 @@ func (r *Reader) OpenState(param, state string) (*State, error) {
 		return nil, err
 	}
 	path := filepath.Join(r.Dir, filepath.FromSlash(e.Path))
-	f, err := torchfile.Open(path)
+	p, _ := r.Param(param)
+	f, t, err := OpenStateFile(path, p)
 	if err != nil {
 		return nil, err
+	}
+	want, _ := p.StateDType()
+	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t}, nil
+}
+
+// OpenStateFile opens the state file path of parameter p and checks its
+// header against the manifest: a 'param' tensor (or a bare tensor) of the
+// manifest's dtype and shape, laid out contiguously from the start of a
+// storage of exactly its size (ucp writes no padding and no views). Only
+// the header is read; a file whose header disagrees is refused before any
+// element is trusted.
+func OpenStateFile(path string, p *ParamEntry) (*torchfile.File, *torchfile.Tensor, error) {
+	want, err := p.StateDType()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	f, err := torchfile.Open(path)
+	if err != nil {
+		return nil, nil, err
 	}
 	v := f.Root
 	if d, ok := v.(*pyobj.Dict); ok {
@@ -217,19 +243,43 @@ func (r *Reader) OpenState(param, state string) (*State, error) {
 	t, ok := v.(*torchfile.Tensor)
 	if !ok {
 		f.Close()
-		return nil, fmt.Errorf("%s: no 'param' tensor", path)
+		return nil, nil, fmt.Errorf("%s: no 'param' tensor", path)
 	}
-	p, _ := r.Param(param)
-	want, err := p.StateDType()
-	if err != nil {
+	if err := checkHeader(t, want, p.Shape); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: %w", filepath.Join(r.Dir, ManifestName), err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if t.DType != want || !torchfile.SameShape(t.Shape, p.Shape) {
-		f.Close()
-		return nil, fmt.Errorf("%s: 'param' is %v%v, but the manifest says %v%v", path, t.DType, t.Shape, want, p.Shape)
+	return f, t, nil
+}
+
+func checkHeader(t *torchfile.Tensor, want dtype.DType, shape []int64) error {
+	if t.DType != want || !torchfile.SameShape(t.Shape, shape) {
+		return fmt.Errorf("'param' is %v%v, but the manifest says %v%v", t.DType, t.Shape, want, shape)
 	}
-	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t}, nil
+	if t.Storage == nil || t.Storage.DType.Size() == 0 {
+		return fmt.Errorf("'param' has no storage")
+	}
+	if t.StorageOffset != 0 || t.Storage.NBytes() != t.NBytes() || !contiguous(t) {
+		return fmt.Errorf("'param' is a view (offset %d, strides %v) of a storage of %d bytes, not the %d contiguous bytes of %v%v ucp writes",
+			t.StorageOffset, t.Stride, t.Storage.NBytes(), t.NBytes(), want, shape)
+	}
+	return nil
+}
+
+// contiguous reports whether t's strides are the row-major ones of its
+// shape (dims of size 1 may have any stride).
+func contiguous(t *torchfile.Tensor) bool {
+	if len(t.Stride) != len(t.Shape) {
+		return false
+	}
+	want := int64(1)
+	for d := len(t.Shape) - 1; d >= 0; d-- {
+		if t.Shape[d] != 1 && t.Stride[d] != want {
+			return false
+		}
+		want *= t.Shape[d]
+	}
+	return true
 }
 
 // Numel returns the number of elements.

@@ -82,6 +82,9 @@ type Options struct {
 	// DST.partial (listed in its journal, size and CRC-32 checked) instead
 	// of starting from an empty folder.
 	Resume bool
+	// Sources identify the source files (fsutil.Identify) in the journal;
+	// Resume refuses to reuse anything when they changed since.
+	Sources []fsutil.FileID
 	// AfterPhase, if set, is called after each step of the commit
 	// ("synced", "manifest", "renamed"), for tests that kill the process
 	// there.

@@ -15,6 +15,7 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/formats"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/mapreduce"
 	"github.com/ucp-project/ucp/internal/report"
 )
@@ -144,8 +145,19 @@ func (j *Job) Run(ctx context.Context) (*Result, error) {
 			return res, err
 		}
 	}
+	var sources []fsutil.FileID
+	if !o.Finalize {
+		// What the journal records of the input, for --resume to compare.
+		files, err := j.Table.SourceFiles()
+		if err == nil {
+			sources, err = fsutil.Identify(files)
+		}
+		if err != nil {
+			return res, fmt.Errorf("%s: %w", j.Table.Source, err)
+		}
+	}
 	w, err := mapreduce.Create(dst, plan, atomic.Options{Force: o.Force, Tool: o.Tool, Node: o.Node, Nodes: o.Nodes,
-		FinalizeOnly: o.Finalize, NoSync: o.NoSync, Resume: o.Resume, AfterPhase: o.AfterPhase, NoLatest: o.NoLatest})
+		FinalizeOnly: o.Finalize, NoSync: o.NoSync, Resume: o.Resume, Sources: sources, AfterPhase: o.AfterPhase, NoLatest: o.NoLatest})
 	if err != nil {
 		return res, err
 	}

@@ -2,9 +2,8 @@ package convert
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
+	"github.com/ucp-project/ucp/internal/formats/deepspeed"
 	"github.com/ucp-project/ucp/internal/fragment"
 )
 
@@ -15,28 +14,11 @@ var bareFrom = [3]int{0, 19, 3}
 
 // parseDSVersion reads MAJOR.MINOR[.PATCH] (a missing patch is 0).
 func parseDSVersion(s string) ([3]int, error) {
-	var v [3]int
-	parts := strings.Split(strings.TrimPrefix(s, "v"), ".")
-	if len(parts) < 2 || len(parts) > 3 {
-		return v, fmt.Errorf("--deepspeed-version %q: want MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 0.14 or 0.19.3", s)
-	}
-	for i, p := range parts {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 {
-			return v, fmt.Errorf("--deepspeed-version %q: %q is not a version number", s, p)
-		}
-		v[i] = n
+	v, err := deepspeed.ParseVersion(s)
+	if err != nil {
+		return v, fmt.Errorf("--deepspeed-version %w", err)
 	}
 	return v, nil
-}
-
-func versionLess(a, b [3]int) bool {
-	for i := range a {
-		if a[i] != b[i] {
-			return a[i] < b[i]
-		}
-	}
-	return false
 }
 
 // bareStates decides the state-file layout for a target DeepSpeed release:
@@ -52,7 +34,7 @@ func bareStates(t *fragment.Table, version string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if !versionLess(v, bareFrom) {
+	if !deepspeed.VersionLess(v, bareFrom) {
 		return false, nil
 	}
 	if t.Format == "deepspeed-zero3" && t.Degrees.TP <= 1 {

@@ -52,7 +52,7 @@ func TestSpaceCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = checkSpace(filepath.Join(dir, "atomic"), plan, 0, true)
-	if err == nil || !strings.Contains(err.Error(), "has only") || !strings.Contains(err.Error(), fmt.Sprint(3*4<<40+spaceMargin)) ||
+	if err == nil || !strings.Contains(err.Error(), "has only") || !strings.Contains(err.Error(), fmt.Sprint(3*4<<40+SpaceMargin)) ||
 		!strings.Contains(err.Error(), "nothing written") {
 		t.Fatalf("error %v", err)
 	}

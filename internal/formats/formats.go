@@ -256,6 +256,9 @@ type ReshardOptions struct {
 	CkptFormat, MegatronCore, DistOptimSharding string
 	Force, NoSync                               bool
 	NoLatest                                    bool // DeepSpeed: leave the 'latest' pointer beside DST alone
+	// DSVersion is the DeepSpeed release the target runs (ds_version and
+	// the keys that release writes); "": the source's.
+	DSVersion string
 }
 
 // ReshardStats tell what a writer wrote.
@@ -355,7 +358,7 @@ func Targets() []Target {
 					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers, --ckpt-format, --megatron-core, --dist-optim-sharding)")
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
-					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync, NoLatest: o.NoLatest})
+					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync, NoLatest: o.NoLatest, Version: o.DSVersion})
 				if err != nil {
 					return nil, err
 				}
@@ -366,8 +369,8 @@ func Targets() []Target {
 			Name: "megatron",
 			Help: "a Megatron-LM --ckpt-format torch save folder (iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt, latest_checkpointed_iteration.txt), or with --ckpt-format torch_dist a dist_checkpointing folder",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
-				if o.Zero >= 0 || o.BF16Optimizer || o.DType != dtype.Invalid {
-					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer) and keeps the source's training dtype (--dtype)")
+				if o.Zero >= 0 || o.BF16Optimizer || o.DType != dtype.Invalid || o.DSVersion != "" {
+					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer, --deepspeed-version) and keeps the source's training dtype (--dtype)")
 				}
 				mo := megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
 					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers,

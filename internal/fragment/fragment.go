@@ -19,7 +19,9 @@ package fragment
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/family"
@@ -127,6 +129,12 @@ type Info struct {
 	// Replicas > 1 says that many ranks held identical copies of which the
 	// source stored one (DCP deduplicates them): the pattern is Replicate.
 	Replicas int
+	// TPKnown says the source records how this parameter is cut across
+	// tensor-parallel ranks (CatDim, the sub-parameters and the vocabulary
+	// keys come from its TP layout: Megatron's parameter kinds, DeepSpeed
+	// shards at TP > 1); otherwise CatDim 0 is only DeepSpeed's default for
+	// an unsplit tensor and says nothing (atomic ParamEntry.TPLayout).
+	TPKnown bool
 }
 
 // Param is one parameter of the full model.
@@ -343,4 +351,63 @@ func StateOrder(keys []string) []string {
 		return keys[i] < keys[j]
 	})
 	return keys
+}
+
+// SourceFiles lists the source files the table reads: those its
+// fragments, steps, written values and copies refer to. Files the reader
+// decoded into its scratch folders are replaced by the regular files of
+// the source folder they came from (the decoded copies change every run).
+func (t *Table) SourceFiles() ([]string, error) {
+	seen := map[string]bool{}
+	scratch := false
+	add := func(p string) {
+		for _, d := range t.Scratch {
+			if rel, err := filepath.Rel(d, p); err == nil && !strings.HasPrefix(rel, "..") {
+				scratch = true
+				return
+			}
+		}
+		seen[p] = true
+	}
+	for _, p := range t.Params {
+		for _, st := range p.States {
+			for _, f := range st.Frags {
+				add(f.Src.Path)
+			}
+		}
+		if p.Step != nil && p.Step.Tensor != nil {
+			add(p.Step.Tensor.Path)
+		}
+	}
+	for _, c := range t.CopyFiles {
+		add(c.Src)
+	}
+	for _, vf := range t.WriteFiles {
+		err := pyobj.Walk(vf.Value, pyobj.DefaultLimits(), func(_ []pyobj.Value, v pyobj.Value) error {
+			if r, ok := v.(*TensorRef); ok {
+				add(r.Path)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", vf.Name, err)
+		}
+	}
+	if scratch && t.Source != "" {
+		ents, err := os.ReadDir(t.Source)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			if e.Type().IsRegular() {
+				seen[filepath.Join(t.Source, e.Name())] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for p := range seen {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, nil
 }

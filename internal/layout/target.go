@@ -24,7 +24,7 @@ func ReadModel(r *atomic.Reader) (Model, error) {
 	var m Model
 	// Megatron-LM's torch and torch_dist formats both keep args there.
 	if f := r.Manifest.Source.Format; (f != "megatron" && f != "torch_dist") || !r.HasFile(atomic.ExtraState) {
-		return m, nil
+		return argsModel(r.Manifest.Source.Args), nil
 	}
 	v, err := r.Load(atomic.ExtraState)
 	if err != nil {
@@ -40,6 +40,31 @@ func ReadModel(r *atomic.Reader) (Model, error) {
 		return m, nil // no args: nothing to check against
 	}
 	return MegatronModel(Args{Path: fmt.Sprintf("%s/%s", r.Dir, atomic.ExtraState), NS: ns})
+}
+
+// argsModel is the geometry in the scalar args the manifest carries
+// (Megatron-DeepSpeed's, in the DeepSpeed model states): the heads, query
+// groups and vocabulary divisor of its Megatron model.
+func argsModel(args map[string]any) Model {
+	var m Model
+	num := func(k string) int64 {
+		if v, ok := args[k].(float64); ok {
+			return int64(v)
+		}
+		return 0
+	}
+	if h := num("num_attention_heads"); h > 0 {
+		m.Megatron = true
+		m.Heads, m.QueryGroups = h, h
+		if g := num("num_key_value_heads"); g > 0 {
+			m.QueryGroups = g
+		}
+		if g := num("num_query_groups"); g > 0 {
+			m.QueryGroups = g
+		}
+		m.VocabDivisor = num("make_vocab_size_divisible_by")
+	}
+	return m
 }
 
 // PaddedVocab returns the vocabulary rows of a target at TP T: paddedVocab
@@ -64,11 +89,15 @@ func (m Model) PaddedVocab(param string, rows int64, T int, paddedVocab int64) (
 }
 
 // Slice returns the shard tensor-parallel rank t of T holds of a parameter
-// of the checkpoint (TPShard with the target's vocabulary padding), after
-// checking what the target framework requires: for Megatron, that T
-// divides the attention heads and query groups (the fused QKV, stored per
-// query group, is then cut between groups) and every split dimension, as
-// megatron.core's divide() asserts.
+// of the checkpoint (TPShard with the target's vocabulary padding). It
+// cuts only what the checkpoint records how to cut (ParamEntry.TPLayout):
+// at T > 1 a parameter with no recorded TP layout is refused by name, and
+// buffers (integer or bool state) are never cut. Then it checks what the
+// target framework requires: for Megatron, that T divides the attention
+// heads and query groups (the fused QKV, stored per query group, is then
+// cut between groups); for every source, that T divides the split
+// dimension (vocabularies are padded instead), as megatron.core's divide()
+// asserts.
 func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int64) (fragment.Shard, error) {
 	if T < 1 || t < 0 || t >= T {
 		return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel rank %d of %d", p.Name, t, T)
@@ -91,6 +120,14 @@ func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int6
 				return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel size %d does not divide the %d %s", p.Name, T, c.n, c.what)
 			}
 		}
+	}
+	if T > 1 {
+		whole, err := keptWhole(p, meta)
+		if err != nil || whole {
+			return fragment.Shard{Shape: append([]int64(nil), p.Shape...)}, err
+		}
+		// Every tensor-parallel framework cuts evenly (megatron.core's
+		// divide() asserts it); only the vocabulary is padded first.
 		if d := meta.CatDim; d >= 0 && d < len(p.Shape) && !meta.Vocab {
 			parts := max(int64(meta.NSubParams), 1)
 			if p.Shape[d]%(parts*int64(T)) != 0 {
@@ -99,4 +136,33 @@ func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int6
 		}
 	}
 	return TPShard(meta, p.Shape, T, t, local)
+}
+
+// keptWhole reports whether a parameter stays whole on every
+// tensor-parallel rank: buffers (an integer or bool state, as position
+// ids) always, and one whose state file has no cut (no cat_dim: replicated,
+// as DeepSpeed marks buffers). It refuses a parameter whose TP cut nothing
+// records: the cat_dim 0 a source without tensor parallelism gets is DeepSpeed's
+// default for an unsplit tensor, and cutting by it would split norms
+// (11,) into (6,)/(5,) and row-parallel weights on the wrong dim.
+//
+// The model-family table (internal/family) is the other place a cut may
+// come from: a converter that resolves a parameter's role there records
+// the role's rule in the state file keys and TPLayout "family", which is
+// accepted here as "source" is.
+func keptWhole(p *atomic.ParamEntry, meta Meta) (bool, error) {
+	dt, err := p.StateDType()
+	if err != nil {
+		return false, err
+	}
+	if !dt.IsFloat() || meta.CatDim < 0 && meta.SubSizes == nil && !meta.Vocab {
+		return true, nil
+	}
+	switch p.TPLayout {
+	case atomic.TPFromSource, atomic.TPFromFamily:
+		return false, nil
+	}
+	return false, fmt.Errorf("%s: the atomic checkpoint does not record how this parameter is cut across tensor-parallel ranks "+
+		"(no tp_layout in its manifest: the source was saved without tensor parallelism and no model-family rule covers it); "+
+		"it loads only at tensor-parallel size 1", p.Name)
 }

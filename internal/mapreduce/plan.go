@@ -253,6 +253,9 @@ func paramEntry(p *fragment.Param) atomic.ParamEntry {
 	kind, dims := fragment.Classify(p)
 	pe := atomic.ParamEntry{Name: p.Name, Shape: append([]int64{}, p.Shape...), DType: "float32", Pattern: kind.String(),
 		SplitDims: dims, Frozen: p.Frozen, Aliases: p.Info.Aliases}
+	if p.Info.TPKnown {
+		pe.TPLayout = atomic.TPFromSource
+	}
 	if st := p.State(fragment.FP32); p.Frozen && st != nil && len(st.Frags) > 0 && st.Frags[0].Src.T != nil {
 		pe.SourceDType = st.Frags[0].Src.DType().String()
 	}

@@ -719,7 +719,7 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, paths []str
 	var pl *Placement
 	var err error
 	if buffer && b.T > 1 {
-		pl = &Placement{Pattern: fragment.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1}}
+		pl = &Placement{Pattern: fragment.Replicated{}, Full: append([]int64(nil), shapes[0]...), Info: fragment.Info{CatDim: -1, TPKnown: true}}
 	} else if pl, err = b.rules.Classify(name, shapes); err != nil {
 		return err
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
@@ -30,6 +32,9 @@ type ReshardOptions struct {
 	Force         bool // replace DST when it exists
 	NoSync        bool
 	NoLatest      bool // leave the 'latest' pointer beside DST alone
+	// Version is the DeepSpeed release the target runs ("0.19.5"), written
+	// as ds_version; "" takes the source's ds_version.
+	Version string
 }
 
 // ReshardStats tell what was written.
@@ -104,6 +109,11 @@ type plan struct {
 	aliases  map[string]string // alias -> parameter
 	notes    []string
 	srcStage int
+	// version is the ds_version written (ReshardOptions.Version, else the
+	// source's, else WriteVersion); parallelDims says that release writes
+	// checkpoint_parallel_dimensions.
+	version      string
+	parallelDims bool
 	// paddedVocab is the target's vocabulary rows (0: no vocabulary
 	// parameter), written into Megatron-DeepSpeed's args.
 	paddedVocab int64
@@ -358,36 +368,14 @@ func stepRepr(v pyobj.Value) string {
 	return pyobj.Repr(v)
 }
 
-// model is the target geometry: Megatron-DeepSpeed's heads, query groups
-// and vocabulary divisor when the source recorded its args.
-func (p *plan) model() layout.Model {
-	var m layout.Model
-	args := p.r.Manifest.Source.Args
-	num := func(k string) int64 {
-		if v, ok := args[k].(float64); ok {
-			return int64(v)
-		}
-		return 0
-	}
-	if h := num("num_attention_heads"); h > 0 {
-		m.Megatron = true
-		m.Heads, m.QueryGroups = h, h
-		if g := num("num_key_value_heads"); g > 0 {
-			m.QueryGroups = g
-		}
-		if g := num("num_query_groups"); g > 0 {
-			m.QueryGroups = g
-		}
-		m.VocabDivisor = num("make_vocab_size_divisible_by")
-	}
-	return m
-}
-
 // slices computes every parameter's shard on every target TP rank, as
 // DeepSpeed's universal loader would cut it, and checks that each rank
 // gets a non-empty shard of every non-empty parameter.
 func (p *plan) slices() error {
-	model := p.model()
+	model, err := layout.ReadModel(p.r)
+	if err != nil {
+		return err
+	}
 	p.shards = make([]map[string]fragment.Shard, p.o.TP)
 	for t := range p.shards {
 		p.shards[t] = map[string]fragment.Shard{}
@@ -522,6 +510,9 @@ func (p *plan) dsConfig() (*pyobj.Dict, error) {
 		return nil, err
 	}
 	defer f.Close()
+	if err := p.setVersion(f.Name, root); err != nil {
+		return nil, err
+	}
 	cfg := pyobj.NewDict(pyobj.PlainDict)
 	if v, ok := root.Get("ds_config"); ok {
 		if d, ok := v.(*pyobj.Dict); ok {
@@ -554,12 +545,97 @@ func (p *plan) dsConfig() (*pyobj.Dict, error) {
 		dts := sub("data_types")
 		if p.o.BF16Optimizer {
 			dts.Set("grad_accum_dtype", "fp32")
-		} else if p.dt == dtype.BFloat16 && p.o.Zero == 1 {
-			// fp32 accumulation would make DeepSpeed pick BF16_Optimizer.
+		} else {
+			// The ZeRO optimizer written accumulates in the training dtype
+			// (the default); the source's fp32 accumulation would make
+			// DeepSpeed pick BF16_Optimizer at stage 1 and refuse stage 2.
 			dts.Delete("grad_accum_dtype")
 		}
 	}
+	if p.o.Zero < 3 {
+		// Stage-3 settings of a ZeRO-3 source do not describe the target.
+		for _, k := range append([]pyobj.Value(nil), zo.Keys()...) {
+			if ks, ok := k.(string); ok && (strings.HasPrefix(ks, "stage3_") || ks == "offload_param") {
+				zo.Delete(ks)
+			}
+		}
+	}
+	p.batchConfig(cfg)
 	return cfg, nil
+}
+
+// batchConfig keeps the per-rank batch (train_micro_batch_size_per_gpu,
+// gradient_accumulation_steps) and makes train_batch_size their product
+// with the target's DP, as DeepSpeed's config check requires; when the
+// source gives only some of them, nothing is derived.
+func (p *plan) batchConfig(cfg *pyobj.Dict) {
+	get := func(k string) (int64, bool) {
+		v, ok := cfg.Get(k)
+		if !ok {
+			return 0, false
+		}
+		n, ok := pyobj.Int(v)
+		return n, ok && n > 0
+	}
+	micro, ok1 := get("train_micro_batch_size_per_gpu")
+	gas, ok2 := get("gradient_accumulation_steps")
+	if _, ok3 := cfg.Get("train_batch_size"); ok1 && ok2 && ok3 {
+		cfg.Set("train_batch_size", micro*gas*int64(p.o.DP))
+	}
+}
+
+// setVersion decides the ds_version written: the target's release when
+// given, else the source's (the template's ds_version), else WriteVersion.
+func (p *plan) setVersion(name string, tmpl *pyobj.Dict) error {
+	p.version = p.o.Version
+	if p.version == "" {
+		if v, ok := tmpl.Get("ds_version"); ok {
+			if s, ok := v.(string); ok && s != "" {
+				p.version = s
+			}
+		}
+	}
+	if p.version == "" {
+		p.version = WriteVersion
+	}
+	v, err := ParseVersion(p.version)
+	if err != nil {
+		if p.o.Version == "" {
+			return fmt.Errorf("%s: ds_version %q: %w (give --deepspeed-version)", name, p.version, err)
+		}
+		return fmt.Errorf("--deepspeed-version: %w", err)
+	}
+	p.parallelDims = !VersionLess(v, parallelDimsFrom)
+	return nil
+}
+
+// ParseVersion reads a DeepSpeed release MAJOR.MINOR[.PATCH] (a missing
+// patch is 0; a local suffix such as "+abc123" is ignored).
+func ParseVersion(s string) ([3]int, error) {
+	var v [3]int
+	base, _, _ := strings.Cut(strings.TrimPrefix(s, "v"), "+")
+	parts := strings.Split(base, ".")
+	if len(parts) < 2 || len(parts) > 3 {
+		return v, fmt.Errorf("%q: want MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 0.14 or 0.19.5", s)
+	}
+	for i, part := range parts {
+		n, err := strconv.Atoi(part)
+		if err != nil || n < 0 {
+			return v, fmt.Errorf("%q: %q is not a version number", s, part)
+		}
+		v[i] = n
+	}
+	return v, nil
+}
+
+// VersionLess orders releases.
+func VersionLess(a, b [3]int) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return false
 }
 
 // lossScaler is the loss-scaler state DeepSpeedZeroOptimizer saves: the
@@ -712,7 +788,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		osd.Set("single_partition_of_fp32_groups", &fp32s)
 		osd.Set("group_paddings", &paddings)
 		osd.Set("partition_count", &counts)
-		osd.Set("ds_version", WriteVersion)
+		osd.Set("ds_version", p.version)
 		osd.Set("param_slice_mappings", &mappings)
 	} else {
 		scaler, dynamic, err := p.lossScaler()
@@ -728,10 +804,10 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		osd.Set("zero_stage", zeroStageEnum(p.o.Zero))
 		osd.Set("group_paddings", &paddings)
 		osd.Set("partition_count", &counts)
-		osd.Set("ds_version", WriteVersion)
+		osd.Set("ds_version", p.version)
 		osd.Set("param_slice_mappings", &mappings)
 	}
-	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", WriteVersion)
+	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", p.version)
 	return p.writeFile(filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
 }
 
@@ -766,11 +842,22 @@ func (p *plan) writeFile(path string, root pyobj.Value, fills []fill, st *Reshar
 // state, in order; every other key of the template is client state.
 var engineKeys = []string{"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
 	"frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names", "skipped_steps",
-	"global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version"}
+	"global_steps", "global_samples", "dp_world_size", "mp_world_size", checkpointParallelDims, "ds_config", "ds_version"}
 
-// newerKeys are engine keys of later DeepSpeed releases that v0.14.5 does
-// not write (and that would describe the source's degrees).
-var newerKeys = map[string]bool{"checkpoint_parallel_dimensions": true}
+// checkpointParallelDims is the engine key DeepSpeed writes from v0.19.5
+// on: {'pp_degree': PP, 'tp_degree': TP} between mp_world_size and
+// ds_config (deepspeedai/DeepSpeed v0.19.5, commit cf44300453eb,
+// deepspeed/runtime/engine.py _checkpoint_parallel_metadata and
+// _common_checkpoint_state; no earlier release writes it).
+const checkpointParallelDims = "checkpoint_parallel_dimensions"
+
+// parallelDimsFrom is the first release that writes it.
+var parallelDimsFrom = [3]int{0, 19, 5}
+
+// newerKeys are engine keys that describe the source's degrees: never
+// copied from the template (written for the target when its release has
+// them).
+var newerKeys = map[string]bool{checkpointParallelDims: true}
 
 // writeModelStates writes the model-state file of TP rank t (ZeRO-3: of DP
 // rank r too; r < 0 for ZeRO-1/2).
@@ -862,7 +949,13 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 		case "ds_config":
 			v = cfg
 		case "ds_version":
-			v = WriteVersion
+			v = p.version
+		case checkpointParallelDims:
+			if !p.parallelDims {
+				continue
+			}
+			// DeepSpeed v0.19.5 engine.py _checkpoint_parallel_metadata.
+			v = pyobj.DictOf("pp_degree", int64(1), "tp_degree", int64(p.o.TP))
 		default:
 			v = get(k, nil)
 		}

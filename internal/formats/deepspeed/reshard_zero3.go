@@ -148,6 +148,6 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 	osd.Set("partition_count", int64(D))
 	osd.Set("optimizer_state_dict", pyobj.DictOf("state", states, "param_groups", &pgroups))
 	osd.Set("fp32_flat_groups", &flats)
-	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", WriteVersion)
+	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", p.version)
 	return p.writeFile(filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
 }

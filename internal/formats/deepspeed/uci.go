@@ -293,6 +293,9 @@ func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {
 		}
 		pl.Info.VocabSize, pl.Info.PaddedVocab = r.vocabSize, pl.Full[0]
 	}
+	// Only shards of several TP ranks show the cut (at TP 1 the keys are
+	// DeepSpeed's defaults for an unsplit tensor).
+	pl.Info.TPKnown = T > 1
 	return pl, nil
 }
 

@@ -529,7 +529,8 @@ func (r *distReader) atomicShape(p *distParam) []int64 {
 // info gives the universal-checkpoint keys the legacy reader gives the
 // same parameter (they depend on the kind only).
 func (r *distReader) info(p *distParam) fragment.Info {
-	in := fragment.Info{CatDim: 0}
+	// Megatron's parameter kinds say how each is cut, whatever the source TP.
+	in := fragment.Info{CatDim: 0, TPKnown: p.k != kindUnknown}
 	switch p.k {
 	case kindRep, kindUnknown:
 		in.CatDim = -1

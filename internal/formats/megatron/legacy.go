@@ -301,6 +301,9 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	if err != nil {
 		return nil, err
 	}
+	if unknown := splitKind(first.lp.local, a.SwiGLU) == kindUnknown && !buffer; unknown {
+		pl.info.TPKnown = false // kept whole at TP 1 by default, not by a rule
+	}
 	// Copies per TP rank, in folder order: the first is placed, the others
 	// (EP replicas of dense parameters, TP replicas) are checked equal.
 	byRank := make([][]source, len(pl.shards))

@@ -21,7 +21,7 @@ func (b *builder) placement(k kind, first source, T int) (*placement, error) {
 	local := first.lp.t.Shape
 	where := fmt.Sprintf("%s: %s", first.f.rd.model, first.lp.local)
 	if k == kindRep {
-		return &placement{shape: clone(local), shards: []fragment.Shard{{Shape: clone(local)}}, info: fragment.Info{CatDim: -1}}, nil
+		return &placement{shape: clone(local), shards: []fragment.Shard{{Shape: clone(local)}}, info: fragment.Info{CatDim: -1, TPKnown: true}}, nil
 	}
 	if k == kindGrouped1 || k == kindGrouped2 {
 		return b.groupedPlacement(k, first, T)
@@ -35,7 +35,7 @@ func (b *builder) placement(k kind, first source, T int) (*placement, error) {
 	}
 	full := clone(local)
 	full[dim] *= int64(T)
-	pl := &placement{shape: clone(full), info: fragment.Info{CatDim: dim}}
+	pl := &placement{shape: clone(full), info: fragment.Info{CatDim: dim, TPKnown: true}}
 	var pat fragment.Pattern = fragment.Split{Dim: dim}
 	if k == kindSwiGLU {
 		if local[0]%2 != 0 {
@@ -118,9 +118,9 @@ func (b *builder) groupedPlacement(k kind, first source, T int) (*placement, err
 	// The TP split, as DeepSpeed's universal loader describes it: E*G (E)
 	// equal sub-parameters along dim 1 (dim 0), each split over TP. It is
 	// exact at EP = 1; EP then takes row blocks.
-	info := fragment.Info{CatDim: 1, NSubParams: int(E * G)}
+	info := fragment.Info{CatDim: 1, NSubParams: int(E * G), TPKnown: true}
 	if k == kindGrouped2 {
-		info = fragment.Info{CatDim: 0, NSubParams: int(E)}
+		info = fragment.Info{CatDim: 0, NSubParams: int(E), TPKnown: true}
 	}
 	if info.NSubParams < 2 {
 		info.NSubParams = 0
