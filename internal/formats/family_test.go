@@ -162,6 +162,9 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if f := a.Manifest.Source.Model.Family; f != "llama" && f != "mistral" && f != "qwen2" && f != "qwen3" {
+			continue // MoE families: their own round trips (issue 25)
+		}
 		want := hfFolderTensors(t, src)
 		for _, deg := range []struct {
 			tp, pp int
