@@ -86,7 +86,7 @@ func TestTimeline(t *testing.T) {
 		`fill="#111">language_model.output_layer.weight/exp_avg_sq [2/3]</text>`, // a big task's label, drawn
 		`fill="#111">…embedding.word_embeddings.weight/fp32</text>`,              // cut to its box by whole components
 		`x&lt;y&gt;&amp;z/exp_avg_sq`,                                            // escaped
-		`font-weight="bold">worker 2</text>`, `fill="#444">busy 100%</text>`, // the straggler in bold, not alarming
+		`font-weight="bold">worker 2</text>`, `fill="#444">busy 100%</text>`,     // the straggler in bold, not alarming
 		`the run took 1.25s; worker 2 (in bold) finished last</text>`,
 		`convert's summary counts it and the manifest too`,
 		`>0</text>`, `>0.2s</text>`, `>1.2s</text>`, // ticks
