@@ -219,12 +219,9 @@ func qwen3MoE() *Family {
 		return m, nil
 	}
 	f.FromHF = func(m map[string]any, c *Config) error {
-		c.QKNorm = true
-		var err error
-		if c.QKVBias, err = Args(m).bool("attention_bias"); err != nil {
+		if err := qwen3AttentionFromHF(m, c); err != nil {
 			return err
 		}
-		c.OutBias = c.QKVBias
 		return qwenMoEFromHF(m, c)
 	}
 	return f

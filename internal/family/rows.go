@@ -219,13 +219,22 @@ func qwen3() *Family {
 		return m, nil
 	}
 	f.FromHF = func(m map[string]any, c *Config) error {
-		c.QKNorm = true
-		var err error
-		if c.QKVBias, err = Args(m).bool("attention_bias"); err != nil {
+		if err := qwen3AttentionFromHF(m, c); err != nil {
 			return err
 		}
-		c.OutBias = c.QKVBias
 		return qwenWindow(m, c)
 	}
 	return f
+}
+
+// qwen3AttentionFromHF reads what qwen3 and qwen3_moe share in config.json:
+// q/k RMSNorm always, and attention_bias, which puts a bias on q, k, v and o alike.
+func qwen3AttentionFromHF(m map[string]any, c *Config) error {
+	c.QKNorm = true
+	var err error
+	if c.QKVBias, err = Args(m).bool("attention_bias"); err != nil {
+		return err
+	}
+	c.OutBias = c.QKVBias
+	return nil
 }
