@@ -41,8 +41,12 @@ slice mappings; with --zero 3, zero_pp_rank_D_mp_rank_00_model_states.pt and the
 per-parameter partitions of DeepSpeed's ZeRO-3 optimizer instead (--tp 1). DeepSpeed's engine loads it with engine.load_checkpoint(DIR, tag)
 when its config has the same --dp, --tp, ZeRO stage and dtype, the same
 parameters in the same param groups (the source's, in order) and the optimizer
-the source used. ATOMIC must be converted from a DeepSpeed checkpoint (its
-model states give the module layout and the param groups).
+the source used. A source converted from DeepSpeed gives the module layout,
+parameter order and param groups; any other source of a known model family
+takes them from the family: Megatron-LM sources Megatron-DeepSpeed's GPTModel
+(with the optimizer state), Hugging Face and other sources the family's
+Hugging Face module (weights only, TP 1); the summary says which
+(formats/deepspeed/FORMAT.md, "Other sources").
 
 --to megatron writes DST as a Megatron-LM --ckpt-format torch save folder:
 iter_XXXXXXX (the source's iteration) with mp_rank_TT[_PPP]/model_optim_rng.pt
