@@ -164,7 +164,9 @@ func VerifyFile(path string, e FileEntry) error {
 	}
 	defer f.Close()
 	h := newCRC()
-	n, err := io.Copy(h, f)
+	// 256 KiB reads: 8x fewer system calls than io.Copy's 32 KiB, and the
+	// buffer stays in the CPU's cache between the read and the CRC.
+	n, err := io.CopyBuffer(h, struct{ io.Reader }{f}, make([]byte, 256<<10))
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
