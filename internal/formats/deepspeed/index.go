@@ -43,6 +43,7 @@ type group struct {
 	fp32     *torchfile.Tensor
 	state    pyobj.Dec   // torch optimizer state of the group's flat parameter (a dict)
 	mappings *pyobj.Dict // param_slice_mappings[g], or nil
+	mapDec   pyobj.Dec   // the same, to decode
 	padding  int64
 	count    int64 // partition count (DP degree of the group)
 	size     int64 // partition size S, padding included
@@ -291,7 +292,7 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 			gr.padding = paddings[g]
 		}
 		if g < len(mappings) {
-			gr.mappings = mappings[g].AsDict()
+			gr.mappings, gr.mapDec = mappings[g].AsDict(), mappings[g]
 		}
 		gr.size = t.Numel()
 		if !o.bf16opt {
@@ -566,32 +567,46 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 	if gr.mappings == nil {
 		return nil
 	}
-	v, ok := gr.mappings.Get(name)
-	if !ok {
+	if !gr.mapDec.Has(name) {
 		if fs >= fe {
 			return nil
 		}
 		return fmt.Errorf("%s: param_slice_mappings has no fragment for %s, but the partition rules place [%d,%d) of it here", o.path, name, fs-lo, fe-lo)
 	}
-	obj, isObj := v.(*pyobj.Object)
-	if !isObj {
-		return fmt.Errorf("%s: param_slice_mappings[%q] is %s, not a fragment_address", o.path, name, pyobj.TypeName(v))
+	n, s := readFragmentAddr(gr.mapDec.Key(name))
+	if err := gr.mapDec.Err(); err != nil {
+		return err
 	}
-	nv, _ := obj.Attr("numel")
-	sv, _ := obj.Attr("start")
-	n, ok1 := pyobj.Int(nv)
-	s, ok2 := pyobj.Int(sv)
 	if fs >= fe {
-		if !ok1 || n != 0 {
+		if n != 0 {
 			return fmt.Errorf("%s: param_slice_mappings places %s on this rank, but the partition rules do not", o.path, name)
 		}
 		return nil
 	}
-	if !ok1 || !ok2 || n != fe-fs || s != fs-lo {
-		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %s, start %s) but param_shapes and the partition rules give (numel %d, start %d); "+
-			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, pyobj.Repr(nv), pyobj.Repr(sv), fe-fs, fs-lo)
+	if n != fe-fs || s != fs-lo {
+		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %d, start %d) but param_shapes and the partition rules give (numel %d, start %d); "+
+			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, n, s, fe-fs, fs-lo)
 	}
 	return nil
+}
+
+// readFragmentAddr reads the fragment_address at d: DeepSpeed's dataclass
+// (numel, start) of a parameter's piece of a flat partition
+// (deepspeed/utils/tensor_fragment.py).
+func readFragmentAddr(d pyobj.Dec) (numel, start int64) {
+	obj := pyobj.As[*pyobj.Object](d, "a fragment_address")
+	if obj == nil {
+		return 0, 0
+	}
+	field := func(k string) int64 {
+		v, has := obj.Attr(k)
+		n, isInt := pyobj.Int(v)
+		if !has || !isInt {
+			d.Failf("fragment_address.%s is %s, want int", k, pyobj.Repr(v))
+		}
+		return n
+	}
+	return field("numel"), field("start")
 }
 
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
@@ -759,8 +774,11 @@ func moduleDType(root pyobj.Dec) string {
 	d := m.AsDict()
 	for i := 0; i < d.Len(); i++ {
 		_, val := d.Item(i)
-		if t, ok := val.(*torchfile.Tensor); ok && t.DType.IsFloat() {
-			return t.DType.String()
+		switch t := val.(type) {
+		case *torchfile.Tensor:
+			if t.DType.IsFloat() {
+				return t.DType.String()
+			}
 		}
 	}
 	return ""

@@ -3,7 +3,6 @@ package deepspeed
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -35,12 +34,12 @@ const (
 // isMoE reports whether a decoded mp_rank model state was saved by
 // DeepSpeed's _save_moe_checkpoint (it records num_experts).
 func isMoE(f *torchfile.File) bool {
-	d, ok := f.Root.(*pyobj.Dict)
-	if !ok {
-		return false
+	switch d := f.Root.(type) {
+	case *pyobj.Dict:
+		_, has := d.Get("num_experts")
+		return has
 	}
-	_, ok = d.Get("num_experts")
-	return ok
+	return false
 }
 
 // moeLayer is one deepspeed.moe.layer.MoE module, in module order (the
@@ -88,7 +87,7 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 	if len(files.Optim) == 0 {
 		return nil, fmt.Errorf("%s: a DeepSpeed-MoE checkpoint without ZeRO optimizer files (its optimizer is in expp_rank_*_optim_states.pt): not read yet; ucp reads DeepSpeed-MoE with ZeRO-1/2", dir)
 	}
-	experts, err := expertFiles(dir, layers)
+	experts, err := expertFiles(opt.Scan, dir, layers)
 	if err != nil {
 		return nil, err
 	}
@@ -179,9 +178,13 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 		return nil, err
 	}
 	o0 := optims[[2]int{0, 0}]
-	dataFirst := pyobj.NewDec(o0.path, o0.root).Dict("ds_config").OptBool("use_data_before_expert_parallelism", false)
-	groups := pyobj.NewDec(o0.path, o0.base).List("param_groups")
-	if err := pyobj.NewDec(o0.path, o0.root).Err(); err != nil {
+	od, bd := pyobj.NewDec(o0.path, o0.root), pyobj.NewDec(o0.path, o0.base)
+	dataFirst := od.Dict("ds_config").OptBool("use_data_before_expert_parallelism", false)
+	groups := bd.List("param_groups")
+	if err := od.Err(); err != nil {
+		return nil, err
+	}
+	if err := bd.Err(); err != nil {
 		return nil, err
 	}
 	if len(groups) != len(o0.groups) {
@@ -280,9 +283,10 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 }
 
 // expertFiles finds layer_L_expert_E_mp_rank_00_model_states.pt for every
-// expert of every MoE layer, and refuses missing and unexpected ones.
-func expertFiles(dir string, layers []moeLayer) (map[[2]int]string, error) {
-	ents, err := os.ReadDir(dir)
+// expert of every MoE layer, and refuses missing and unexpected ones; it
+// reads the tag folder's one listing (s).
+func expertFiles(s *Scan, dir string, layers []moeLayer) (map[[2]int]string, error) {
+	ents, err := s.readDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -391,17 +395,15 @@ func (b *builder) moeGroup(g int, s partSet, EP int, layers []moeLayer, shapes m
 		if gr.mappings == nil {
 			return fmt.Errorf("%s: no param_slice_mappings: a DeepSpeed-MoE checkpoint records no param_shapes, ucp needs them to place parameters", o.path)
 		}
-		for j := 0; j < gr.mappings.Len(); j++ {
-			k, v := gr.mappings.Item(j)
-			name, ok := k.(string)
-			obj, isObj := v.(*pyobj.Object)
-			if !ok || !isObj {
-				return fmt.Errorf("%s: param_slice_mappings[%d] has %s: %s, not name: fragment_address", o.path, g, pyobj.TypeName(k), pyobj.TypeName(v))
-			}
-			sv, _ := obj.Attr("start")
-			start, ok := pyobj.Int(sv)
-			if !ok {
-				return fmt.Errorf("%s: param_slice_mappings[%d][%q] has no int start", o.path, g, name)
+		items := gr.mapDec.Items()
+		if err := gr.mapDec.Err(); err != nil {
+			return err
+		}
+		for _, it := range items {
+			name := it.Key
+			_, start := readFragmentAddr(it.Dec)
+			if err := gr.mapDec.Err(); err != nil {
+				return err
 			}
 			if e := seen[name]; e != nil {
 				e.first = min(e.first, int64(i)*S+start)

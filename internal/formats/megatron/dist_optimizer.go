@@ -43,33 +43,29 @@ func optKey(key string) (sub int, rest string, ok bool) {
 // subOptimizers returns the common state's optimizer dicts: one, or one per
 // sub-optimizer of a ChainedOptimizer ({0: {...}, 1: {...}}).
 func (r *distReader) subOptimizers() ([]*pyobj.Dict, error) {
-	o, ok := r.common.Get("optimizer")
-	if !ok || o == nil {
-		return nil, nil
-	}
-	d, ok := o.(*pyobj.Dict)
+	cd := pyobj.NewDec(r.dir+" common state", r.common)
+	od, ok := cd.OptDict("optimizer")
 	if !ok {
-		return nil, fmt.Errorf("%s: the common state's optimizer is %s, not a dict", r.dir, pyobj.TypeName(o))
+		return nil, cd.Err()
 	}
+	d := od.AsDict()
 	if d.Len() == 0 {
 		return []*pyobj.Dict{d}, nil
 	}
-	if k, _ := d.Item(0); k != nil {
-		if _, isInt := k.(int64); !isInt {
-			return []*pyobj.Dict{d}, nil
-		}
+	switch k, _ := d.Item(0); k.(type) {
+	case int64: // a ChainedOptimizer's
+	default:
+		return []*pyobj.Dict{d}, nil
 	}
 	var out []*pyobj.Dict
 	for i := 0; i < d.Len(); i++ {
-		k, v := d.Item(i)
-		n, isInt := k.(int64)
-		sub, isDict := v.(*pyobj.Dict)
-		if !isInt || !isDict || n != int64(i) {
-			return nil, fmt.Errorf("%s: the common state's optimizer has entry %s: %s, not sub-optimizer %d's dict", r.dir, pyobj.Repr(k), pyobj.TypeName(v), i)
+		k, _ := d.Item(i)
+		if k != int64(i) {
+			return nil, fmt.Errorf("%s: the common state's optimizer has entry %s, not sub-optimizer %d's", r.dir, pyobj.Repr(k), i)
 		}
-		out = append(out, sub)
+		out = append(out, od.Dict(k).AsDict())
 	}
-	return out, nil
+	return out, cd.Err()
 }
 
 // stateName maps Megatron's optimizer state names to the atomic ones.
@@ -95,12 +91,12 @@ func (r *distReader) optimizer() (string, error) {
 	}
 	typ := ""
 	for _, d := range subs {
-		if v, ok := d.Get("param_state_sharding_type"); ok {
-			s, ok := v.(string)
-			if !ok {
-				return "", fmt.Errorf("%s: optimizer.param_state_sharding_type is %s, not a str", r.dir, pyobj.Repr(v))
-			}
-			typ = s
+		sd := pyobj.NewDec(r.dir+" common state: optimizer", d)
+		if sd.Has("param_state_sharding_type") {
+			typ = sd.Str("param_state_sharding_type")
+		}
+		if err := sd.Err(); err != nil {
+			return "", err
 		}
 	}
 	switch {
@@ -135,27 +131,18 @@ func (r *distReader) groupsStep(where string, vs ...pyobj.Value) error {
 	var groups []pyobj.Value
 	var step pyobj.Value
 	for _, v := range vs {
-		d, ok := v.(*pyobj.Dict)
-		if !ok {
-			return fmt.Errorf("%s: the optimizer state is %s, not a dict", where, pyobj.TypeName(v))
+		od := pyobj.NewDec(where+": the optimizer state", v)
+		if in, ok := od.OptDict("optimizer"); ok {
+			od = in // fully_reshardable nests torch's state dict
 		}
-		if in, ok := d.Get("optimizer"); ok {
-			if id, ok := in.(*pyobj.Dict); ok {
-				d = id // fully_reshardable nests torch's state dict
-			}
+		items := od.List("param_groups")
+		if err := od.Err(); err != nil {
+			return err
 		}
-		gv, ok := d.Get("param_groups")
-		if !ok {
-			return fmt.Errorf("%s: the optimizer state has no param_groups", where)
-		}
-		items, ok := pyobj.Seq(gv)
-		if !ok {
-			return fmt.Errorf("%s: param_groups is %s, not a list", where, pyobj.TypeName(gv))
-		}
-		for i, it := range items {
-			g, ok := it.(*pyobj.Dict)
-			if !ok {
-				return fmt.Errorf("%s: param_groups[%d] is %s, not a dict", where, i, pyobj.TypeName(it))
+		for _, gd := range items {
+			g := gd.AsDict()
+			if err := gd.Err(); err != nil {
+				return err
 			}
 			if s, ok := g.Get("step"); ok {
 				if step != nil && pyobj.Repr(step) != pyobj.Repr(s) {
@@ -240,8 +227,11 @@ func (r *distReader) fullyReshardable() error {
 
 // unwrapList returns the only element of a ShardedObject's list.
 func unwrapList(v pyobj.Value) pyobj.Value {
-	if l, ok := v.(*pyobj.List); ok && len(l.Items) == 1 {
-		return l.Items[0]
+	switch l := v.(type) {
+	case *pyobj.List:
+		if len(l.Items) == 1 {
+			return l.Items[0]
+		}
 	}
 	return v
 }
@@ -617,16 +607,15 @@ func bucketDType(s string) (dtype.DType, bool) {
 // bucketSizes reads per_bucket_numel_unpadded of one gbuf:
 // [{(param dtype, grad dtype): [n_0, n_1, ...]}, ...] per gbuf.
 func bucketSizes(v pyobj.Value, gbuf int) ([]int64, bool) {
-	l, ok := pyobj.Seq(v)
-	if !ok || gbuf >= len(l) {
+	d := pyobj.NewDec("", v) // the caller names the file and shows v
+	e := d.Index(gbuf)
+	m := e.AsDict()
+	if m == nil || m.Len() != 1 {
 		return nil, false
 	}
-	d, ok := l[gbuf].(*pyobj.Dict)
-	if !ok || d.Len() != 1 {
-		return nil, false
-	}
-	_, sizes := d.Item(0)
-	return pyobj.Ints(sizes)
+	k, _ := m.Item(0)
+	sizes := e.Key(k).AsInts()
+	return sizes, d.Err() == nil
 }
 
 // layoutFor places the stage's parameters in buckets walking them in

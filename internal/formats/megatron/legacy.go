@@ -52,9 +52,10 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	}
 	files := make([]*rankFile, len(dirs))
 	for i, f := range decoded {
-		root, ok := f.Root.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: holds %s, not a dict", f.Name, pyobj.TypeName(f.Root))
+		rd := pyobj.NewDec(f.Name, f.Root)
+		root := rd.AsDict()
+		if err := rd.Err(); err != nil {
+			return nil, err
 		}
 		files[i] = &rankFile{rd: dirs[i], root: root}
 	}
@@ -448,12 +449,12 @@ func (b *builder) globals() error {
 		if err != nil {
 			return err
 		}
-		for _, g := range gs {
-			g = g.Clone()
+		for _, gd := range gs {
+			g := gd.AsDict().Clone()
 			g.Delete("params")
 			groups = append(groups, g)
 		}
-		if sv, ok := sub.Get("grad_scaler"); ok {
+		if sv, ok := sub.AsDict().Get("grad_scaler"); ok {
 			if _, done := opt.Get("grad_scaler"); !done {
 				v, err := fragment.RefTree(f0.rd.model, sv, pyobj.DefaultLimits())
 				if err != nil {
