@@ -60,25 +60,9 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err != nil {
 		return nil, err
 	}
-	if len(files.Model) == 0 {
-		if len(files.Zero3) > 0 {
-			return nil, fmt.Errorf("%s: a ZeRO-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt files), not ZeRO-1/2", dir)
-		}
-		return nil, fmt.Errorf("%s: no mp_rank_*_model_states.pt files", dir)
-	}
-	M := len(files.Model)
-	for mp := 0; mp < M; mp++ {
-		if _, ok := files.Model[mp]; !ok {
-			return nil, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (found %d model-state files)", dir, mp, M)
-		}
-	}
-	if len(files.Optim) == 0 {
-		return nil, fmt.Errorf("%s: no ZeRO optimizer files (*zero_pp_rank_*_optim_states.pt); conversion needs ZeRO-1/2 optimizer state", dir)
-	}
-	for k := range files.Optim {
-		if k[1] >= M {
-			return nil, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (optimizer files exist for model-parallel rank %d)", dir, M, k[1])
-		}
+	M, err := modelRanks(dir, files)
+	if err != nil {
+		return nil, err
 	}
 	// Map: decode every pickle, in parallel; model states first, since they
 	// say how many data-parallel ranks to expect.
@@ -106,28 +90,8 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err := models[0].dec.Err(); err != nil {
 		return nil, err
 	}
-	for dp := 0; dp < D; dp++ {
-		for mp := 0; mp < M; mp++ {
-			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
-				return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel x %d model-parallel ranks)", dir, files.OptimName(dp, mp), D, M)
-			}
-		}
-	}
-	var extra []string
-	for k, p := range files.Optim {
-		if k[0] >= D || k[1] >= M {
-			extra = append(extra, filepath.Base(p))
-		}
-	}
-	if len(extra) > 0 {
-		sort.Strings(extra)
-		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel x %d model-parallel ranks", dir, extra, D, M)
-	}
-	paths = paths[:0]
-	for dp := 0; dp < D; dp++ {
-		for mp := 0; mp < M; mp++ {
-			paths = append(paths, files.Optim[[2]int{dp, mp}])
-		}
+	if paths, err = optimFiles(dir, files, D, M); err != nil {
+		return nil, err
 	}
 	decoded, err = torchfile.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
@@ -178,7 +142,74 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if b.table.Optimizer, err = universalOptimizerState(o00, D); err != nil {
 		return nil, err
 	}
+	if err := b.modelStateFiles(files, r); err != nil {
+		return nil, err
+	}
+	return b.table, nil
+}
+
+// modelRanks checks that the tag folder holds the model states of model-
+// parallel ranks 0..M-1 and ZeRO optimizer files of those ranks only, and
+// returns M.
+func modelRanks(dir string, files *Files) (int, error) {
+	if len(files.Model) == 0 {
+		if len(files.Zero3) > 0 {
+			return 0, fmt.Errorf("%s: a ZeRO-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt files), not ZeRO-1/2", dir)
+		}
+		return 0, fmt.Errorf("%s: no mp_rank_*_model_states.pt files", dir)
+	}
+	M := len(files.Model)
 	for mp := 0; mp < M; mp++ {
+		if _, ok := files.Model[mp]; !ok {
+			return 0, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (found %d model-state files)", dir, mp, M)
+		}
+	}
+	if len(files.Optim) == 0 {
+		return 0, fmt.Errorf("%s: no ZeRO optimizer files (*zero_pp_rank_*_optim_states.pt); conversion needs ZeRO-1/2 optimizer state", dir)
+	}
+	for k := range files.Optim {
+		if k[1] >= M {
+			return 0, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (optimizer files exist for model-parallel rank %d)", dir, M, k[1])
+		}
+	}
+	return M, nil
+}
+
+// optimFiles returns the optimizer files of D x M ranks, DP-major, and
+// refuses missing and unexpected ones.
+func optimFiles(dir string, files *Files, D, M int) ([]string, error) {
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
+				return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel x %d model-parallel ranks)", dir, files.OptimName(dp, mp), D, M)
+			}
+		}
+	}
+	var extra []string
+	for k, p := range files.Optim {
+		if k[0] >= D || k[1] >= M {
+			extra = append(extra, filepath.Base(p))
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel x %d model-parallel ranks", dir, extra, D, M)
+	}
+	var paths []string
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			paths = append(paths, files.Optim[[2]int{dp, mp}])
+		}
+	}
+	return paths, nil
+}
+
+// modelStateFiles carries the model states into the atomic checkpoint
+// (copied, or written again with universal info when they have none) and
+// notes how the universal info was used.
+func (b *builder) modelStateFiles(files *Files, r *Rules) error {
+	models := b.models
+	for mp := range models {
 		name := filepath.Base(files.Model[mp])
 		if !r.Present() {
 			// DeepSpeed's universal loader expects the model states to
@@ -186,7 +217,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			// gives them: write them again with it, tensors streamed.
 			rv, err := fragment.RefTree(files.Model[mp], models[mp].root, pyobj.DefaultLimits())
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", files.Model[mp], err)
+				return fmt.Errorf("%s: %w", files.Model[mp], err)
 			}
 			root := rv.(*pyobj.Dict).Clone() // a copy only where tensors are: never set keys in the source's tree
 			root.Set("universal_checkpoint_info", pyobj.DictOf("universal_checkpoint_version", 0.2))
@@ -195,7 +226,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		}
 		cf, err := fragment.NewCopyFile(name, files.Model[mp])
 		if err != nil {
-			return nil, err
+			return err
 		}
 		b.table.CopyFiles = append(b.table.CopyFiles, cf)
 	}
@@ -208,7 +239,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if inf := r.Inferred(); len(inf) > 0 {
 		b.table.Notes = append(b.table.Notes, fmt.Sprintf("without universal_checkpoint_info, %d parameters whose shards differ in one dim are concatenated along it: %v", len(inf), inf))
 	}
-	return b.table, nil
+	return nil
 }
 
 func parseModelState(f *torchfile.File) (*modelState, error) {

@@ -257,89 +257,12 @@ type dpGroup struct {
 // dpReshardable reads the per-bucket flat tensors of the distributed
 // optimizer and re-derives DDP's parameter layout per bucket.
 func (r *distReader) dpReshardable() error {
-	// Sub-optimizer 0 (or the only one) holds the dense parameters, 1 the
-	// expert-parallel ones (MoE with EP > 1), each keyed by its own domains.
-	subs := []map[int]*dpGroup{{}, {}}
-	get := func(sub, i int) *dpGroup {
-		if subs[sub][i] == nil {
-			subs[sub][i] = &dpGroup{sub: sub, idx: i, gbufs: map[int]map[int][]bucketTensor{}, dtypes: map[int]dtype.DType{}, where: map[string]string{}}
-		}
-		return subs[sub][i]
+	subs, err := r.dpGroups()
+	if err != nil {
+		return err
 	}
-	for _, t := range r.c.Tensors {
-		sub, key, _ := optKey(t.Key)
-		if !strings.HasPrefix(key, bucketsPre) {
-			continue
-		}
-		if sub > 1 {
-			return fmt.Errorf("%s: %q: bucketed state of a third sub-optimizer, which ucp does not read", r.dir, t.Key)
-		}
-		m := reBucket.FindStringSubmatch(key)
-		if m == nil {
-			return fmt.Errorf("%s: %q: an optimizer.distributed key ucp does not know", r.dir, t.Key)
-		}
-		nums, err := atois(m[1], m[2], m[4])
-		if err != nil {
-			return fmt.Errorf("%s: %q: %w", r.dir, t.Key, err)
-		}
-		gi, gb, bi := nums[0], nums[1], nums[2]
-		if len(t.Size) != 1 {
-			return fmt.Errorf("%s: %q has shape %v; bucket state is 1-D", r.dir, t.Key, t.Size)
-		}
-		g := get(max(sub, 0), gi)
-		pd, ok := bucketDType(m[3])
-		if !ok {
-			return fmt.Errorf("%s: %q: dtype key %q is not \"(torch.<param dtype>, torch.<grad dtype>)\"", r.dir, t.Key, m[3])
-		}
-		if old, seen := g.dtypes[gb]; seen && old != pd {
-			return fmt.Errorf("%s: %q: gbuf_idx_%d holds %v and %v parameters", r.dir, t.Key, gb, old, pd)
-		}
-		g.dtypes[gb] = pd
-		if g.gbufs[gb] == nil {
-			g.gbufs[gb] = map[int][]bucketTensor{}
-		}
-		g.gbufs[gb][bi] = append(g.gbufs[gb][bi], bucketTensor{t: t, state: m[5]})
-	}
-	for _, v := range r.c.Values {
-		sub, key, _ := optKey(v.Key)
-		m := reGroupV.FindStringSubmatch(key)
-		if m == nil || sub > 1 {
-			continue
-		}
-		nums, err := atois(m[1])
-		if err != nil {
-			return fmt.Errorf("%s: %q: %w", r.dir, v.Key, err)
-		}
-		g := get(max(sub, 0), nums[0])
-		g.where[m[2]] = filepath.Join(r.dir, v.Item) // the file and byte range of the item
-		switch m[2] {
-		case "per_bucket_numel_unpadded":
-			g.unpadded = unwrapList(v.V)
-		case "optimizer":
-			g.optim = unwrapList(v.V)
-		}
-	}
-	n := len(subs[0])
-	if n%r.tp != 0 {
-		return fmt.Errorf("%s: %d dp_group_idx domains do not split over tensor parallel %d", r.dir, n, r.tp)
-	}
-	pp := n / r.tp
-	if r.pp != 0 && r.pp != pp {
-		return fmt.Errorf("%s: args.pipeline_model_parallel_size is %d but the optimizer state has %d = TP %d x PP %d domains", r.dir, r.pp, n, r.tp, pp)
-	}
-	r.pp = pp
-	// Expert domains are the ranks of the TP x EP x PP group.
-	if m := len(subs[1]); m > 0 {
-		if m%(r.tp*pp) != 0 {
-			return fmt.Errorf("%s: %d expert dp_group_idx domains do not split over TP %d x PP %d", r.dir, m, r.tp, pp)
-		}
-		if ep := m / (r.tp * pp); r.ep > 1 && ep != r.ep {
-			return fmt.Errorf("%s: args.expert_model_parallel_size is %d but the expert optimizer state has %d = TP %d x EP %d x PP %d domains", r.dir, r.ep, m, r.tp, ep, pp)
-		} else {
-			r.ep = ep
-		}
-	} else if r.ep > 1 {
-		return fmt.Errorf("%s: args.expert_model_parallel_size is %d but no bucketed state of an expert optimizer (chained_1) is saved", r.dir, r.ep)
+	if err := r.dpDomains(subs); err != nil {
+		return err
 	}
 	var optims []pyobj.Value
 	for sub, groups := range subs {
@@ -373,6 +296,102 @@ func (r *distReader) dpReshardable() error {
 		if p := r.params[name]; len(p.states) == 0 {
 			return fmt.Errorf("%s: no optimizer bucket holds %s", r.dir, name)
 		}
+	}
+	return nil
+}
+
+// dpGroups collects the bucket tensors and the per_bucket_numel_unpadded
+// and optimizer items of every dp_group_idx domain, per sub-optimizer.
+func (r *distReader) dpGroups() ([]map[int]*dpGroup, error) {
+	// Sub-optimizer 0 (or the only one) holds the dense parameters, 1 the
+	// expert-parallel ones (MoE with EP > 1), each keyed by its own domains.
+	subs := []map[int]*dpGroup{{}, {}}
+	get := func(sub, i int) *dpGroup {
+		if subs[sub][i] == nil {
+			subs[sub][i] = &dpGroup{sub: sub, idx: i, gbufs: map[int]map[int][]bucketTensor{}, dtypes: map[int]dtype.DType{}, where: map[string]string{}}
+		}
+		return subs[sub][i]
+	}
+	for _, t := range r.c.Tensors {
+		sub, key, _ := optKey(t.Key)
+		if !strings.HasPrefix(key, bucketsPre) {
+			continue
+		}
+		if sub > 1 {
+			return nil, fmt.Errorf("%s: %q: bucketed state of a third sub-optimizer, which ucp does not read", r.dir, t.Key)
+		}
+		m := reBucket.FindStringSubmatch(key)
+		if m == nil {
+			return nil, fmt.Errorf("%s: %q: an optimizer.distributed key ucp does not know", r.dir, t.Key)
+		}
+		nums, err := atois(m[1], m[2], m[4])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", r.dir, t.Key, err)
+		}
+		gi, gb, bi := nums[0], nums[1], nums[2]
+		if len(t.Size) != 1 {
+			return nil, fmt.Errorf("%s: %q has shape %v; bucket state is 1-D", r.dir, t.Key, t.Size)
+		}
+		g := get(max(sub, 0), gi)
+		pd, ok := bucketDType(m[3])
+		if !ok {
+			return nil, fmt.Errorf("%s: %q: dtype key %q is not \"(torch.<param dtype>, torch.<grad dtype>)\"", r.dir, t.Key, m[3])
+		}
+		if old, seen := g.dtypes[gb]; seen && old != pd {
+			return nil, fmt.Errorf("%s: %q: gbuf_idx_%d holds %v and %v parameters", r.dir, t.Key, gb, old, pd)
+		}
+		g.dtypes[gb] = pd
+		if g.gbufs[gb] == nil {
+			g.gbufs[gb] = map[int][]bucketTensor{}
+		}
+		g.gbufs[gb][bi] = append(g.gbufs[gb][bi], bucketTensor{t: t, state: m[5]})
+	}
+	for _, v := range r.c.Values {
+		sub, key, _ := optKey(v.Key)
+		m := reGroupV.FindStringSubmatch(key)
+		if m == nil || sub > 1 {
+			continue
+		}
+		nums, err := atois(m[1])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", r.dir, v.Key, err)
+		}
+		g := get(max(sub, 0), nums[0])
+		g.where[m[2]] = filepath.Join(r.dir, v.Item) // the file and byte range of the item
+		switch m[2] {
+		case "per_bucket_numel_unpadded":
+			g.unpadded = unwrapList(v.V)
+		case "optimizer":
+			g.optim = unwrapList(v.V)
+		}
+	}
+	return subs, nil
+}
+
+// dpDomains derives PP (and EP) from the number of dp_group_idx domains
+// and checks them against the args.
+func (r *distReader) dpDomains(subs []map[int]*dpGroup) error {
+	n := len(subs[0])
+	if n%r.tp != 0 {
+		return fmt.Errorf("%s: %d dp_group_idx domains do not split over tensor parallel %d", r.dir, n, r.tp)
+	}
+	pp := n / r.tp
+	if r.pp != 0 && r.pp != pp {
+		return fmt.Errorf("%s: args.pipeline_model_parallel_size is %d but the optimizer state has %d = TP %d x PP %d domains", r.dir, r.pp, n, r.tp, pp)
+	}
+	r.pp = pp
+	// Expert domains are the ranks of the TP x EP x PP group.
+	if m := len(subs[1]); m > 0 {
+		if m%(r.tp*pp) != 0 {
+			return fmt.Errorf("%s: %d expert dp_group_idx domains do not split over TP %d x PP %d", r.dir, m, r.tp, pp)
+		}
+		if ep := m / (r.tp * pp); r.ep > 1 && ep != r.ep {
+			return fmt.Errorf("%s: args.expert_model_parallel_size is %d but the expert optimizer state has %d = TP %d x EP %d x PP %d domains", r.dir, r.ep, m, r.tp, ep, pp)
+		} else {
+			r.ep = ep
+		}
+	} else if r.ep > 1 {
+		return fmt.Errorf("%s: args.expert_model_parallel_size is %d but no bucketed state of an expert optimizer (chained_1) is saved", r.dir, r.ep)
 	}
 	return nil
 }
@@ -725,20 +744,9 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 	if len(unpadded) != len(bk) {
 		return fmt.Errorf("%s: dp_group_idx_%d.gbuf_idx_%d has %d buckets saved but per_bucket_numel_unpadded lists %v", where, g.idx, gb, len(bk), unpadded)
 	}
-	// The param state of each bucket (its chunks mark the parameters).
-	ref := make([]*dcp.Tensor, len(bk))
-	for b := range unpadded {
-		for _, bt := range bk[b] {
-			if bt.t.Size[0] != unpadded[b] {
-				return fmt.Errorf("%s: %q has %d elements but per_bucket_numel_unpadded says %d", r.dir, bt.t.Key, bt.t.Size[0], unpadded[b])
-			}
-			if bt.state == "param" {
-				ref[b] = bt.t
-			}
-		}
-		if ref[b] == nil {
-			return fmt.Errorf("%s: dp_group_idx_%d bucket %d has no param (fp32 main parameter) tensor", r.dir, g.idx, b)
-		}
+	ref, err := r.bucketRefs(g, bk, unpadded)
+	if err != nil {
+		return err
 	}
 	type fit struct {
 		lay layoutResult
@@ -786,7 +794,34 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 	if len(fits) > 1 && !sameLayout(fits[0].lay, fits[0].ps, fits[1].lay, fits[1].ps) {
 		return fmt.Errorf("%s: dp_group_idx_%d: the local and Transformer Engine layer orders both fit the buckets but place parameters differently; cannot tell the layer spec", where, g.idx)
 	}
-	lay, ps := fits[0].lay, fits[0].ps
+	r.placeBuckets(g, gb, tp, fits[0].lay, fits[0].ps, bk)
+	return nil
+}
+
+// bucketRefs checks each saved bucket's states against
+// per_bucket_numel_unpadded and returns its param (fp32) tensor, whose
+// chunks mark the parameters.
+func (r *distReader) bucketRefs(g *dpGroup, bk map[int][]bucketTensor, unpadded []int64) ([]*dcp.Tensor, error) {
+	ref := make([]*dcp.Tensor, len(bk))
+	for b := range unpadded {
+		for _, bt := range bk[b] {
+			if bt.t.Size[0] != unpadded[b] {
+				return nil, fmt.Errorf("%s: %q has %d elements but per_bucket_numel_unpadded says %d", r.dir, bt.t.Key, bt.t.Size[0], unpadded[b])
+			}
+			if bt.state == "param" {
+				ref[b] = bt.t
+			}
+		}
+		if ref[b] == nil {
+			return nil, fmt.Errorf("%s: dp_group_idx_%d bucket %d has no param (fp32 main parameter) tensor", r.dir, g.idx, b)
+		}
+	}
+	return ref, nil
+}
+
+// placeBuckets adds the fragments of every parameter of the layout to its
+// states: the pieces of each bucket state's chunks within the parameter.
+func (r *distReader) placeBuckets(g *dpGroup, gb, tp int, lay layoutResult, ps []stageParam, bk map[int][]bucketTensor) {
 	for i, sp := range ps {
 		if sp.p == nil {
 			continue
@@ -820,7 +855,6 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 			}
 		}
 	}
-	return nil
 }
 
 func sameLayout(a layoutResult, ap []stageParam, b layoutResult, bp []stageParam) bool {

@@ -85,6 +85,17 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	p.extra = pyobj.NewDict(pyobj.PlainDict)
 	p.extra.Set("checkpoint_version", 3.0)
 	p.args = familyArgs(c, p.dt, p.te, div)
+	if err := p.familyChunks(c, src); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// familyChunks places the family's tensors in the target's pipeline
+// chunks, in megatron-core's module order, each with its TP slices
+// (p.virt).
+func (p *rsPlan) familyChunks(c *family.Config, src *family.Source) error {
+	r, o, T := p.r, p.o, p.o.TP
 	naming := family.CoreTE
 	if !p.te {
 		naming = family.Core
@@ -132,14 +143,14 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	if x, ok := present["embed"]; ok {
 		if err := add(x, -1); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for l := 0; l < p.layers; l++ {
 		for _, n := range order[1:] {
 			if x, ok := present[n]; ok {
 				if err := add(x, l); err != nil {
-					return nil, err
+					return err
 				}
 			}
 		}
@@ -147,7 +158,7 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	for _, n := range []string{"final_norm", "lm_head"} {
 		if x, ok := present[n]; ok {
 			if err := add(x, -1); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
@@ -157,11 +168,11 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	for s := range p.chunks {
 		for v, list := range p.chunks[s] {
 			if len(list) == 0 {
-				return nil, fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
+				return fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
 			}
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // familySlice is TP rank t's piece of the Megatron tensor of fused roles
