@@ -59,8 +59,12 @@ model-parallel rank, the common state; --megatron-core 0.15|0.18|0.19) with the
 distributed optimizer's fully_reshardable state (formats/megatron/DISTWRITE.md).
 The step goes where the loading run's Adam keeps it (--megatron-optimizer);
 --decoder-first/last-pipeline-num-layers write Megatron's uneven pipeline split.
-No rng_state is written: resume with --no-load-rng. ATOMIC must be converted
-from a Megatron-LM checkpoint, torch or torch_dist (formats/megatron/RESHARD.md).
+No rng_state is written: resume with --no-load-rng. ATOMIC converted from a
+Megatron-LM checkpoint (torch or torch_dist) keeps its own layout; from any
+other source of a known model family (Hugging Face, DCP: weights only, as a
+'release' to load with --finetune --no-load-optim; DeepSpeed/Megatron-DeepSpeed:
+with the fp32 main parameters, Adam moments, step and scheduler) it is written
+from the family's names (formats/megatron/RESHARD.md).
 
 Everything is checked before anything is written: a --tp the model cannot
 take, a --dp DeepSpeed cannot save, an unknown stage are errors. DST is

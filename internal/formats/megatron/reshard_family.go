@@ -39,9 +39,6 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if o.Spec != "" && o.Spec != "te" && o.Spec != "local" {
 		return nil, fmt.Errorf("--megatron-spec %q: te or local", o.Spec)
 	}
-	if o.DistOptimizer || o.Optimizer != "" {
-		return nil, fmt.Errorf("%s: converted from a %s checkpoint: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need a Megatron-LM source", r.Dir, r.Manifest.Source.Format)
-	}
 	T := o.TP
 	for _, x := range []struct {
 		what string
@@ -53,6 +50,16 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, release: true,
 		virt: map[string][]virtTensor{}, layers: int(c.Layers), untie: !c.Tied, te: o.Spec != "local"}
+	carry, err := carriesOptimizer(r)
+	if err != nil {
+		return nil, err
+	}
+	if !carry && (o.DistOptimizer || o.Optimizer != "") {
+		return nil, fmt.Errorf("%s: converted from a %s checkpoint without optimizer state: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need Adam states", r.Dir, r.Manifest.Source.Format)
+	}
+	if carry && o.DistOptimizer {
+		return nil, fmt.Errorf("%s: --distributed-optimizer from a %s source is not written yet; leave it out (Megatron's non-distributed optimizer state is written)", r.Dir, r.Manifest.Source.Format)
+	}
 	p.dt = dtype.Float32
 	if m := r.Manifest.Source.DType; m != "" {
 		if p.dt, err = dtype.Parse(m); err != nil {
@@ -76,6 +83,16 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if src.Layout.Interleaved {
 		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order (torchtitan's complex RoPE or rotary_interleaved): --to megatron writes the rotate-half layout only", r.Dir)
 	}
+	// Every role as Hugging Face holds it: pieces of the source's
+	// parameters (fused QKV and gate/up split), for any source naming.
+	hfView, err := src.Unfused(family.HF)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.Dir, err)
+	}
+	views := map[viewKey]family.Tensor{}
+	for _, x := range hfView {
+		views[viewKey{x.Role, x.Layer}] = x
+	}
 	div := c.VocabDivisor
 	if div <= 0 {
 		div = 128 // Megatron's --make-vocab-size-divisible-by default
@@ -85,17 +102,6 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	p.extra = pyobj.NewDict(pyobj.PlainDict)
 	p.extra.Set("checkpoint_version", 3.0)
 	p.args = familyArgs(c, p.dt, p.te, div)
-	if err := p.familyChunks(c, src); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-// familyChunks places the family's tensors in the target's pipeline
-// chunks, in megatron-core's module order, each with its TP slices
-// (p.virt).
-func (p *rsPlan) familyChunks(c *family.Config, src *family.Source) error {
-	r, o, T := p.r, p.o, p.o.TP
 	naming := family.CoreTE
 	if !p.te {
 		naming = family.Core
@@ -115,7 +121,7 @@ func (p *rsPlan) familyChunks(c *family.Config, src *family.Source) error {
 		done[name] = true
 		ts := make([]virtTensor, T)
 		for t := 0; t < T; t++ {
-			vt, err := p.familySlice(src, fam.Parts(c, r0), layer, t)
+			vt, err := p.familySlice(c, views, fam.Parts(c, r0), layer, t)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", r.Dir, name, err)
 			}
@@ -123,6 +129,11 @@ func (p *rsPlan) familyChunks(c *family.Config, src *family.Source) error {
 		}
 		key := "family:" + name
 		p.virt[key] = ts
+		if carry {
+			if err := p.familyStates(key, ts[0]); err != nil {
+				return err
+			}
+		}
 		s, v, local := 0, 0, name
 		switch {
 		case layer >= 0:
@@ -143,14 +154,14 @@ func (p *rsPlan) familyChunks(c *family.Config, src *family.Source) error {
 	}
 	if x, ok := present["embed"]; ok {
 		if err := add(x, -1); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for l := 0; l < p.layers; l++ {
 		for _, n := range order[1:] {
 			if x, ok := present[n]; ok {
 				if err := add(x, l); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
@@ -158,7 +169,7 @@ func (p *rsPlan) familyChunks(c *family.Config, src *family.Source) error {
 	for _, n := range []string{"final_norm", "lm_head"} {
 		if x, ok := present[n]; ok {
 			if err := add(x, -1); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
@@ -168,75 +179,90 @@ func (p *rsPlan) familyChunks(c *family.Config, src *family.Source) error {
 	for s := range p.chunks {
 		for v, list := range p.chunks[s] {
 			if len(list) == 0 {
-				return fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
+				return nil, fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
 			}
 		}
 	}
-	return nil
+	if carry {
+		if err := p.familyOptimizer(); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// viewKey is a role at a layer (-1: global).
+type viewKey struct {
+	role  string
+	layer int
 }
 
 // familySlice is TP rank t's piece of the Megatron tensor of fused roles
-// parts (one role when not fused) at a layer, from the source's separate
-// tensors.
-func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t int) (virtTensor, error) {
+// parts (one role when not fused) at a layer, from the Hugging Face view
+// of the source (views: each role's pieces of the source's parameters,
+// whole tensors for unfused sources, row runs of fused ones).
+func (p *rsPlan) familySlice(c *family.Config, views map[viewKey]family.Tensor, parts []family.Role, layer, t int) (virtTensor, error) {
 	T := p.o.TP
 	r0 := parts[0]
-	param := func(r family.Role) (*atomic.ParamEntry, error) {
-		n, ok := src.Param(r.Name, layer)
+	view := func(r family.Role) (family.Tensor, error) {
+		v, ok := views[viewKey{r.Name, layer}]
 		if !ok {
-			return nil, fmt.Errorf("no %s", r.Name)
+			return v, fmt.Errorf("no %s", r.Name)
 		}
-		e, ok := p.r.Param(n)
-		if !ok {
-			return nil, fmt.Errorf("no parameter %s", n)
-		}
-		return e, nil
-	}
-	whole := func(e *atomic.ParamEntry) fragment.Shard {
-		return fragment.Shard{Shape: append([]int64(nil), e.Shape...)}
-	}
-	piece := func(e *atomic.ParamEntry, sh fragment.Shard, local, n, at int64) layout.StatePiece {
-		return layout.StatePiece{Param: e.Name, State: fragment.FP32, Shard: sh, Local: local, N: n, At: at}
+		return v, nil
 	}
 	if r0.Fuse != family.NoFuse {
-		spans, err := family.FusedRows(src.C, r0.Fuse, false, false, T, t)
+		spans, err := family.FusedRows(c, r0.Fuse, false, false, T, t)
 		if err != nil {
 			return virtTensor{}, err
 		}
-		es := make([]*atomic.ParamEntry, len(parts))
+		vs := make([]family.Tensor, len(parts))
 		for i, x := range parts {
 			if x.Part != i {
 				return virtTensor{}, fmt.Errorf("fused parts out of order")
 			}
-			if es[i], err = param(x); err != nil {
+			if vs[i], err = view(x); err != nil {
 				return virtTensor{}, err
 			}
 		}
 		cols := int64(1)
-		if len(es[0].Shape) == 2 {
-			cols = es[0].Shape[1]
+		if len(vs[0].Shape) == 2 {
+			cols = vs[0].Shape[1]
 		}
 		var vt virtTensor
 		var at int64
 		for _, sp := range spans {
-			e := es[sp.Part]
-			vt.pieces = append(vt.pieces, piece(e, whole(e), sp.Row*cols, sp.N*cols, at))
+			pcs, err := p.viewPieces(vs[sp.Part], sp.Row*cols, sp.N*cols, at)
+			if err != nil {
+				return virtTensor{}, err
+			}
+			vt.pieces = append(vt.pieces, pcs...)
 			at += sp.N * cols
 		}
 		vt.shape = []int64{at / cols}
-		if len(es[0].Shape) == 2 {
+		if len(vs[0].Shape) == 2 {
 			vt.shape = append(vt.shape, cols)
 		}
 		return vt, nil
 	}
-	e, err := param(r0)
+	v, err := view(r0)
 	if err != nil {
 		return virtTensor{}, err
+	}
+	if len(v.Pieces) != 1 || v.Pieces[0].Start != 0 {
+		return virtTensor{}, fmt.Errorf("%s is stored in pieces of %s", v.Name, v.Pieces[0].Param)
+	}
+	e, ok := p.r.Param(v.Pieces[0].Param)
+	if !ok {
+		return virtTensor{}, fmt.Errorf("no parameter %s", v.Pieces[0].Param)
+	}
+	if v.Pieces[0].Len != torchfile.Numel(e.Shape) {
+		return virtTensor{}, fmt.Errorf("%s is a part of %s", v.Name, e.Name)
 	}
 	var sh fragment.Shard
 	switch {
 	case r0.TP == family.Replicated || T == 1 && r0.TP != family.Vocab:
-		sh = whole(e)
+		sh = fragment.Shard{Shape: append([]int64(nil), e.Shape...)}
 	case r0.TP == family.Vocab:
 		padded := []int64{p.vocab, e.Shape[1]}
 		s, err := fragment.Split{Dim: 0}.Shard(padded, t, T)
@@ -254,7 +280,30 @@ func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t i
 		}
 	}
 	n := torchfile.Numel(sh.Shape)
-	return virtTensor{shape: sh.Shape, pieces: []layout.StatePiece{piece(e, sh, 0, n, 0)}}, nil
+	return virtTensor{shape: sh.Shape, pieces: []layout.StatePiece{{Param: e.Name, State: fragment.FP32, Shard: sh, N: n}}}, nil
+}
+
+// viewPieces are elements [start, start+n) of a view, as pieces of the
+// source's whole parameters written from element at.
+func (p *rsPlan) viewPieces(v family.Tensor, start, n, at int64) ([]layout.StatePiece, error) {
+	var out []layout.StatePiece
+	var off int64 // the view's element where the current piece starts
+	for _, pc := range v.Pieces {
+		lo, hi := max(start, off), min(start+n, off+pc.Len)
+		if lo < hi {
+			e, ok := p.r.Param(pc.Param)
+			if !ok {
+				return nil, fmt.Errorf("no parameter %s", pc.Param)
+			}
+			out = append(out, layout.StatePiece{Param: e.Name, State: fragment.FP32, Shard: fragment.Shard{Shape: append([]int64(nil), e.Shape...)},
+				Local: pc.Start + lo - off, N: hi - lo, At: at + lo - start})
+		}
+		off += pc.Len
+	}
+	if off < start+n {
+		return nil, fmt.Errorf("%s: elements [%d,%d) beyond its %d", v.Name, start, start+n, off)
+	}
+	return out, nil
 }
 
 // familyArgs is the args Namespace of a Megatron-LM run of the family

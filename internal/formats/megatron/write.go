@@ -431,7 +431,12 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
 		if vt, ok := p.virt[name]; ok {
 			b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), vt[t].shape...)}
-			fills = append(fills, layout.StateFill{Blob: b, Pieces: vt[t].pieces})
+			pieces := make([]layout.StatePiece, len(vt[t].pieces))
+			for i, pc := range vt[t].pieces {
+				pc.State = state // optimizer states follow the weights' pieces
+				pieces[i] = pc
+			}
+			fills = append(fills, layout.StateFill{Blob: b, Pieces: pieces})
 			return b
 		}
 		sh := p.shards[t][name]
@@ -517,8 +522,13 @@ func linearModule(local string) string {
 
 // groupFlagsOf are the param-group flags of a rank tensor (flagsOf).
 func (p *rsPlan) groupFlagsOf(rp rsParam) groupFlags {
-	e, _ := p.r.Param(rp.src)
-	noWD := strings.HasSuffix(rp.local, ".bias") || len(e.Shape) == 1
+	var dims int
+	if vt, ok := p.virt[rp.src]; ok {
+		dims = len(vt[0].shape)
+	} else if e, ok := p.r.Param(rp.src); ok {
+		dims = len(e.Shape)
+	}
+	noWD := strings.HasSuffix(rp.local, ".bias") || dims == 1
 	if p.qkWD && (strings.Contains(rp.local, "q_layernorm.") || strings.Contains(rp.local, "k_layernorm.")) {
 		noWD = false
 	}
