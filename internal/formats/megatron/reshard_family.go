@@ -7,10 +7,8 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/family"
-	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
-	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // virtTensor is a target rank's tensor built from pieces of several
@@ -72,26 +70,12 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if p.split, err = pipelineSplit(p.layers, o.PP, max(o.VPP, 1), o.FirstStageLayers, o.LastStageLayers); err != nil {
 		return nil, err
 	}
-	var ps []family.Param
-	for _, e := range r.Manifest.Params {
-		ps = append(ps, family.Param{Name: e.Name, Shape: e.Shape})
-	}
-	src, err := family.Resolve(c, ps, r.Manifest.Source.Format)
+	slicer, src, err := layout.NewFamilySlicer(r, c)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.Dir, err)
+		return nil, err
 	}
 	if src.Layout.Interleaved {
 		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order (torchtitan's complex RoPE or rotary_interleaved): --to megatron writes the rotate-half layout only", r.Dir)
-	}
-	// Every role as Hugging Face holds it: pieces of the source's
-	// parameters (fused QKV and gate/up split), for any source naming.
-	hfView, err := src.Unfused(family.HF)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.Dir, err)
-	}
-	views := map[viewKey]family.Tensor{}
-	for _, x := range hfView {
-		views[viewKey{x.Role, x.Layer}] = x
 	}
 	div := c.VocabDivisor
 	if div <= 0 {
@@ -121,11 +105,11 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		done[name] = true
 		ts := make([]virtTensor, T)
 		for t := 0; t < T; t++ {
-			vt, err := p.familySlice(c, views, fam.Parts(c, r0), layer, t)
+			ft, err := slicer.Slice(fam.Parts(c, r0), layer, T, t, false, p.vocab)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", r.Dir, name, err)
 			}
-			ts[t] = vt
+			ts[t] = virtTensor{shape: ft.Shape, pieces: ft.Pieces}
 		}
 		key := "family:" + name
 		p.virt[key] = ts
@@ -189,121 +173,6 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		}
 	}
 	return p, nil
-}
-
-// viewKey is a role at a layer (-1: global).
-type viewKey struct {
-	role  string
-	layer int
-}
-
-// familySlice is TP rank t's piece of the Megatron tensor of fused roles
-// parts (one role when not fused) at a layer, from the Hugging Face view
-// of the source (views: each role's pieces of the source's parameters,
-// whole tensors for unfused sources, row runs of fused ones).
-func (p *rsPlan) familySlice(c *family.Config, views map[viewKey]family.Tensor, parts []family.Role, layer, t int) (virtTensor, error) {
-	T := p.o.TP
-	r0 := parts[0]
-	view := func(r family.Role) (family.Tensor, error) {
-		v, ok := views[viewKey{r.Name, layer}]
-		if !ok {
-			return v, fmt.Errorf("no %s", r.Name)
-		}
-		return v, nil
-	}
-	if r0.Fuse != family.NoFuse {
-		spans, err := family.FusedRows(c, r0.Fuse, false, false, T, t)
-		if err != nil {
-			return virtTensor{}, err
-		}
-		vs := make([]family.Tensor, len(parts))
-		for i, x := range parts {
-			if x.Part != i {
-				return virtTensor{}, fmt.Errorf("fused parts out of order")
-			}
-			if vs[i], err = view(x); err != nil {
-				return virtTensor{}, err
-			}
-		}
-		cols := int64(1)
-		if len(vs[0].Shape) == 2 {
-			cols = vs[0].Shape[1]
-		}
-		var vt virtTensor
-		var at int64
-		for _, sp := range spans {
-			pcs, err := p.viewPieces(vs[sp.Part], sp.Row*cols, sp.N*cols, at)
-			if err != nil {
-				return virtTensor{}, err
-			}
-			vt.pieces = append(vt.pieces, pcs...)
-			at += sp.N * cols
-		}
-		vt.shape = []int64{at / cols}
-		if len(vs[0].Shape) == 2 {
-			vt.shape = append(vt.shape, cols)
-		}
-		return vt, nil
-	}
-	v, err := view(r0)
-	if err != nil {
-		return virtTensor{}, err
-	}
-	if len(v.Pieces) != 1 || v.Pieces[0].Start != 0 {
-		return virtTensor{}, fmt.Errorf("%s is stored in pieces of %s", v.Name, v.Pieces[0].Param)
-	}
-	e, ok := p.r.Param(v.Pieces[0].Param)
-	if !ok {
-		return virtTensor{}, fmt.Errorf("no parameter %s", v.Pieces[0].Param)
-	}
-	if v.Pieces[0].Len != torchfile.Numel(e.Shape) {
-		return virtTensor{}, fmt.Errorf("%s is a part of %s", v.Name, e.Name)
-	}
-	var sh fragment.Shard
-	switch {
-	case r0.TP == family.Replicated || T == 1 && r0.TP != family.Vocab:
-		sh = fragment.Shard{Shape: append([]int64(nil), e.Shape...)}
-	case r0.TP == family.Vocab:
-		padded := []int64{p.vocab, e.Shape[1]}
-		s, err := fragment.Split{Dim: 0}.Shard(padded, t, T)
-		if err != nil {
-			return virtTensor{}, err
-		}
-		sh = fragment.StripPad(s, padded, 0, e.Shape[0])
-	case r0.TP == family.Column:
-		if sh, err = (fragment.Split{Dim: 0}).Shard(e.Shape, t, T); err != nil {
-			return virtTensor{}, err
-		}
-	case r0.TP == family.Row:
-		if sh, err = (fragment.Split{Dim: 1}).Shard(e.Shape, t, T); err != nil {
-			return virtTensor{}, err
-		}
-	}
-	n := torchfile.Numel(sh.Shape)
-	return virtTensor{shape: sh.Shape, pieces: []layout.StatePiece{{Param: e.Name, State: fragment.FP32, Shard: sh, N: n}}}, nil
-}
-
-// viewPieces are elements [start, start+n) of a view, as pieces of the
-// source's whole parameters written from element at.
-func (p *rsPlan) viewPieces(v family.Tensor, start, n, at int64) ([]layout.StatePiece, error) {
-	var out []layout.StatePiece
-	var off int64 // the view's element where the current piece starts
-	for _, pc := range v.Pieces {
-		lo, hi := max(start, off), min(start+n, off+pc.Len)
-		if lo < hi {
-			e, ok := p.r.Param(pc.Param)
-			if !ok {
-				return nil, fmt.Errorf("no parameter %s", pc.Param)
-			}
-			out = append(out, layout.StatePiece{Param: e.Name, State: fragment.FP32, Shard: fragment.Shard{Shape: append([]int64(nil), e.Shape...)},
-				Local: pc.Start + lo - off, N: hi - lo, At: at + lo - start})
-		}
-		off += pc.Len
-	}
-	if off < start+n {
-		return nil, fmt.Errorf("%s: elements [%d,%d) beyond its %d", v.Name, start, start+n, off)
-	}
-	return out, nil
 }
 
 // familyArgs is the args Namespace of a Megatron-LM run of the family
