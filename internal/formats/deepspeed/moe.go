@@ -71,11 +71,11 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 	if err != nil {
 		return nil, err
 	}
-	shapes, lp, lpFile, names, err := moeTensors(ctx, model, md, module, layers, experts, opt.Workers)
+	shapes, lp, lpFile, names, err := moeTensors(ctx, model, md, module, layers, experts, opt)
 	if err != nil {
 		return nil, err
 	}
-	optims, err := moeOptims(ctx, dir, files, D, opt.Workers)
+	optims, err := moeOptims(ctx, dir, files, D, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +228,7 @@ func moeModel(model *torchfile.File) (md, module pyobj.Dec, layers []moeLayer, D
 // moeTensors decodes the expert files and lists every tensor of the model
 // (module order, experts in global order) with its shape, its saved
 // tensor and the file holding it.
-func moeTensors(ctx context.Context, model *torchfile.File, md, module pyobj.Dec, layers []moeLayer, experts map[[2]int]string, workers int) (
+func moeTensors(ctx context.Context, model *torchfile.File, md, module pyobj.Dec, layers []moeLayer, experts map[[2]int]string, opt Options) (
 	shapes map[string][]int64, lp map[string]*torchfile.Tensor, lpFile map[string]string, names []string, err error) {
 	var paths []string
 	var keys [][2]int
@@ -238,7 +238,7 @@ func moeTensors(ctx context.Context, model *torchfile.File, md, module pyobj.Dec
 			keys = append(keys, [2]int{l, e})
 		}
 	}
-	decoded, err := torchfile.DecodeAll(ctx, paths, workers)
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -282,7 +282,7 @@ func moeTensors(ctx context.Context, model *torchfile.File, md, module pyobj.Dec
 
 // moeOptims decodes the D optimizer files (model-parallel rank 0) and
 // checks that they come from one run.
-func moeOptims(ctx context.Context, dir string, files *Files, D, workers int) (map[[2]int]*optimState, error) {
+func moeOptims(ctx context.Context, dir string, files *Files, D int, opt Options) (map[[2]int]*optimState, error) {
 	var paths []string
 	for dp := 0; dp < D; dp++ {
 		p, ok := files.Optim[[2]int{dp, 0}]
@@ -301,7 +301,7 @@ func moeOptims(ctx context.Context, dir string, files *Files, D, workers int) (m
 		sort.Strings(extra)
 		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel ranks", dir, extra, D)
 	}
-	decoded, err := torchfile.DecodeAll(ctx, paths, workers)
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}
