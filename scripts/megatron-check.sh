@@ -50,7 +50,8 @@ for c in "${cases[@]}"; do
   [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
   read -r fixture gencase tp pp dp sharding <<<"$c"
   sharding=${sharding:-fully_reshardable}
-  dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp.$sharding${fixture%%:*}
+  tag=; [ "${fixture#legacy:}" != "$fixture" ] && tag=.legacy
+  dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp.$sharding$tag
   mkdir -p "$dir"
   case $fixture in
   legacy:*)
