@@ -29,6 +29,9 @@ type Options struct {
 	Tag       string // DeepSpeed tag / Megatron iteration to read
 	Workers   int    // files decoded at once
 	VocabSize int64  // true vocabulary size, when the checkpoint does not record it
+	// ModelConfig is a transformers config.json describing the model of a
+	// checkpoint that records none (torchtitan): its family and config.
+	ModelConfig string
 }
 
 // Format is one source format.
@@ -149,6 +152,12 @@ func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 	t, err := index(ctx, path, name, o)
 	if err != nil {
 		return nil, err
+	}
+	if o.ModelConfig != "" {
+		if err := dcp.ApplyModelConfig(t, o.ModelConfig); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("--model-config: %w", err)
+		}
 	}
 	detectFamily(t)
 	return validated(path, t)

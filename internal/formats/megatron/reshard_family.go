@@ -73,8 +73,8 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.Dir, err)
 	}
-	if src.Layout.Interleaved {
-		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order (torchtitan's complex RoPE or rotary_interleaved): --to megatron writes the rotate-half layout only", r.Dir)
+	if src.Layout.Interleaved && c.RotaryInterleaved {
+		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order with rotary_interleaved: --to megatron writes the rotate-half layout only", r.Dir)
 	}
 	div := c.VocabDivisor
 	if div <= 0 {
@@ -209,6 +209,15 @@ func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t i
 		var at int64
 		for _, sp := range spans {
 			e := es[sp.Part]
+			if src.Layout.Interleaved && r0.Fuse == family.QKV && sp.Part < 2 {
+				// torchtitan's complex RoPE: Megatron's rotate-half row i
+				// of a head is the source's row halfRow(i).
+				for row := sp.Row; row < sp.Row+sp.N; row++ {
+					vt.pieces = append(vt.pieces, piece(e, whole(e), halfRow(row, src.C.HeadDim)*cols, cols, at))
+					at += cols
+				}
+				continue
+			}
 			vt.pieces = append(vt.pieces, piece(e, whole(e), sp.Row*cols, sp.N*cols, at))
 			at += sp.N * cols
 		}
@@ -221,6 +230,15 @@ func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t i
 	e, err := param(r0)
 	if err != nil {
 		return virtTensor{}, err
+	}
+	if src.Layout.Interleaved && (r0.Name == "q_norm" || r0.Name == "k_norm") {
+		// A head's q/k norm weights are indexed like its rows.
+		var vt virtTensor
+		for i := int64(0); i < e.Shape[0]; i++ {
+			vt.pieces = append(vt.pieces, piece(e, whole(e), halfRow(i, src.C.HeadDim), 1, i))
+		}
+		vt.shape = append([]int64(nil), e.Shape...)
+		return vt, nil
 	}
 	var sh fragment.Shard
 	switch {
@@ -244,6 +262,18 @@ func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t i
 	}
 	n := torchfile.Numel(sh.Shape)
 	return virtTensor{shape: sh.Shape, pieces: []layout.StatePiece{piece(e, sh, 0, n, 0)}}, nil
+}
+
+// halfRow is the row of an interleaved-RoPE q/k tensor (torchtitan's
+// complex RoPE: a head's pairs (2i, 2i+1)) that rotate-half row r holds
+// (pairs (i, i+d/2)), with head dim d: within a head, row i < d/2 is
+// interleaved row 2i and row d/2+i is row 2i+1 (family.FusedRows).
+func halfRow(r, d int64) int64 {
+	h, i := r/d, r%d
+	if i < d/2 {
+		return h*d + 2*i
+	}
+	return h*d + 2*(i-d/2) + 1
 }
 
 // familyArgs is the args Namespace of a Megatron-LM run of the family
