@@ -57,10 +57,14 @@ type StateSetter interface {
 // executed. Before the VM runs, Scan checks every length against the bytes
 // present (gopickle allocates whatever a length claims) and prepare checks
 // the stack shape, memo keys and MARK nesting, so the VM only sees
-// well-formed streams; the decoded values nest at most Limits.MaxDepth deep
+// well-formed streams, and estimates the memory decoding takes against
+// Limits.MaxBytes (a *BudgetError past it); the decoded values nest at most Limits.MaxDepth deep
 // and contain no cycles.
 func Unpickle(data []byte, opt Options) (v Value, err error) {
 	lim := opt.Limits.withDefaults()
+	if lim.MaxBytes <= 0 {
+		lim.MaxBytes = SizeBudget(int64(len(data)))
+	}
 	n, err := Scan(data, lim)
 	if err != nil {
 		return nil, err
@@ -318,6 +322,8 @@ func newConverter(maxDepth int) *converter {
 	return &converter{maxDepth: maxDepth, done: map[any]Value{}, busy: map[any]bool{}}
 }
 
+// conv is one case per value type the VM produces; it is kept whole (over
+// 100 lines) so the mapping from VM values to Values reads in one place.
 func (c *converter) conv(v interface{}, depth int) (Value, error) {
 	switch x := v.(type) {
 	case nil, bool, float64, int64, string, Bytes, Size, DType, Enum, FuncRef, Tuple:

@@ -7,10 +7,8 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/family"
-	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
-	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // virtTensor is a target rank's tensor built from pieces of several
@@ -39,9 +37,6 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if o.Spec != "" && o.Spec != "te" && o.Spec != "local" {
 		return nil, fmt.Errorf("--megatron-spec %q: te or local", o.Spec)
 	}
-	if o.DistOptimizer || o.Optimizer != "" {
-		return nil, fmt.Errorf("%s: converted from a %s checkpoint: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need a Megatron-LM source", r.Dir, r.Manifest.Source.Format)
-	}
 	T := o.TP
 	for _, x := range []struct {
 		what string
@@ -53,6 +48,16 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, release: true,
 		virt: map[string][]virtTensor{}, layers: int(c.Layers), untie: !c.Tied, te: o.Spec != "local"}
+	carry, err := carriesOptimizer(r)
+	if err != nil {
+		return nil, err
+	}
+	if !carry && (o.DistOptimizer || o.Optimizer != "") {
+		return nil, fmt.Errorf("%s: converted from a %s checkpoint without optimizer state: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need Adam states", r.Dir, r.Manifest.Source.Format)
+	}
+	if carry && o.DistOptimizer {
+		return nil, fmt.Errorf("%s: --distributed-optimizer from a %s source is not written yet; leave it out (Megatron's non-distributed optimizer state is written)", r.Dir, r.Manifest.Source.Format)
+	}
 	p.dt = dtype.Float32
 	if m := r.Manifest.Source.DType; m != "" {
 		if p.dt, err = dtype.Parse(m); err != nil {
@@ -65,13 +70,9 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if p.split, err = pipelineSplit(p.layers, o.PP, max(o.VPP, 1), o.FirstStageLayers, o.LastStageLayers); err != nil {
 		return nil, err
 	}
-	var ps []family.Param
-	for _, e := range r.Manifest.Params {
-		ps = append(ps, family.Param{Name: e.Name, Shape: e.Shape})
-	}
-	src, err := family.Resolve(c, ps, r.Manifest.Source.Format)
+	slicer, src, err := layout.NewFamilySlicer(r, c)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.Dir, err)
+		return nil, err
 	}
 	if src.Layout.Interleaved && c.RotaryInterleaved {
 		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order with rotary_interleaved: --to megatron writes the rotate-half layout only", r.Dir)
@@ -104,14 +105,19 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		done[name] = true
 		ts := make([]virtTensor, T)
 		for t := 0; t < T; t++ {
-			vt, err := p.familySlice(src, fam.Parts(c, r0), layer, t)
+			ft, err := slicer.Slice(fam.Parts(c, r0), layer, T, t, false, p.vocab)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", r.Dir, name, err)
 			}
-			ts[t] = vt
+			ts[t] = virtTensor{shape: ft.Shape, pieces: ft.Pieces}
 		}
 		key := "family:" + name
 		p.virt[key] = ts
+		if carry {
+			if err := p.familyStates(key, ts[0]); err != nil {
+				return err
+			}
+		}
 		s, v, local := 0, 0, name
 		switch {
 		case layer >= 0:
@@ -161,119 +167,12 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 			}
 		}
 	}
+	if carry {
+		if err := p.familyOptimizer(); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
-}
-
-// familySlice is TP rank t's piece of the Megatron tensor of fused roles
-// parts (one role when not fused) at a layer, from the source's separate
-// tensors.
-func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, t int) (virtTensor, error) {
-	T := p.o.TP
-	r0 := parts[0]
-	param := func(r family.Role) (*atomic.ParamEntry, error) {
-		n, ok := src.Param(r.Name, layer)
-		if !ok {
-			return nil, fmt.Errorf("no %s", r.Name)
-		}
-		e, ok := p.r.Param(n)
-		if !ok {
-			return nil, fmt.Errorf("no parameter %s", n)
-		}
-		return e, nil
-	}
-	whole := func(e *atomic.ParamEntry) fragment.Shard {
-		return fragment.Shard{Shape: append([]int64(nil), e.Shape...)}
-	}
-	piece := func(e *atomic.ParamEntry, sh fragment.Shard, local, n, at int64) layout.StatePiece {
-		return layout.StatePiece{Param: e.Name, State: fragment.FP32, Shard: sh, Local: local, N: n, At: at}
-	}
-	if r0.Fuse != family.NoFuse {
-		spans, err := family.FusedRows(src.C, r0.Fuse, false, false, T, t)
-		if err != nil {
-			return virtTensor{}, err
-		}
-		es := make([]*atomic.ParamEntry, len(parts))
-		for i, x := range parts {
-			if x.Part != i {
-				return virtTensor{}, fmt.Errorf("fused parts out of order")
-			}
-			if es[i], err = param(x); err != nil {
-				return virtTensor{}, err
-			}
-		}
-		cols := int64(1)
-		if len(es[0].Shape) == 2 {
-			cols = es[0].Shape[1]
-		}
-		var vt virtTensor
-		var at int64
-		for _, sp := range spans {
-			e := es[sp.Part]
-			if src.Layout.Interleaved && r0.Fuse == family.QKV && sp.Part < 2 {
-				// torchtitan's complex RoPE: Megatron's rotate-half row i
-				// of a head is the source's row halfRow(i).
-				for row := sp.Row; row < sp.Row+sp.N; row++ {
-					vt.pieces = append(vt.pieces, piece(e, whole(e), halfRow(row, src.C.HeadDim)*cols, cols, at))
-					at += cols
-				}
-				continue
-			}
-			vt.pieces = append(vt.pieces, piece(e, whole(e), sp.Row*cols, sp.N*cols, at))
-			at += sp.N * cols
-		}
-		vt.shape = []int64{at / cols}
-		if len(es[0].Shape) == 2 {
-			vt.shape = append(vt.shape, cols)
-		}
-		return vt, nil
-	}
-	e, err := param(r0)
-	if err != nil {
-		return virtTensor{}, err
-	}
-	if src.Layout.Interleaved && (r0.Name == "q_norm" || r0.Name == "k_norm") {
-		// A head's q/k norm weights are indexed like its rows.
-		var vt virtTensor
-		for i := int64(0); i < e.Shape[0]; i++ {
-			vt.pieces = append(vt.pieces, piece(e, whole(e), halfRow(i, src.C.HeadDim), 1, i))
-		}
-		vt.shape = append([]int64(nil), e.Shape...)
-		return vt, nil
-	}
-	var sh fragment.Shard
-	switch {
-	case r0.TP == family.Replicated || T == 1 && r0.TP != family.Vocab:
-		sh = whole(e)
-	case r0.TP == family.Vocab:
-		padded := []int64{p.vocab, e.Shape[1]}
-		s, err := fragment.Split{Dim: 0}.Shard(padded, t, T)
-		if err != nil {
-			return virtTensor{}, err
-		}
-		sh = fragment.StripPad(s, padded, 0, e.Shape[0])
-	case r0.TP == family.Column:
-		if sh, err = (fragment.Split{Dim: 0}).Shard(e.Shape, t, T); err != nil {
-			return virtTensor{}, err
-		}
-	case r0.TP == family.Row:
-		if sh, err = (fragment.Split{Dim: 1}).Shard(e.Shape, t, T); err != nil {
-			return virtTensor{}, err
-		}
-	}
-	n := torchfile.Numel(sh.Shape)
-	return virtTensor{shape: sh.Shape, pieces: []layout.StatePiece{piece(e, sh, 0, n, 0)}}, nil
-}
-
-// halfRow is the row of an interleaved-RoPE q/k tensor (torchtitan's
-// complex RoPE: a head's pairs (2i, 2i+1)) that rotate-half row r holds
-// (pairs (i, i+d/2)), with head dim d: within a head, row i < d/2 is
-// interleaved row 2i and row d/2+i is row 2i+1 (family.FusedRows).
-func halfRow(r, d int64) int64 {
-	h, i := r/d, r%d
-	if i < d/2 {
-		return h*d + 2*i
-	}
-	return h*d + 2*(i-d/2) + 1
 }
 
 // familyArgs is the args Namespace of a Megatron-LM run of the family
