@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real megatron-core loads what `ucp reshard --to megatron --ckpt-format torch_dist` writes
-# (testdata/gen/megatron_dist_load.py): each case converts a real-core fixture of
+# (testdata/gen/megatron_dist_load.py), and what `--ckpt-format torch` writes from a Megatron-DeepSpeed
+# source with its optimizer (testdata/check/megatron_torch_load.py): each case converts a real-core fixture of
 # testdata/fixtures/megatron_dist, writes it at new degrees in the layout of MEGATRON_SRC's core,
 # and has that megatron-core load it at those degrees on CPU (gloo, torch 2.6 chroot of
 # scripts/torch2-chroot.sh, the fixture generator's shims), compare every parameter and optimizer
@@ -78,6 +79,25 @@ for c in "${cases[@]}"; do
   else
     failed=1
     echo "FAIL core $core: $fixture -> TP $tp PP $pp DP $dp $sharding"; tail -30 "$dir/log"
+  fi
+done
+# Megatron-DeepSpeed -> Megatron-LM --ckpt-format torch with the optimizer: the llama-family
+# Megatron-DeepSpeed fixture, resharded at TP 2 and TP 1 (local spec, torch AdamW's step), loaded by
+# real megatron-core (testdata/check/megatron_torch_load.py): fp32 mains and Adam moments equal the
+# fixture's truth bit for bit, step 3, one optimizer step.
+megds=$here/testdata/fixtures/deepspeed/megatron_llama_tp2_z1_bf16_dp4
+cp "$here/testdata/check/megatron_torch_load.py" "$work/"
+for tp in 2 1; do
+  dir=$work/megds.tp$tp
+  mkdir -p "$dir"
+  "$ucp" convert "$megds/checkpoint" "$dir/atomic" --quiet
+  "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --tp "$tp" --megatron-spec local --megatron-optimizer adamw --quiet
+  cp "$megds/truth.pt" "$dir/"
+  if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_torch_load.py src "megds.tp$tp" "$tp" >"$dir/log" 2>&1; then
+    grep '^ok ' "$dir/log"
+  else
+    failed=1
+    echo "FAIL core $core: Megatron-DeepSpeed megatron_llama_tp2_z1_bf16_dp4 -> Megatron TP $tp"; tail -30 "$dir/log"
   fi
 done
 # Load time: Megatron loading ucp's output vs its own checkpoint of the same model at the same

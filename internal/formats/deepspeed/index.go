@@ -16,6 +16,7 @@ type Options struct {
 	Tag     string // tag folder to read instead of the one 'latest' names
 	Workers int    // files decoded at once (0: all cores)
 	Scan    *Scan  // the listings of the walk that detected the format (nil: list)
+	Decode  torchfile.Options
 }
 
 // modelState is one mp_rank_XX_model_states.pt.
@@ -85,7 +86,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	for mp := 0; mp < M; mp++ {
 		paths = append(paths, files.Model[mp])
 	}
-	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +129,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			paths = append(paths, files.Optim[[2]int{dp, mp}])
 		}
 	}
-	decoded, err = torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err = opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}
@@ -280,6 +281,11 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	for g, tv := range fp32s {
 		t := pyobj.As[*torchfile.Tensor](tv, "tensor")
 		sv, ok := states.Opt(int64(g))
+		if !ok && freshState(states) {
+			// Saved before the first step (a fresh optimizer, as reshard writes
+			// a weights-only source): the fp32 partitions are the weights.
+			sv, ok = pyobj.NewDec(f.Name, pyobj.NewDict(pyobj.PlainDict)), true
+		}
 		if !ok && root.Err() == nil {
 			return fail("optimizer state of group %d is empty (saved before the first optimizer step?)", g)
 		}
@@ -764,4 +770,11 @@ func moduleDType(root pyobj.Dec) string {
 		}
 	}
 	return ""
+}
+
+// freshState reports a torch optimizer state with no entry at all: saved
+// before the first step, every group without moments or step.
+func freshState(states pyobj.Dec) bool {
+	d := states.AsDict()
+	return d != nil && d.Len() == 0
 }
