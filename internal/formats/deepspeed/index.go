@@ -313,6 +313,11 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 	for g, tv := range fp32s {
 		t := pyobj.As[*torchfile.Tensor](tv, "tensor")
 		sv, ok := states.Opt(int64(g))
+		if !ok && freshState(states) {
+			// Saved before the first step (a fresh optimizer, as reshard writes
+			// a weights-only source): the fp32 partitions are the weights.
+			sv, ok = pyobj.NewDec(f.Name, pyobj.NewDict(pyobj.PlainDict)), true
+		}
 		if !ok && root.Err() == nil {
 			return fail("optimizer state of group %d is empty (saved before the first optimizer step?)", g)
 		}
@@ -814,4 +819,11 @@ func moduleDType(root pyobj.Dec) string {
 		}
 	}
 	return ""
+}
+
+// freshState reports a torch optimizer state with no entry at all: saved
+// before the first step, every group without moments or step.
+func freshState(states pyobj.Dec) bool {
+	d := states.AsDict()
+	return d != nil && d.Len() == 0
 }

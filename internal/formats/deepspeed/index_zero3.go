@@ -160,6 +160,9 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	}
 	for s := range r.flat {
 		sd, ok := states.OptDict(int64(s))
+		if !ok && freshState(states) {
+			sd, ok = pyobj.NewDec(of.Name, pyobj.NewDict(pyobj.PlainDict)), true // a fresh optimizer (index.go)
+		}
 		if !ok && root.Err() == nil {
 			return nil, fmt.Errorf("%s: optimizer state of sub-group %d is missing (saved before the first optimizer step?)", of.Name, s)
 		}

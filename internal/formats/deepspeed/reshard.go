@@ -800,7 +800,9 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 			sd.Set(s, b)
 			fills = append(fills, fill{Blob: b, Pieces: withState(fps, s)})
 		}
-		states.Set(int64(gi), sd)
+		if sd.Len() > 0 { // a fresh optimizer has no entry: torch AdamW's __setstate__ needs a step in each
+			states.Set(int64(gi), sd)
+		}
 		pgroups.Items = append(pgroups.Items, paramGroup(g.hyper, int64(gi)))
 		fp32s.Items = append(fp32s.Items, fp32)
 		paddings.Items = append(paddings.Items, pad)

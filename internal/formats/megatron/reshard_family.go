@@ -74,8 +74,8 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if src.Layout.Interleaved {
-		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order (torchtitan's complex RoPE or rotary_interleaved): --to megatron writes the rotate-half layout only", r.Dir)
+	if src.Layout.Interleaved && c.RotaryInterleaved {
+		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order with rotary_interleaved: --to megatron writes the rotate-half layout only", r.Dir)
 	}
 	div := c.VocabDivisor
 	if div <= 0 {
