@@ -364,9 +364,10 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	}
 	for _, sn := range states {
 		st := p.AddState(sn)
-		replica := 0
 		for r, ss := range byRank {
-			placed := false
+			// Replica k is the k-th copy of every shard (a whole copy:
+			// TP x EP files hold each dense shard once per EP rank).
+			placed, replica := false, 0
 			for _, s := range ss {
 				ref := srcRef{ref: fragment.Ref(s.f.rd.model, s.lp.t, 0)}
 				if !buffer {
