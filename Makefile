@@ -7,10 +7,9 @@ FUZZTIME ?= 60s
 FUZZFLAGS ?=
 OUT      ?= out
 
-# CI (CI=true) turns every skipped real-torch or shared-fixture check into a failure.
+# CI (CI=true) turns every skipped real-torch or tool check into a failure.
 ifeq ($(CI),true)
 export UCP_REQUIRE_TORCH  := 1
-export UCP_REQUIRE_SHARED := 1
 export UCP_REQUIRE_TORCH2 := 1
 export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond Go: make, Debian's python3-torch 1.13
-# (real torch checks fixtures and reads what ucp writes), librsvg2-bin
+# (real torch checks fixtures and reads what ucp writes; its torchrun is a
+# launcher test's), openmpi-bin, slurmctld, slurmd, slurm-client and munge
+# (the launcher tests), librsvg2-bin
 # (rsvg-convert renders the report's timeline), node and the apache-arrow npm
 # package (reads the --arrow files), and, as root, the
 # Debian 13 chroot with real torch 2.x and safetensors (scripts/torch2-chroot.sh,
@@ -35,6 +37,14 @@ command -v rsvg-convert >/dev/null 2>&1 || need+=(librsvg2-bin)
 # the Arrow files of inspect/convert --arrow (arrowtable's tests).
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# The launcher tests (cmd/ucp TestMpirun, TestTorchrun, TestSrun) start ucp
+# nodes with Open MPI's mpirun, torchrun (python3-torch) and srun on a
+# one-host Slurm cluster with munge, whose daemons the test starts itself.
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+command -v srun >/dev/null 2>&1 || need+=(slurm-client)
+command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 sudo=""
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else

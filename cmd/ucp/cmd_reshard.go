@@ -41,8 +41,12 @@ slice mappings; with --zero 3, zero_pp_rank_D_mp_rank_00_model_states.pt and the
 per-parameter partitions of DeepSpeed's ZeRO-3 optimizer instead (--tp 1). DeepSpeed's engine loads it with engine.load_checkpoint(DIR, tag)
 when its config has the same --dp, --tp, ZeRO stage and dtype, the same
 parameters in the same param groups (the source's, in order) and the optimizer
-the source used. ATOMIC must be converted from a DeepSpeed checkpoint (its
-model states give the module layout and the param groups).
+the source used. A source converted from DeepSpeed gives the module layout,
+parameter order and param groups; any other source of a known model family
+takes them from the family: Megatron-LM sources Megatron-DeepSpeed's GPTModel
+(with the optimizer state), Hugging Face and other sources the family's
+Hugging Face module (weights only, TP 1); the summary says which
+(formats/deepspeed/FORMAT.md, "Other sources").
 
 --to megatron writes DST as a Megatron-LM --ckpt-format torch save folder:
 iter_XXXXXXX (the source's iteration) with mp_rank_TT[_PPP]/model_optim_rng.pt
@@ -59,8 +63,12 @@ model-parallel rank, the common state; --megatron-core 0.15|0.18|0.19) with the
 distributed optimizer's fully_reshardable state (formats/megatron/DISTWRITE.md).
 The step goes where the loading run's Adam keeps it (--megatron-optimizer);
 --decoder-first/last-pipeline-num-layers write Megatron's uneven pipeline split.
-No rng_state is written: resume with --no-load-rng. ATOMIC must be converted
-from a Megatron-LM checkpoint, torch or torch_dist (formats/megatron/RESHARD.md).
+No rng_state is written: resume with --no-load-rng. ATOMIC converted from a
+Megatron-LM checkpoint (torch or torch_dist) keeps its own layout; from any
+other source of a known model family (Hugging Face, DCP: weights only, as a
+'release' to load with --finetune --no-load-optim; DeepSpeed/Megatron-DeepSpeed:
+with the fp32 main parameters, Adam moments, step and scheduler) it is written
+from the family's names (formats/megatron/RESHARD.md).
 
 Everything is checked before anything is written: a --tp the model cannot
 take, a --dp DeepSpeed cannot save, an unknown stage are errors. DST is

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -90,25 +89,7 @@ func TestFourNodeProcesses(t *testing.T) {
 			t.Fatalf("node %d: %s%s", n, r.stdout, r.stderr)
 		}
 	}
-	a, b := testkit.ReadTree(t, ref), testkit.ReadTree(t, dst)
-	if len(a) != len(b) {
-		t.Fatalf("%d files vs %d", len(a), len(b))
-	}
-	for k, v := range a {
-		if !bytes.Equal(v, b[k]) {
-			t.Errorf("%s differs between the 1-node and the 4-node run", k)
-		}
-	}
-	m1, err1 := atomic.ReadManifest(ref)
-	m4, err2 := atomic.ReadManifest(dst)
-	if err1 != nil || err2 != nil {
-		t.Fatal(err1, err2)
-	}
-	j1, _ := json.Marshal(m1.Params)
-	j4, _ := json.Marshal(m4.Params)
-	if !bytes.Equal(j1, j4) {
-		t.Error("manifests list different parameters or checksums")
-	}
+	sameCheckpoint(t, ref, dst, "4 node processes")
 }
 
 // TestNodeRerunAndFinalize: nodes 0-2 finish, node 3 fails first; the
@@ -198,6 +179,9 @@ func TestNodePlace(t *testing.T) {
 		{-1, 5, map[string]string{"JOB_COMPLETION_INDEX": "4"}, [2]int{4, 5}, false},
 		{-1, 0, map[string]string{"JOB_COMPLETION_INDEX": "1", "UCP_NUM_NODES": "3"}, [2]int{1, 3}, false},
 		{1, 2, map[string]string{"SLURM_PROCID": "7", "SLURM_NTASKS": "8"}, [2]int{1, 2}, false},
+		// mpirun and torchrun inside a Slurm job step: their own ranks win.
+		{-1, 0, map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}, [2]int{2, 3}, false},
+		{-1, 0, map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "RANK": "1", "WORLD_SIZE": "3"}, [2]int{1, 3}, false},
 		{-1, 0, map[string]string{"SLURM_PROCID": "x", "SLURM_NTASKS": "4"}, [2]int{}, true},
 		{3, 2, nil, [2]int{}, true},
 	}

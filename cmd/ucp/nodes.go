@@ -7,14 +7,17 @@ import (
 )
 
 // launcherEnv lists the (rank, size) variables of cluster launchers, in
-// the order they are tried: Slurm, torchrun / generic, Open MPI, MPICH's
-// PMI, and Kubernetes Indexed Jobs (whose size is not in the environment:
-// set UCP_NUM_NODES in the Job spec or pass --num-nodes).
+// the order they are tried: Open MPI, MPICH's PMI, torchrun / generic,
+// Slurm, and Kubernetes Indexed Jobs (whose size is not in the environment:
+// set UCP_NUM_NODES in the Job spec or pass --num-nodes). Launchers that
+// start the processes themselves come before Slurm: mpirun or torchrun run
+// inside a Slurm job leave the job step's SLURM_PROCID/SLURM_NTASKS (0 of
+// 1) in every process they start.
 var launcherEnv = [][2]string{
-	{"SLURM_PROCID", "SLURM_NTASKS"},
-	{"RANK", "WORLD_SIZE"},
 	{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
 	{"PMI_RANK", "PMI_SIZE"},
+	{"RANK", "WORLD_SIZE"},
+	{"SLURM_PROCID", "SLURM_NTASKS"},
 	{"JOB_COMPLETION_INDEX", "UCP_NUM_NODES"},
 }
 

@@ -113,16 +113,32 @@ func (a Args) bool(name string) (bool, error) {
 	if !ok || x == nil {
 		return false, nil
 	}
-	b, ok := x.(bool)
-	if !ok {
-		return false, fmt.Errorf("args.%s is %v, not a bool", name, x)
+	switch b := x.(type) {
+	case bool:
+		return b, nil
 	}
-	return b, nil
+	return false, fmt.Errorf("args.%s is %v, not a bool", name, x)
 }
 
 func (a Args) str(name string) (string, bool) {
-	s, ok := a[name].(string)
-	return s, ok
+	switch s := a[name].(type) {
+	case string:
+		return s, true
+	}
+	return "", false
+}
+
+// hfScaling returns config.json's rope_scaling, nil when absent or null;
+// any other value than an object is an error (a scaling is never ignored).
+func hfScaling(m map[string]any) (map[string]any, error) {
+	switch rs := m["rope_scaling"].(type) {
+	case nil:
+		return nil, nil
+	case map[string]any:
+		return rs, nil
+	default:
+		return nil, fmt.Errorf("config.json: rope_scaling is %v, not an object", rs)
+	}
 }
 
 // refusedArgs are Megatron options that change the math and that no
@@ -178,130 +194,10 @@ func isOne(v any) bool {
 // and that no family expresses are refused by name.
 func FromArgs(a Args) (*Config, error) {
 	c := &Config{Norm: "RMSNorm", Activation: "swiglu", RotaryPercent: 1}
-	var ok bool
-	if c.Layers, ok = a.int("num_layers"); !ok || c.Layers <= 0 {
-		return nil, fmt.Errorf("args have no num_layers")
-	}
-	if c.Heads, ok = a.int("num_attention_heads"); !ok || c.Heads <= 0 {
-		return nil, fmt.Errorf("args have no num_attention_heads")
-	}
-	if c.Hidden, ok = a.int("hidden_size"); !ok || c.Hidden <= 0 {
-		return nil, fmt.Errorf("args have no hidden_size")
-	}
-	c.QueryGroups = c.Heads
-	gqa, err := a.bool("group_query_attention")
-	if err != nil {
-		return nil, err
-	}
-	if gqa {
-		if c.QueryGroups, ok = a.int("num_query_groups"); !ok {
-			return nil, fmt.Errorf("args have group_query_attention but no num_query_groups")
-		}
-	} else if n, ok := a.int("num_key_value_heads"); ok && n > 0 { // Megatron-DeepSpeed
-		c.QueryGroups = n
-	}
-	if c.QueryGroups <= 0 || c.Heads%c.QueryGroups != 0 {
-		return nil, fmt.Errorf("%d attention heads do not split into %d query groups", c.Heads, c.QueryGroups)
-	}
-	if c.HeadDim, ok = a.int("kv_channels"); !ok || c.HeadDim <= 0 {
-		c.HeadDim = c.Hidden / c.Heads
-	}
-	if c.FFN, ok = a.int("ffn_hidden_size"); !ok || c.FFN <= 0 {
-		return nil, fmt.Errorf("args have no ffn_hidden_size")
-	}
-	if c.MaxPositions, ok = a.int("max_position_embeddings", "seq_length"); !ok {
-		return nil, fmt.Errorf("args have no max_position_embeddings")
-	}
-	c.VocabDivisor, _ = a.int("make_vocab_size_divisible_by")
-	if err := moeFromArgs(a, c); err != nil {
-		return nil, err
-	}
-	for _, r := range refusedArgs {
-		if v, ok := a[r.name]; ok && !r.off(v) {
-			return nil, fmt.Errorf("args.%s is %v (%s): no Hugging Face model of the families %s computes it", r.name, v, r.why, strings.Join(Names(), ", "))
-		}
-	}
-	// Normalization: Megatron-LM "RMSNorm", Megatron-DeepSpeed "rmsnorm";
-	// unrecorded means the LayerNorm of releases before RMSNorm.
-	norm, ok := a.str("normalization")
-	if !ok {
-		return nil, fmt.Errorf("args record no normalization (Megatron's default is LayerNorm): the families %s use RMSNorm", strings.Join(Names(), ", "))
-	}
-	if !strings.EqualFold(norm, "RMSNorm") {
-		return nil, fmt.Errorf("args.normalization is %s: the families %s use RMSNorm", norm, strings.Join(Names(), ", "))
-	}
-	if c.NormEps, ok = a.float("norm_epsilon", "layernorm_epsilon"); !ok {
-		c.NormEps = 1e-5
-	}
-	if c.LayerNorm1p, err = a.bool("apply_layernorm_1p"); err != nil {
-		return nil, err
-	}
-	sw, err := a.bool("swiglu")
-	if err != nil {
-		return nil, err
-	}
-	if !sw {
-		act := "gelu"
-		if sq, _ := a.bool("squared_relu"); sq {
-			act = "squared_relu"
-		}
-		return nil, fmt.Errorf("the MLP activation is %s (args.swiglu is not set): the families %s use SiLU-gated MLPs (SwiGLU) and Hugging Face has no %s counterpart of them", act, strings.Join(Names(), ", "), act)
-	}
-	// Position embeddings: Megatron-LM position_embedding_type 'rope';
-	// Megatron-DeepSpeed use_rotary_position_embeddings.
-	if pe, ok := a.str("position_embedding_type"); ok {
-		if pe != "rope" {
-			return nil, fmt.Errorf("args.position_embedding_type is %s: the families %s use RoPE", pe, strings.Join(Names(), ", "))
-		}
-	} else if rot, _ := a.bool("use_rotary_position_embeddings"); !rot {
-		return nil, fmt.Errorf("args record neither position_embedding_type rope nor use_rotary_position_embeddings: the families %s use RoPE", strings.Join(Names(), ", "))
-	}
-	if c.RopeTheta, ok = a.float("rotary_base", "rope_theta"); !ok {
-		c.RopeTheta = 10000
-	}
-	if p, ok := a.float("rotary_percent"); ok {
-		c.RotaryPercent = p
-	}
-	if c.RotaryInterleaved, err = a.bool("rotary_interleaved"); err != nil {
-		return nil, err
-	}
-	scaling, err := a.bool("use_rope_scaling")
-	if err != nil {
-		return nil, err
-	}
-	if scaling {
-		f, ok := a.float("rope_scaling_factor")
-		if !ok {
-			f = 8 // Megatron's default (arguments.py --rope-scaling-factor)
-		}
-		c.RopeScaling = &RopeScaling{Type: "llama3", Factor: f, LowFreq: megatronLowFreq, HighFreq: megatronHighFreq, OriginalMaxPE: megatronOrigMax}
-	}
-	if f, ok := a.float("rotary_seq_len_interpolation_factor"); ok && f != 1 {
-		if c.RopeScaling != nil {
-			return nil, fmt.Errorf("args set both use_rope_scaling and rotary_seq_len_interpolation_factor %v: no Hugging Face rope_scaling does both", f)
-		}
-		// Positions divided by f: HF's linear rope_type divides inv_freq by f.
-		c.RopeScaling = &RopeScaling{Type: "linear", Factor: f}
-	}
-	untie, err := a.bool("untie_embeddings_and_output_weights")
-	if err != nil {
-		return nil, err
-	}
-	c.Tied = !untie
-	biasLinear := true // Megatron-LM's default; --disable-bias-linear clears it
-	if a.has("add_bias_linear") {
-		if biasLinear, err = a.bool("add_bias_linear"); err != nil {
+	for _, step := range []func(Args, *Config) error{geometryFromArgs, moeFromArgs, refuseArgs, normFromArgs, ropeFromArgs, biasFromArgs} {
+		if err := step(a, c); err != nil {
 			return nil, err
 		}
-	}
-	qkvBias, err := a.bool("add_qkv_bias")
-	if err != nil {
-		return nil, err
-	}
-	c.QKVBias = biasLinear || qkvBias
-	c.OutBias, c.MLPBias = biasLinear, biasLinear
-	if c.QKNorm, err = a.bool("qk_layernorm"); err != nil {
-		return nil, err
 	}
 	switch {
 	case c.Experts > 0:
@@ -314,6 +210,157 @@ func FromArgs(a Args) (*Config, error) {
 		c.Family = "llama"
 	}
 	return c, nil
+}
+
+// geometryFromArgs reads the sizes: layers, heads, query groups, hidden,
+// FFN, positions and the vocabulary divisor.
+func geometryFromArgs(a Args, c *Config) error {
+	var ok bool
+	if c.Layers, ok = a.int("num_layers"); !ok || c.Layers <= 0 {
+		return fmt.Errorf("args have no num_layers")
+	}
+	if c.Heads, ok = a.int("num_attention_heads"); !ok || c.Heads <= 0 {
+		return fmt.Errorf("args have no num_attention_heads")
+	}
+	if c.Hidden, ok = a.int("hidden_size"); !ok || c.Hidden <= 0 {
+		return fmt.Errorf("args have no hidden_size")
+	}
+	c.QueryGroups = c.Heads
+	gqa, err := a.bool("group_query_attention")
+	if err != nil {
+		return err
+	}
+	if gqa {
+		if c.QueryGroups, ok = a.int("num_query_groups"); !ok {
+			return fmt.Errorf("args have group_query_attention but no num_query_groups")
+		}
+	} else if n, ok := a.int("num_key_value_heads"); ok && n > 0 { // Megatron-DeepSpeed
+		c.QueryGroups = n
+	}
+	if c.QueryGroups <= 0 || c.Heads%c.QueryGroups != 0 {
+		return fmt.Errorf("%d attention heads do not split into %d query groups", c.Heads, c.QueryGroups)
+	}
+	if c.HeadDim, ok = a.int("kv_channels"); !ok || c.HeadDim <= 0 {
+		c.HeadDim = c.Hidden / c.Heads
+	}
+	if c.FFN, ok = a.int("ffn_hidden_size"); !ok || c.FFN <= 0 {
+		return fmt.Errorf("args have no ffn_hidden_size")
+	}
+	if c.MaxPositions, ok = a.int("max_position_embeddings", "seq_length"); !ok {
+		return fmt.Errorf("args have no max_position_embeddings")
+	}
+	c.VocabDivisor, _ = a.int("make_vocab_size_divisible_by")
+	return nil
+}
+
+// refuseArgs refuses the Megatron options that no family computes.
+func refuseArgs(a Args, c *Config) error {
+	for _, r := range refusedArgs {
+		if v, ok := a[r.name]; ok && !r.off(v) {
+			return fmt.Errorf("args.%s is %v (%s): no Hugging Face model of the families %s computes it", r.name, v, r.why, strings.Join(Names(), ", "))
+		}
+	}
+	return nil
+}
+
+// normFromArgs reads the normalization and the MLP activation.
+func normFromArgs(a Args, c *Config) error {
+	// Normalization: Megatron-LM "RMSNorm", Megatron-DeepSpeed "rmsnorm";
+	// unrecorded means the LayerNorm of releases before RMSNorm.
+	norm, ok := a.str("normalization")
+	if !ok {
+		return fmt.Errorf("args record no normalization (Megatron's default is LayerNorm): the families %s use RMSNorm", strings.Join(Names(), ", "))
+	}
+	if !strings.EqualFold(norm, "RMSNorm") {
+		return fmt.Errorf("args.normalization is %s: the families %s use RMSNorm", norm, strings.Join(Names(), ", "))
+	}
+	if c.NormEps, ok = a.float("norm_epsilon", "layernorm_epsilon"); !ok {
+		c.NormEps = 1e-5
+	}
+	var err error
+	if c.LayerNorm1p, err = a.bool("apply_layernorm_1p"); err != nil {
+		return err
+	}
+	sw, err := a.bool("swiglu")
+	if err != nil {
+		return err
+	}
+	if !sw {
+		act := "gelu"
+		if sq, _ := a.bool("squared_relu"); sq {
+			act = "squared_relu"
+		}
+		return fmt.Errorf("the MLP activation is %s (args.swiglu is not set): the families %s use SiLU-gated MLPs (SwiGLU) and Hugging Face has no %s counterpart of them", act, strings.Join(Names(), ", "), act)
+	}
+	return nil
+}
+
+// ropeFromArgs reads the rotary embedding: base, percent, layout and
+// scaling.
+func ropeFromArgs(a Args, c *Config) error {
+	// Position embeddings: Megatron-LM position_embedding_type 'rope';
+	// Megatron-DeepSpeed use_rotary_position_embeddings.
+	if pe, ok := a.str("position_embedding_type"); ok {
+		if pe != "rope" {
+			return fmt.Errorf("args.position_embedding_type is %s: the families %s use RoPE", pe, strings.Join(Names(), ", "))
+		}
+	} else if rot, _ := a.bool("use_rotary_position_embeddings"); !rot {
+		return fmt.Errorf("args record neither position_embedding_type rope nor use_rotary_position_embeddings: the families %s use RoPE", strings.Join(Names(), ", "))
+	}
+	var ok bool
+	if c.RopeTheta, ok = a.float("rotary_base", "rope_theta"); !ok {
+		c.RopeTheta = 10000
+	}
+	if p, ok := a.float("rotary_percent"); ok {
+		c.RotaryPercent = p
+	}
+	var err error
+	if c.RotaryInterleaved, err = a.bool("rotary_interleaved"); err != nil {
+		return err
+	}
+	scaling, err := a.bool("use_rope_scaling")
+	if err != nil {
+		return err
+	}
+	if scaling {
+		f, ok := a.float("rope_scaling_factor")
+		if !ok {
+			f = 8 // Megatron's default (arguments.py --rope-scaling-factor)
+		}
+		c.RopeScaling = &RopeScaling{Type: "llama3", Factor: f, LowFreq: megatronLowFreq, HighFreq: megatronHighFreq, OriginalMaxPE: megatronOrigMax}
+	}
+	if f, ok := a.float("rotary_seq_len_interpolation_factor"); ok && f != 1 {
+		if c.RopeScaling != nil {
+			return fmt.Errorf("args set both use_rope_scaling and rotary_seq_len_interpolation_factor %v: no Hugging Face rope_scaling does both", f)
+		}
+		// Positions divided by f: HF's linear rope_type divides inv_freq by f.
+		c.RopeScaling = &RopeScaling{Type: "linear", Factor: f}
+	}
+	return nil
+}
+
+// biasFromArgs reads the tied embeddings, the linear biases and the q/k
+// norms.
+func biasFromArgs(a Args, c *Config) error {
+	untie, err := a.bool("untie_embeddings_and_output_weights")
+	if err != nil {
+		return err
+	}
+	c.Tied = !untie
+	biasLinear := true // Megatron-LM's default; --disable-bias-linear clears it
+	if a.has("add_bias_linear") {
+		if biasLinear, err = a.bool("add_bias_linear"); err != nil {
+			return err
+		}
+	}
+	qkvBias, err := a.bool("add_qkv_bias")
+	if err != nil {
+		return err
+	}
+	c.QKVBias = biasLinear || qkvBias
+	c.OutBias, c.MLPBias = biasLinear, biasLinear
+	c.QKNorm, err = a.bool("qk_layernorm")
+	return err
 }
 
 // Check refuses a config that the family's HF model cannot compute
@@ -460,7 +507,10 @@ func hfRead(m map[string]any, c *Config) error {
 	}
 	c.Tied = true // PretrainedConfig's default
 	if v, ok := m["tie_word_embeddings"]; ok {
-		if c.Tied, ok = v.(bool); !ok {
+		switch b := v.(type) {
+		case bool:
+			c.Tied = b
+		default:
 			return fmt.Errorf("config.json: tie_word_embeddings is %v", v)
 		}
 	}
@@ -471,7 +521,11 @@ func hfRead(m map[string]any, c *Config) error {
 	if v, ok := m["partial_rotary_factor"]; ok && v != nil && v != 1.0 {
 		c.Unsupported = append(c.Unsupported, fmt.Sprintf("partial_rotary_factor %v", v))
 	}
-	if rs, ok := m["rope_scaling"].(map[string]any); ok {
+	rs, err := hfScaling(m)
+	if err != nil {
+		return err
+	}
+	if rs != nil {
 		t, _ := Args(rs).str("rope_type")
 		if t == "" {
 			t, _ = Args(rs).str("type")

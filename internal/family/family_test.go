@@ -427,3 +427,34 @@ func TestResolveTitan(t *testing.T) {
 		}
 	}
 }
+
+// TestHFConfigMalformed: a config.json value of the wrong type is an error
+// naming the key, never read as absent.
+func TestHFConfigMalformed(t *testing.T) {
+	base := func(kv ...any) map[string]any {
+		m := map[string]any{"model_type": "llama", "hidden_size": 8.0, "intermediate_size": 12.0, "num_hidden_layers": 2.0,
+			"num_attention_heads": 4.0, "vocab_size": 10.0, "max_position_embeddings": 64.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
+	if _, err := FromHF(base()); err != nil {
+		t.Fatalf("well-formed: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		m    map[string]any
+		want string
+	}{
+		{"rope_scaling str", base("rope_scaling", "llama3"), "rope_scaling is llama3, not an object"},
+		{"rope_scaling list", base("rope_scaling", []any{8.0}), "rope_scaling is [8], not an object"},
+		{"tie_word_embeddings str", base("tie_word_embeddings", "yes"), "tie_word_embeddings is yes"},
+		{"mlp_only_layers str", base("model_type", "qwen2_moe", "num_experts", 4.0, "num_experts_per_tok", 2.0, "moe_intermediate_size", 6.0,
+			"shared_expert_intermediate_size", 10.0, "mlp_only_layers", "0"), "mlp_only_layers is 0, not a list"},
+	} {
+		if _, err := FromHF(tc.m); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+}

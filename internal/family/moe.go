@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 )
 
@@ -183,8 +184,15 @@ func qwenMoEFromHF(m map[string]any, c *Config) error {
 	if s, ok := a.int("decoder_sparse_step"); ok && s != 1 {
 		return fmt.Errorf("decoder_sparse_step %d: dense MLP layers between MoE layers are not mapped (every layer must be MoE)", s)
 	}
-	if l, ok := m["mlp_only_layers"].([]any); ok && len(l) > 0 {
-		return fmt.Errorf("mlp_only_layers %v: dense MLP layers are not mapped (every layer must be MoE)", l)
+	// A list from JSON ([]any) or from qwenMoEToHF ([]int).
+	switch l := m["mlp_only_layers"].(type) {
+	case nil:
+	case []any, []int:
+		if reflect.ValueOf(l).Len() > 0 {
+			return fmt.Errorf("mlp_only_layers %v: dense MLP layers are not mapped (every layer must be MoE)", l)
+		}
+	default:
+		return fmt.Errorf("mlp_only_layers is %v, not a list", l)
 	}
 	return qwenWindow(m, c)
 }

@@ -110,50 +110,36 @@ func Resolve(c *Config, params []Param, format string) (*Source, error) {
 		s.params[p.Name] = p
 	}
 	s.alias = PipeNames(all, c.Layers)
-	m := f.NewMatcher()
+	if err := s.pickNaming(params); err != nil {
+		return nil, err
+	}
+	s.Layout = LayoutOf(format, s.Naming, f, c)
+	missing := s.missing()
+	// Every expert exactly once: a number beyond the config's experts is
+	// another model's.
+	for k, p := range s.byRole {
+		if k.expert >= int(c.Experts) || (k.expert >= 0 && (k.layer < 0 || k.layer >= int(c.Layers))) {
+			return nil, fmt.Errorf("%s is expert %d of layer %d, but the %s config has %d experts in %d layers", p, k.expert, k.layer, f.Name, c.Experts, c.Layers)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("the checkpoint lacks %d parameter(s) of the %s model: %s", len(missing), f.Name, list(missing))
+	}
+	return s, nil
+}
+
+// pickNaming sets s.Naming and s.byRole: one naming for the whole
+// checkpoint, the first in which every parameter has a role (a name two
+// namings share, as torchtitan's newer lm_head.weight, goes with the rest).
+func (s *Source) pickNaming(params []Param) error {
+	f, m := s.F, s.F.NewMatcher()
 	present := map[string]bool{}
-	for _, r := range f.Present(c) {
+	for _, r := range f.Present(s.C) {
 		present[r.Name] = true
 	}
-	// One naming for the whole checkpoint: the first in which every
-	// parameter has a role (a name two namings share, as torchtitan's
-	// newer lm_head.weight, goes with the rest).
 	var best []string
 	for _, group := range [][]Naming{{HF}, {Titan}, {Core, CoreTE}, {Legacy}} {
-		byRole := map[roleKey]string{}
-		var unmatched, absent []string
-		var dup error
-		for _, p := range params {
-			name := p.Name
-			if a, ok := s.alias[name]; ok {
-				name = a
-			}
-			var mt Match
-			ok := false
-			for _, n := range group {
-				if mt, ok = m.LookupIn(name, n); ok {
-					break
-				}
-			}
-			if !ok {
-				unmatched = append(unmatched, p.Name)
-				continue
-			}
-			for _, r := range f.Roles {
-				if r.Names[mt.Naming] != mt.Role.Names[mt.Naming] {
-					continue
-				}
-				if !present[r.Name] {
-					absent = append(absent, fmt.Sprintf("%s (%s)", p.Name, r.Name))
-					continue
-				}
-				k := roleKey{r.Name, mt.Layer, mt.Expert}
-				if prev, ok := byRole[k]; ok && dup == nil {
-					dup = fmt.Errorf("%s and %s are both the %s of layer %d", prev, p.Name, r.Name, mt.Layer)
-				}
-				byRole[k] = p.Name
-			}
-		}
+		byRole, unmatched, absent, dup := s.rolesIn(group, m, present, params)
 		if len(unmatched) > 0 {
 			if best == nil || len(unmatched) < len(best) {
 				best = unmatched
@@ -161,21 +147,60 @@ func Resolve(c *Config, params []Param, format string) (*Source, error) {
 			continue
 		}
 		if dup != nil {
-			return nil, dup
+			return dup
 		}
 		if len(absent) > 0 {
-			return nil, fmt.Errorf("%d parameter(s) are roles the %s config does not have (check biases, q/k norms, tied embeddings): %s", len(absent), f.Name, list(absent))
+			return fmt.Errorf("%d parameter(s) are roles the %s config does not have (check biases, q/k norms, tied embeddings): %s", len(absent), f.Name, list(absent))
 		}
 		s.Naming, s.byRole = group[0], byRole
-		best = nil
-		break
+		return nil
 	}
-	if best != nil {
-		return nil, fmt.Errorf("%d parameter(s) have no role in the %s family under one naming (%s): %s", len(best), f.Name, strings.Join(namingNames[:], ", "), list(best))
+	return fmt.Errorf("%d parameter(s) have no role in the %s family under one naming (%s): %s", len(best), f.Name, strings.Join(namingNames[:], ", "), list(best))
+}
+
+// rolesIn matches params to roles under the namings of group: the role of
+// each matched parameter, the parameters that match none, those whose role
+// the config lacks, and the first role two parameters claim.
+func (s *Source) rolesIn(group []Naming, m *Matcher, present map[string]bool, params []Param) (byRole map[roleKey]string, unmatched, absent []string, dup error) {
+	byRole = map[roleKey]string{}
+	for _, p := range params {
+		name := p.Name
+		if a, ok := s.alias[name]; ok {
+			name = a
+		}
+		var mt Match
+		ok := false
+		for _, n := range group {
+			if mt, ok = m.LookupIn(name, n); ok {
+				break
+			}
+		}
+		if !ok {
+			unmatched = append(unmatched, p.Name)
+			continue
+		}
+		for _, r := range s.F.Roles {
+			if r.Names[mt.Naming] != mt.Role.Names[mt.Naming] {
+				continue
+			}
+			if !present[r.Name] {
+				absent = append(absent, fmt.Sprintf("%s (%s)", p.Name, r.Name))
+				continue
+			}
+			k := roleKey{r.Name, mt.Layer, mt.Expert}
+			if prev, ok := byRole[k]; ok && dup == nil {
+				dup = fmt.Errorf("%s and %s are both the %s of layer %d", prev, p.Name, r.Name, mt.Layer)
+			}
+			byRole[k] = p.Name
+		}
 	}
-	s.Layout = LayoutOf(format, s.Naming, f, c)
+	return byRole, unmatched, absent, dup
+}
+
+// missing lists the roles of the config that no parameter fills.
+func (s *Source) missing() []string {
 	var missing []string
-	for _, r := range f.Present(c) {
+	for _, r := range s.F.Present(s.C) {
 		for _, l := range s.layers(r) {
 			for _, e := range s.experts(r) {
 				if _, ok := s.byRole[roleKey{r.Name, l, e}]; !ok {
@@ -191,17 +216,7 @@ func Resolve(c *Config, params []Param, format string) (*Source, error) {
 			}
 		}
 	}
-	// Every expert exactly once: a number beyond the config's experts is
-	// another model's.
-	for k, p := range s.byRole {
-		if k.expert >= int(c.Experts) || (k.expert >= 0 && (k.layer < 0 || k.layer >= int(c.Layers))) {
-			return nil, fmt.Errorf("%s is expert %d of layer %d, but the %s config has %d experts in %d layers", p, k.expert, k.layer, f.Name, c.Experts, c.Layers)
-		}
-	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("the checkpoint lacks %d parameter(s) of the %s model: %s", len(missing), f.Name, list(missing))
-	}
-	return s, nil
+	return missing
 }
 
 func list(x []string) string {
@@ -266,6 +281,7 @@ type Tensor struct {
 	Name   string
 	Role   string
 	Layer  int
+	Expert int // -1 outside the experts
 	Shape  []int64
 	Pieces []Piece
 	AddOne bool
@@ -281,80 +297,9 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 	wantInter := target == Titan && s.F.TitanInterleaved
 	var out []Tensor
 	emit := func(r Role, l, e int) error {
-		name := r.NameIn(target, l, e)
-		if name == "" {
-			return fmt.Errorf("%s has no %s name for %s", s.F.Name, target, r.Name)
-		}
-		src, _ := s.ExpertParam(r.Name, l, e)
-		p := s.params[src]
-		t := Tensor{Name: name, Role: r.Name, Layer: l, AddOne: r.Norm && s.C.LayerNorm1p}
-		cols := int64(1)
-		if len(p.Shape) == 2 {
-			cols = p.Shape[1]
-		} else if len(p.Shape) != 1 {
-			return fmt.Errorf("%s: shape %v", src, p.Shape)
-		}
-		// q and k rows carry RoPE; a head's q/k norm weights (qwen3) are
-		// indexed like its rows and move with them.
-		rope := (r.Fuse == QKV && r.Part < 2) || r.Name == "q_norm" || r.Name == "k_norm"
-		if s.fused(r) {
-			cc := *s.C
-			cc.FFN = s.C.ffnOf(r)
-			spans, err := FusedRows(&cc, r.Fuse, s.Layout.Stacked, s.Layout.Interleaved && !wantInter, 1, 0)
-			if err != nil {
-				return fmt.Errorf("%s: %w", src, err)
-			}
-			var total int64
-			for _, sp := range spans {
-				total += sp.N
-			}
-			if p.Shape[0] != total {
-				return fmt.Errorf("%s: shape %v, but the %s config needs %d rows", src, p.Shape, s.F.Name, total)
-			}
-			var rows int64
-			for _, run := range PartRows(spans, r.Part) {
-				t.Pieces = append(t.Pieces, Piece{src, run[0] * cols, run[1] * cols})
-				rows += run[1]
-			}
-			t.Shape = []int64{rows}
-			if len(p.Shape) == 2 {
-				t.Shape = append(t.Shape, cols)
-			}
-			if wantInter && rope && !s.Layout.Interleaved {
-				return fmt.Errorf("%s: writing interleaved rows from a fused rotate-half source is not supported", src)
-			}
-			out = append(out, t)
-			return nil
-		}
-		t.Shape = append([]int64(nil), p.Shape...)
-		if rope && s.Layout.Interleaved != wantInter {
-			// Whole heads stay in place; within each head, HF row i is
-			// interleaved row 2i and HF row d/2+i row 2i+1.
-			d := s.C.HeadDim
-			if p.Shape[0]%d != 0 || d%2 != 0 {
-				return fmt.Errorf("%s: %d rows are not heads of dim %d", src, p.Shape[0], d)
-			}
-			for h := int64(0); h < p.Shape[0]/d; h++ {
-				for i := int64(0); i < d; i++ {
-					var from int64
-					if s.Layout.Interleaved { // interleaved -> half: target row i of the head
-						if i < d/2 {
-							from = 2 * i
-						} else {
-							from = 2*(i-d/2) + 1
-						}
-					} else { // half -> interleaved
-						if i%2 == 0 {
-							from = i / 2
-						} else {
-							from = d/2 + i/2
-						}
-					}
-					t.Pieces = append(t.Pieces, Piece{src, (h*d + from) * cols, cols})
-				}
-			}
-		} else {
-			t.Pieces = []Piece{{src, 0, numel(p.Shape)}}
+		t, err := s.unfusedTensor(r, l, e, target, wantInter)
+		if err != nil {
+			return err
 		}
 		out = append(out, t)
 		return nil
@@ -398,6 +343,104 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 		}
 	}
 	return out, nil
+}
+
+// unfusedTensor is role r of layer l (expert e) in the target naming: a
+// part of a fused source, rows reordered between RoPE layouts, or the
+// source whole.
+func (s *Source) unfusedTensor(r Role, l, e int, target Naming, wantInter bool) (Tensor, error) {
+	name := r.NameIn(target, l, e)
+	if name == "" {
+		return Tensor{}, fmt.Errorf("%s has no %s name for %s", s.F.Name, target, r.Name)
+	}
+	src, _ := s.ExpertParam(r.Name, l, e)
+	p := s.params[src]
+	t := Tensor{Name: name, Role: r.Name, Layer: l, Expert: e, AddOne: r.Norm && s.C.LayerNorm1p}
+	cols := int64(1)
+	if len(p.Shape) == 2 {
+		cols = p.Shape[1]
+	} else if len(p.Shape) != 1 {
+		return Tensor{}, fmt.Errorf("%s: shape %v", src, p.Shape)
+	}
+	// q and k rows carry RoPE; a head's q/k norm weights (qwen3) are
+	// indexed like its rows and move with them.
+	rope := (r.Fuse == QKV && r.Part < 2) || r.Name == "q_norm" || r.Name == "k_norm"
+	if s.fused(r) {
+		if err := s.fusedPart(&t, r, src, p.Shape, cols, wantInter); err != nil {
+			return Tensor{}, err
+		}
+		if wantInter && rope && !s.Layout.Interleaved {
+			return Tensor{}, fmt.Errorf("%s: writing interleaved rows from a fused rotate-half source is not supported", src)
+		}
+		return t, nil
+	}
+	t.Shape = append([]int64(nil), p.Shape...)
+	if rope && s.Layout.Interleaved != wantInter {
+		pieces, err := ropeRows(src, p.Shape[0], cols, s.C.HeadDim, s.Layout.Interleaved)
+		t.Pieces = pieces
+		return t, err
+	}
+	t.Pieces = []Piece{{src, 0, numel(p.Shape)}}
+	return t, nil
+}
+
+// fusedPart sets t's pieces and shape to role r's rows of the fused
+// source src.
+func (s *Source) fusedPart(t *Tensor, r Role, src string, shape []int64, cols int64, wantInter bool) error {
+	cc := *s.C
+	cc.FFN = s.C.ffnOf(r)
+	spans, err := FusedRows(&cc, r.Fuse, s.Layout.Stacked, s.Layout.Interleaved && !wantInter, 1, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", src, err)
+	}
+	var total int64
+	for _, sp := range spans {
+		total += sp.N
+	}
+	if shape[0] != total {
+		return fmt.Errorf("%s: shape %v, but the %s config needs %d rows", src, shape, s.F.Name, total)
+	}
+	var rows int64
+	for _, run := range PartRows(spans, r.Part) {
+		t.Pieces = append(t.Pieces, Piece{src, run[0] * cols, run[1] * cols})
+		rows += run[1]
+	}
+	t.Shape = []int64{rows}
+	if len(shape) == 2 {
+		t.Shape = append(t.Shape, cols)
+	}
+	return nil
+}
+
+// ropeRows reorders the rows of src (heads of dim d) between the
+// interleaved and the rotate-half RoPE layouts: whole heads stay in place;
+// within each head, HF row i is interleaved row 2i and HF row d/2+i row
+// 2i+1.
+func ropeRows(src string, nrows, cols, d int64, fromInterleaved bool) ([]Piece, error) {
+	if nrows%d != 0 || d%2 != 0 {
+		return nil, fmt.Errorf("%s: %d rows are not heads of dim %d", src, nrows, d)
+	}
+	var pieces []Piece
+	for h := int64(0); h < nrows/d; h++ {
+		for i := int64(0); i < d; i++ {
+			var from int64
+			if fromInterleaved { // interleaved -> half: target row i of the head
+				if i < d/2 {
+					from = 2 * i
+				} else {
+					from = 2*(i-d/2) + 1
+				}
+			} else { // half -> interleaved
+				if i%2 == 0 {
+					from = i / 2
+				} else {
+					from = d/2 + i/2
+				}
+			}
+			pieces = append(pieces, Piece{src, (h*d + from) * cols, cols})
+		}
+	}
+	return pieces, nil
 }
 
 func numel(s []int64) int64 {

@@ -288,3 +288,106 @@ func TestHFMegatronMoERefused(t *testing.T) {
 		})
 	}
 }
+
+// atomicFiles reads every file of an atomic checkpoint but its manifest
+// (which names the source): relative path -> bytes.
+func atomicFiles(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == atomic.ManifestName {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		out[must(filepath.Rel(dir, p))] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestHFBinMatchesSafetensors: the torch.save layouts real transformers
+// writes with safe_serialization=False (pytorch_model.bin; shards +
+// pytorch_model.bin.index.json, tied lm_head.weight sharing the
+// embedding's storage) of the very models of hf_family/<case>
+// (testdata/gen/hf_family_fixtures.py --bin checks the safetensors
+// sibling holds the live tensors) convert to the same atomic files, bit
+// for bit, and export to the sibling's tensors.
+func TestHFBinMatchesSafetensors(t *testing.T) {
+	for _, name := range testkit.Cases(t, "hf_family_bin", 3) {
+		t.Run(name, func(t *testing.T) {
+			src, sib := testkit.Fixture("hf_family_bin", name), testkit.Fixture("hf_family", name)
+			bins, _ := filepath.Glob(filepath.Join(src, "pytorch_model*.bin"))
+			if sts, _ := filepath.Glob(filepath.Join(src, "*.safetensors")); len(bins) == 0 || len(sts) > 0 {
+				t.Fatalf("%s: %d .bin and %d .safetensors files", src, len(bins), len(sts))
+			}
+			tb, err := Index(context.Background(), src, "", Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts, err := Index(context.Background(), sib, "", Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tb.Format != "hf" || tb.Model == nil || !reflect.DeepEqual(*tb.Model, *ts.Model) {
+				t.Fatalf("format %s, model %+v; want hf, %+v", tb.Format, tb.Model, ts.Model)
+			}
+			db, ds := testkit.Convert(t, tb, 2), testkit.Convert(t, ts, 2)
+			got, want := atomicFiles(t, db), atomicFiles(t, ds)
+			if len(got) != len(want) {
+				t.Errorf("%d atomic files, want %d", len(got), len(want))
+			}
+			for n, w := range want {
+				if got[n] != w {
+					t.Errorf("%s differs from the safetensors conversion's", n)
+				}
+			}
+			r, err := atomic.OpenReader(db, atomic.ReaderOptions{Verify: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(t.TempDir(), "hf")
+			if _, err := hf.Export(context.Background(), r, out, hf.Options{Arch: hf.ArchAuto, NoSync: true}); err != nil {
+				t.Fatal(err)
+			}
+			if g, w := hfFolderTensors(t, out), hfFolderTensors(t, sib); !reflect.DeepEqual(g, w) {
+				t.Errorf("the export's tensors differ from %s", sib)
+			}
+		})
+	}
+}
+
+// TestHFBinBroken: a torch.save HF folder with a shard missing, or an
+// index naming a tensor its file lacks, is refused naming the file.
+func TestHFBinBroken(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		breakIt func(dir string) error
+		want    string
+	}{
+		{"missing shard", func(dir string) error {
+			return os.Remove(filepath.Join(dir, "pytorch_model-00003-of-00006.bin"))
+		}, "pytorch_model-00003-of-00006.bin: weights file is missing (pytorch_model.bin.index.json names it)"},
+		{"unmapped tensor", func(dir string) error {
+			p := filepath.Join(dir, dcp.HFBinIndexFile)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(p, bytes.Replace(b, []byte(`"model.norm.weight"`), []byte(`"model.extra.weight"`), 1), 0o644)
+		}, "is not mapped to this file by pytorch_model.bin.index.json"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := testkit.CopyTree(t, testkit.Fixture("hf_family_bin", "llama_tied_bf16_sharded"))
+			if err := c.breakIt(dir); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Index(context.Background(), dir, "", Options{})
+			if err == nil || !bytes.Contains([]byte(err.Error()), []byte(c.want)) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}

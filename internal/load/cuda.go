@@ -595,3 +595,9 @@ func (b DeviceBuffer) Free(device int) error {
 	defer C.ucp_ctx_pop()
 	return cuCheck("cuMemFree", C.ucp_dev_free(C.uint64_t(b.Ptr)))
 }
+
+// readLocalAs reads elements [start, start+n) of an item's shard into dst
+// in the item's dtype.
+func readLocalAs(s *atomic.State, it Item, start, n int64, dst []byte) (int64, error) {
+	return layout.ReadLocalAs(s, it.Shard, start, n, it.DType, dst)
+}

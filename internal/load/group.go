@@ -382,9 +382,3 @@ func LoadGroup(ctx context.Context, comm *TCPComm, r *atomic.Reader, items []Ite
 	st.Seconds["total"] = time.Since(start).Seconds()
 	return st, nil
 }
-
-// readLocalAs reads elements [start, start+n) of an item's shard into dst
-// in the item's dtype.
-func readLocalAs(s *atomic.State, it Item, start, n int64, dst []byte) (int64, error) {
-	return layout.ReadLocalAs(s, it.Shard, start, n, it.DType, dst)
-}

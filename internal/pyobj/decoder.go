@@ -114,6 +114,9 @@ func (d Dec) Opt(key Value) (Dec, bool) {
 // Has reports whether d (a dict) has key, None or not.
 func (d Dec) Has(key Value) bool {
 	m := d.AsDict()
+	if m == nil {
+		return false
+	}
 	_, ok := m.Get(key)
 	return ok
 }
@@ -326,4 +329,102 @@ func (d Dec) OptBool(key Value, def bool) bool {
 		return c.AsBool()
 	}
 	return def
+}
+
+// AsObject returns d's value as an object of the class named class (the
+// name without its module; "" accepts any class).
+func (d Dec) AsObject(class string) *Object {
+	if !d.ok() {
+		return nil
+	}
+	o, ok := d.v.(*Object)
+	switch {
+	case !ok:
+		d.Failf("got %s, want %s", TypeName(d.v), orAny(class, "an object"))
+	case class != "" && (o.Class == nil || o.Class.Name != class):
+		d.Failf("got %s, want %s", TypeName(d.v), class)
+		return nil
+	}
+	return o
+}
+
+func orAny(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Object returns d as a Dec of an object of class (see AsObject), whose
+// attributes Attr and OptAttr read.
+func (d Dec) Object(class string) Dec {
+	if d.AsObject(class) == nil {
+		return d.failed()
+	}
+	return d
+}
+
+// OptAttr returns attribute name of d (an object) and whether it is
+// present and not None.
+func (d Dec) OptAttr(name string) (Dec, bool) {
+	o := d.AsObject("")
+	if o == nil {
+		return d.failed(), false
+	}
+	v, ok := o.Attr(name)
+	if !ok || v == nil {
+		return d.failed(), false
+	}
+	return d.child(attrName(name), v), true
+}
+
+// Attr returns attribute name of d (an object), failing when it is missing.
+func (d Dec) Attr(name string) Dec {
+	o := d.AsObject("")
+	if o == nil {
+		return d.failed()
+	}
+	v, ok := o.Attr(name)
+	if !ok {
+		d.Failf("%s has no attribute %s", TypeName(o), name)
+		return d.failed()
+	}
+	return d.child(attrName(name), v)
+}
+
+// At returns a Dec of v at d's position extended by key, for values a
+// caller took apart itself (an object's state tuple, its call arguments).
+func (d Dec) At(key, v Value) Dec {
+	if !d.ok() {
+		return d.failed()
+	}
+	return d.child(key, v)
+}
+
+// Pairs returns the items of d (a dict) whose keys may be of any type
+// (objects as keys): item i's key sits at .keys()[i], its value at
+// .values()[i].
+func (d Dec) Pairs() []DecPair {
+	m := d.AsDict()
+	if m == nil {
+		return nil
+	}
+	out := make([]DecPair, m.Len())
+	for i := range out {
+		k, v := m.Item(i)
+		out[i] = DecPair{Key: d.child(seqPos{"keys", i}, k), Val: d.child(seqPos{"values", i}, v)}
+	}
+	return out
+}
+
+// DecPair is one item of a dict read by Pairs.
+type DecPair struct{ Key, Val Dec }
+
+// attrName is an attribute in a Dec path, rendered .name.
+type attrName string
+
+// seqPos is item i of a dict's keys() or values() in a Dec path.
+type seqPos struct {
+	of string
+	i  int
 }

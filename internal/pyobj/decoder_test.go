@@ -96,3 +96,46 @@ func TestDecFailures(t *testing.T) {
 		})
 	}
 }
+
+// Objects: attributes read like keys, rendered .name in the path.
+func TestDecObjects(t *testing.T) {
+	obj := &Object{Class: &Global{"m", "Meta"}, State: DictOf("size", Size{2}, "chunks", &List{Items: []Value{
+		&Object{Class: &Global{"m", "Chunk"}, State: DictOf("offsets", "x")}}}, "none", nil)}
+	root := NewDec("f.pt", DictOf("meta", obj))
+	m := root.Key("meta").Object("Meta")
+	if s := m.Attr("size").AsInts(); len(s) != 1 || s[0] != 2 {
+		t.Errorf("Attr: %v", s)
+	}
+	if _, ok := m.OptAttr("none"); ok {
+		t.Error("OptAttr of None")
+	}
+	if _, ok := m.OptAttr("missing"); ok {
+		t.Error("OptAttr of a missing attribute")
+	}
+	if err := root.Err(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		read func(d Dec)
+		want string
+	}{
+		{"attr type", func(d Dec) {
+			d.Key("meta").Object("Meta").Attr("chunks").Index(0).Object("Chunk").Attr("offsets").AsInts()
+		},
+			`f.pt: ["meta"].chunks[0].offsets: got str, want a list of ints`},
+		{"class", func(d Dec) { d.Key("meta").Object("Chunk") }, `f.pt: ["meta"]: got m.Meta, want Chunk`},
+		{"not an object", func(d Dec) { d.Object("Meta") }, `f.pt: got dict, want Meta`},
+		{"missing attr", func(d Dec) { d.Key("meta").Attr("sizes") }, `f.pt: ["meta"]: m.Meta has no attribute sizes`},
+		{"at", func(d Dec) { d.Key("meta").At(int64(1), "s").AsInt() }, `f.pt: ["meta"][1]: got str, want int`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := NewDec("f.pt", DictOf("meta", obj))
+			c.read(d)
+			if err := d.Err(); err == nil || err.Error() != c.want {
+				t.Fatalf("got %v\nwant %s", err, c.want)
+			}
+		})
+	}
+}

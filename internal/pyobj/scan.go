@@ -48,8 +48,10 @@ type opInfo struct {
 	n    int
 }
 
-// opcodes is the pickle opcode table (protocols 0-5), as in CPython's pickletools.
-var opcodes = map[byte]opInfo{
+// opcodes is the pickle opcode table (protocols 0-5), as in CPython's
+// pickletools; an array, not a map: Scan looks up every opcode of every
+// pickle. Unknown opcodes have no name.
+var opcodes = [256]opInfo{
 	'(': {"MARK", argNone, 0}, '.': {"STOP", argNone, 0}, '0': {"POP", argNone, 0},
 	'1': {"POP_MARK", argNone, 0}, '2': {"DUP", argNone, 0}, 'F': {"FLOAT", argLine, 0},
 	'I': {"INT", argLine, 0}, 'J': {"BININT", argFixed, 4}, 'K': {"BININT1", argFixed, 1},
@@ -81,6 +83,61 @@ type Limits struct {
 	MaxOps   int // opcodes in one pickle
 	MaxDepth int // nesting of containers in the decoded value
 	MaxLine  int // bytes in one text-argument line
+	// MaxBytes bounds Scan's estimate of the memory that decoding takes;
+	// <= 0: Unpickle uses SizeBudget of the pickle's size, Scan no bound.
+	MaxBytes int64
+}
+
+// Decoding costs far more memory than the pickle's bytes: every opcode
+// becomes Go values (interfaces, slices, memo and converter map entries),
+// about 3 KiB for the 30 opcodes (82 bytes) of one pickled tensor view.
+// Scan estimates the cost from the opcodes before anything is built, so
+// that a small file cannot make the decoder allocate gigabytes.
+const (
+	// opCost is the estimated memory per opcode, measured at ~110 bytes on
+	// dense torch pickles (a million tensor views) and rounded up.
+	opCost = 128
+	// payloadCost is the estimated memory per byte of string, bytes and
+	// long payload (the VM's copy and the decoded value).
+	payloadCost = 2
+)
+
+// Budget parameters: a file may use BudgetPerByte times its size to
+// decode, and never less than MinBudget, so that real checkpoints (whose
+// pickles are a small part of the file) and small files always fit while
+// a file that is nearly all dense pickle cannot amplify without bound.
+const (
+	MinBudget     = 256 << 20
+	BudgetPerByte = 16
+)
+
+// SizeBudget is the decoding budget of a file of size bytes:
+// max(MinBudget, BudgetPerByte*size).
+func SizeBudget(size int64) int64 {
+	if size > math.MaxInt64/BudgetPerByte {
+		return math.MaxInt64
+	}
+	return max(MinBudget, BudgetPerByte*size)
+}
+
+// BudgetError reports a pickle whose decoding would exceed its budget:
+// its first Ops opcodes at byte At already need more than Budget.
+type BudgetError struct {
+	Budget  int64
+	Ops, At int
+}
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("pickle: decoding would need more than its memory budget of %s "+
+		"(%d opcodes by byte %d; more objects than a checkpoint of this size holds)", mib(e.Budget), e.Ops, e.At)
+}
+
+// mib formats a byte count for messages.
+func mib(n int64) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
 }
 
 // DefaultLimits are generous for real checkpoints (a 100k-tensor optimizer
@@ -94,19 +151,28 @@ func DefaultLimits() Limits {
 // building anything, and returns the length of the pickle (up to and
 // including STOP). It rejects unknown opcodes and every length argument that
 // claims more bytes than are left, so the VM never allocates what a corrupt
-// length asks for.
+// length asks for, and a pickle whose estimated decoding cost (input,
+// opCost per opcode, payloadCost per payload byte) exceeds lim.MaxBytes
+// (a *BudgetError).
 func Scan(data []byte, lim Limits) (int, error) {
 	pos := 0
+	budget := lim.MaxBytes
+	// est counts the input too: it stays in memory while the VM runs.
+	est := int64(len(data))
 	for ops := 0; ; ops++ {
 		if ops >= lim.MaxOps {
 			return 0, fmt.Errorf("pickle: more than %d opcodes", lim.MaxOps)
 		}
+		if budget > 0 && est > budget {
+			return 0, &BudgetError{Budget: budget, Ops: ops, At: pos}
+		}
+		est += opCost
 		if pos >= len(data) {
 			return 0, &TruncatedError{msg: fmt.Sprintf("%v at byte %d (no STOP opcode)", ErrTruncated, pos)}
 		}
 		op := data[pos]
-		info, ok := opcodes[op]
-		if !ok {
+		info := opcodes[op]
+		if info.name == "" {
 			return 0, fmt.Errorf("pickle: invalid opcode 0x%02x at byte %d", op, pos)
 		}
 		at := pos
@@ -163,6 +229,9 @@ func Scan(data []byte, lim Limits) (int, error) {
 		}
 		if need > rest {
 			return 0, truncated(info, at)
+		}
+		if info.kind != argFixed && info.kind != argFrame {
+			est += payloadCost * int64(need)
 		}
 		pos += need
 		if op == '.' {

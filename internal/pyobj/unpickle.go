@@ -57,10 +57,14 @@ type StateSetter interface {
 // executed. Before the VM runs, Scan checks every length against the bytes
 // present (gopickle allocates whatever a length claims) and prepare checks
 // the stack shape, memo keys and MARK nesting, so the VM only sees
-// well-formed streams; the decoded values nest at most Limits.MaxDepth deep
+// well-formed streams, and estimates the memory decoding takes against
+// Limits.MaxBytes (a *BudgetError past it); the decoded values nest at most Limits.MaxDepth deep
 // and contain no cycles.
 func Unpickle(data []byte, opt Options) (v Value, err error) {
 	lim := opt.Limits.withDefaults()
+	if lim.MaxBytes <= 0 {
+		lim.MaxBytes = SizeBudget(int64(len(data)))
+	}
 	n, err := Scan(data, lim)
 	if err != nil {
 		return nil, err

@@ -348,6 +348,10 @@ func TestUnpickleErrors(t *testing.T) {
 		{"too many ops", p(strings.Repeat("N0", 100)), Options{Limits: Limits{MaxOps: 50}}, "more than 50 opcodes"},
 		{"depth limit", p("]]]]aaa"), Options{Limits: Limits{MaxDepth: 3}}, "objects nest deeper than 3 levels"},
 		{"mark limit", p(strings.Repeat("(", 30) + "N"), Options{Limits: Limits{MaxDepth: 2}}, "more than 24 nested MARKs"},
+		{"memory budget", p(strings.Repeat("N0", 100)), Options{Limits: Limits{MaxBytes: 4096}}, "memory budget of 4096 bytes (31 opcodes by byte 32"},
+		// 3 MB of opcodes would take ~400 MB as Go values: past the default
+		// budget of a 3 MB pickle (16 times its size, at least 256 MiB).
+		{"default memory budget", p(strings.Repeat("N0", 1_500_000)), Options{}, "more than its memory budget of 256 MiB"},
 		{"cycle via list", p("]q\x00h\x00a"), Options{}, "list contains itself"},
 		{"cycle via object state", p("cm\nC\n)\x81q\x00}X\x01\x00\x00\x00sh\x00sb"), Options{}, "m.C contains itself"},
 		{"cycle via dict attrs", p("ccollections\nOrderedDict\n)Rq\x00}X\x01\x00\x00\x00ah\x00sb"), Options{}, "OrderedDict contains itself"},

@@ -174,6 +174,15 @@ func formatFloat(f float64) string {
 func PathString(path []Value) string {
 	var b strings.Builder
 	for _, k := range path {
+		switch x := k.(type) {
+		case attrName:
+			b.WriteByte('.')
+			b.WriteString(string(x))
+			continue
+		case seqPos:
+			fmt.Fprintf(&b, ".%s()[%d]", x.of, x.i)
+			continue
+		}
 		b.WriteByte('[')
 		b.WriteString(Repr(k))
 		b.WriteByte(']')

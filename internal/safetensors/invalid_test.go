@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// Spec worked example 2: {"step": int64 10, "e": float16 [0,4], "m": uint8 [1,2,3]}.
+// Worked example 2: {"step": int64 10, "e": float16 [0,4], "m": uint8 [1,2,3]}.
 const (
 	ex2Step = `"step":{"dtype":"I64","shape":[],"data_offsets":[0,8]}`
 	ex2E    = `"e":{"dtype":"F16","shape":[0,4],"data_offsets":[8,8]}`
@@ -38,7 +38,7 @@ func invalidCases() []invalidCase {
 		return `"` + name + `":{"dtype":"U8","shape":` + shape + `,"data_offsets":` + offs + `}`
 	}
 	return []invalidCase{
-		// The invalid variants of spec §8.
+		// The invalid variants of worked example 2 (errors as tensor.rs names them).
 		{"hole", fileOf(ex2(u8("m", "[3]", "[9,12]")), append(ex2Data, 0)), ErrInvalidOffset, `tensor "m": invalid data_offsets (InvalidOffset): data_offsets [9, 12] leave bytes [8, 9) of the data unused (a hole)`},
 		{"trailing byte", append(bytes.Clone(valid), 0), ErrIncompleteBuffer, "end at byte 187 but the file has 188 bytes (trailing bytes after the last tensor)"},
 		{"shape mismatch", fileOf(ex2(u8("m", "[4]", "[8,11]")), ex2Data), ErrTensorInfo, `tensor "m": data_offsets do not match shape and dtype (TensorInvalidInfo): shape [4] of U8 needs 4 bytes, data_offsets [8, 11] hold 3`},

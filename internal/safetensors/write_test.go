@@ -15,7 +15,8 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 )
 
-// The hexdumps of spec §7 and §8 (xxd columns, copied verbatim).
+// The hexdumps of two worked examples (xxd columns; the fixtures
+// spec_example1/2.safetensors hold the same bytes).
 const (
 	specExample1 = `
 9000 0000 0000 0000 7b22 5f5f 6d65 7461
@@ -96,7 +97,7 @@ func TestSpecExamplesGolden(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(fix, want) {
-			t.Errorf("%s: fixture %s differs from the spec's hexdump", c.name, c.fixture)
+			t.Errorf("%s: fixture %s differs from the hexdump", c.name, c.fixture)
 		}
 	}
 	if l.Offset(2) != 8+168+8 || l.NBytes(2) != 0 || l.Offset(0) != 8+168+8 || l.Offset(1) != 8+168 || l.Size() != 187 {

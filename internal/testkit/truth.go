@@ -414,17 +414,3 @@ func ReadTree(tb testing.TB, dir string) map[string][]byte {
 	}
 	return out
 }
-
-// Shared returns a path under ../shared (beside the checkout), skipping the
-// test when it is absent.
-func Shared(tb testing.TB, parts ...string) string {
-	tb.Helper()
-	p := filepath.Join(append([]string{RepoRoot(), "..", "shared"}, parts...)...)
-	if _, err := os.Stat(p); err != nil {
-		if os.Getenv("UCP_REQUIRE_SHARED") == "1" {
-			tb.Fatalf("UCP_REQUIRE_SHARED=1 but %s is not here", p)
-		}
-		tb.Skipf("%s is not here", p)
-	}
-	return p
-}

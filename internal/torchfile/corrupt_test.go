@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -455,6 +456,114 @@ var corruptCases = []corruptCase{
 		b := fixtureBytes(t, "legacy_views.pt")
 		return cat(b[:21], []byte("\x80\x02\x8d"), u64le(1<<62), []byte("N."))
 	}, "legacy sys_info: pickle: truncated: BINUNICODE8 at byte 2 claims 4611686018427387904 bytes", false},
+	{"views_1m.pt", func(t testing.TB) []byte {
+		// 88 MB of pickle for a million one-element views of one storage:
+		// decoding took 3 GB and 40 s before the budget (issue 26, 10).
+		return zipOf(t, "views_1m", []zrec{{name: "data.pkl", data: viewsPickle(1_000_000)},
+			{name: "data/0", data: make([]byte, 4_000_000)}, {name: "version", data: []byte("3\n")}})
+	}, "views_1m/data.pkl: pickle: decoding would need more than its memory budget of 1339 MiB", true},
+	{"views_100k.pt", func(t testing.TB) []byte {
+		// 8 MB: past the 256 MiB floor of the budget.
+		return zipOf(t, "views_100k", []zrec{{name: "data.pkl", data: viewsPickle(100_000)},
+			{name: "data/0", data: make([]byte, 400_000)}, {name: "version", data: []byte("3\n")}})
+	}, "decoding would need more than its memory budget of 256 MiB", true},
+	{"deflated_bytes_bomb.pt", func(t testing.TB) []byte {
+		// 200 MB of pickled bytes deflated into a ~200 KB record: 950 MB
+		// to open before the budget.
+		return deflatedBytesPickle(t, 200<<20)
+	}, "bomb/data.pkl has 209715212 bytes of pickle; decoding them would need more than the memory budget of 256 MiB", true},
+}
+
+// viewsPickle is the data.pkl torch.save writes for
+// {f"v{i}": base[i:i+1] for i in range(n)} with base = torch.zeros(n):
+// byte for byte what torch 1.13 wrote for n = 300 (memo keys past 255
+// take LONG_BINPUT, ints past 65535 BININT, as CPython's pickler does).
+func viewsPickle(n int) []byte {
+	put := func(b []byte, k int) []byte {
+		if k < 256 {
+			return append(b, 'q', byte(k))
+		}
+		return binary.LittleEndian.AppendUint32(append(b, 'r'), uint32(k))
+	}
+	num := func(b []byte, v int) []byte {
+		switch {
+		case v < 256:
+			return append(b, 'K', byte(v))
+		case v < 65536:
+			return binary.LittleEndian.AppendUint16(append(b, 'M'), uint16(v))
+		}
+		return binary.LittleEndian.AppendUint32(append(b, 'J'), uint32(v))
+	}
+	b := make([]byte, 0, 90*n)
+	b = append(b, "\x80\x02}q\x00("...)
+	memo := 1
+	for i := 0; i < n; i++ {
+		key := "v" + strconv.Itoa(i)
+		b = append(binary.LittleEndian.AppendUint32(append(b, 'X'), uint32(len(key))), key...)
+		b = put(b, memo)
+		if i == 0 {
+			// The globals and the persistent id's strings, memoized as 2-6.
+			b = append(b, "ctorch._utils\n_rebuild_tensor_v2\nq\x02((X\x07\x00\x00\x00storageq\x03"+
+				"ctorch\nFloatStorage\nq\x04X\x01\x00\x00\x000q\x05X\x03\x00\x00\x00cpuq\x06"...)
+			memo = 7
+		} else {
+			b = append(b, "h\x02((h\x03h\x04h\x05h\x06"...)
+			memo++
+		}
+		b = put(append(num(b, n), 't'), memo) // the persistent id
+		b = num(append(b, 'Q'), i)            // storage offset
+		b = put(append(b, 'K', 1, 0x85), memo+1)
+		b = put(append(b, 'K', 1, 0x85), memo+2)
+		b = append(b, 0x89) // requires_grad
+		if i == 0 {
+			b = append(b, "ccollections\nOrderedDict\nq\n"...)
+			memo = 11
+		} else {
+			b = append(b, 'h', 10)
+			memo += 3
+		}
+		b = put(append(b, ')', 'R'), memo)
+		b = put(append(b, 't'), memo+1)
+		b = put(append(b, 'R'), memo+2)
+		memo += 3
+	}
+	return append(b, 'u', '.')
+}
+
+// deflatedBytesPickle is a zip "bomb/" whose data.pkl, deflated, is a
+// pickle of one n-byte bytes object of zeros (written in pieces: the test
+// never holds it).
+func deflatedBytesPickle(t testing.TB, n int) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	zw.RegisterCompressor(zip.Deflate, func(w io.Writer) (io.WriteCloser, error) {
+		return flate.NewWriter(w, flate.BestCompression)
+	})
+	w, err := zw.CreateHeader(&zip.FileHeader{Name: "bomb/data.pkl", Method: zip.Deflate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zeros := make([]byte, 1<<20)
+	parts := [][]byte{cat([]byte("\x80\x02\x8e"), u64le(uint64(n)))}
+	for left := n; left > 0; left -= len(zeros) {
+		parts = append(parts, zeros[:min(left, len(zeros))])
+	}
+	for _, p := range append(parts, []byte(".")) {
+		if _, err := w.Write(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w, err = zw.CreateHeader(&zip.FileHeader{Name: "bomb/version"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write([]byte("3\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
 
 // deepLists is a pickle of n nested lists: [[[...]]] built with APPEND.

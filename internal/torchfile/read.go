@@ -50,9 +50,20 @@ type File struct {
 	closer io.Closer
 }
 
+// Options tune how a file is read; the zero value is the default.
+type Options struct {
+	// Budget bounds the memory that decoding the file's pickle may take
+	// (pyobj.Limits.MaxBytes), and with it how far a compressed pickle
+	// record may expand. <= 0: pyobj.SizeBudget of the file's size.
+	Budget int64
+}
+
 // Open opens a torch.save file by path. Close it when done.
-func Open(path string) (*File, error) {
-	tf, f, err := fsutil.OpenReaderAt(path, Read)
+func Open(path string) (*File, error) { return Options{}.Open(path) }
+
+// Open opens a torch.save file by path with these options.
+func (o Options) Open(path string) (*File, error) {
+	tf, f, err := fsutil.OpenReaderAt(path, o.Read)
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +74,25 @@ func Open(path string) (*File, error) {
 // Read decodes the torch.save file of size bytes in r. The name is used in
 // error messages. Tensor data stays in r until read.
 func Read(r io.ReaderAt, size int64, name string) (*File, error) {
+	return Options{}.Read(r, size, name)
+}
+
+// budget returns the decoding budget for a file of size bytes.
+func (o Options) budget(size int64) int64 {
+	if o.Budget > 0 {
+		return o.Budget
+	}
+	return pyobj.SizeBudget(size)
+}
+
+// maxPickleIn is the largest pickle worth reading under budget: decoding
+// costs at least three times the pickle's bytes (the input, and each byte
+// an opcode or a payload byte copied twice), so a larger one is refused
+// before it is read or decompressed.
+func maxPickleIn(budget int64) int64 { return min(maxPickle, budget/3) }
+
+// Read decodes the torch.save file of size bytes in r with these options.
+func (o Options) Read(r io.ReaderAt, size int64, name string) (*File, error) {
 	head := make([]byte, 4)
 	if _, err := r.ReadAt(head, 0); err != nil {
 		if size < 4 {
@@ -76,13 +106,18 @@ func Read(r io.ReaderAt, size int64, name string) (*File, error) {
 	)
 	switch {
 	case bytes.Equal(head, []byte("PK\x03\x04")):
-		f, err = readZip(r, size, name)
+		f, err = readZip(r, size, name, o.budget(size))
 	case head[0] == 0x80:
-		f, err = readLegacy(r, size, name)
+		f, err = readLegacy(r, size, name, o.budget(size))
 	default:
 		return nil, fmt.Errorf("%s: not a torch.save file (starts with %x)", name, head)
 	}
 	if err != nil {
+		var be *pyobj.BudgetError
+		if o.Budget <= 0 && errors.As(err, &be) {
+			err = fmt.Errorf("%w; the budget is %d times the file's size, at least %d MiB",
+				err, pyobj.BudgetPerByte, pyobj.MinBudget>>20)
+		}
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return f, nil
@@ -106,9 +141,9 @@ func newHooks(legacy bool) *torchHooks {
 	return &torchHooks{storages: map[string]*Storage{}, legacy: legacy}
 }
 
-func (f *File) decode(pkl []byte, h *torchHooks) error {
+func (f *File) decode(pkl []byte, h *torchHooks, budget int64) error {
 	f.Globals = map[string]int{}
-	root, err := pyobj.Unpickle(pkl, pyobj.Options{Hooks: h.hooks(), Globals: f.Globals})
+	root, err := pyobj.Unpickle(pkl, pyobj.Options{Hooks: h.hooks(), Globals: f.Globals, Limits: pyobj.Limits{MaxBytes: budget}})
 	if err != nil {
 		return err
 	}
@@ -134,7 +169,7 @@ func (f *File) sortStorages(h *torchHooks) {
 	})
 }
 
-func readZip(r io.ReaderAt, size int64, name string) (*File, error) {
+func readZip(r io.ReaderAt, size int64, name string, budget int64) (*File, error) {
 	zr, err := zip.NewReader(r, size)
 	if err != nil {
 		return nil, fmt.Errorf("corrupt zip archive: %w", err)
@@ -178,13 +213,17 @@ func readZip(r io.ReaderAt, size int64, name string) (*File, error) {
 	if pk == nil {
 		return nil, fmt.Errorf("zip archive has no data.pkl record")
 	}
+	if lim := maxPickleIn(budget); pk.UncompressedSize64 > uint64(lim) {
+		return nil, fmt.Errorf("record %s has %d bytes of pickle; decoding them would need more than the memory budget of %d MiB",
+			pk.Name, pk.UncompressedSize64, budget>>20)
+	}
 	pkl, err := readSmall(r, size, pk, maxPickle)
 	if err != nil {
 		return nil, err
 	}
 	f := &File{Name: name, Format: FormatZip, Prefix: prefix, r: r, size: size}
 	h := newHooks(false)
-	if err := f.decode(pkl, h); err != nil {
+	if err := f.decode(pkl, h, budget); err != nil {
 		return nil, fmt.Errorf("%s: %w", pk.Name, err)
 	}
 	f.sortStorages(h)
@@ -237,12 +276,15 @@ func readSmall(r io.ReaderAt, size int64, zf *zip.File, limit int64) ([]byte, er
 		return nil, fmt.Errorf("record %s: %w", zf.Name, err)
 	}
 	defer rc.Close()
-	buf, err := io.ReadAll(io.LimitReader(rc, limit+1))
-	if err != nil {
+	// Exactly the declared size (within limit, checked above): growing a
+	// buffer while decompressing would double the peak, and a record that
+	// inflates past its declared size is corrupt (archive/zip refuses it).
+	buf := make([]byte, zf.UncompressedSize64)
+	if _, err := io.ReadFull(rc, buf); err != nil {
 		return nil, fmt.Errorf("record %s: %w", zf.Name, err)
 	}
-	if int64(len(buf)) > limit {
-		return nil, fmt.Errorf("record %s decompresses to more than %d bytes", zf.Name, limit)
+	if n, err := rc.Read(make([]byte, 1)); n > 0 || !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("record %s decompresses to more than its %d bytes", zf.Name, zf.UncompressedSize64)
 	}
 	return buf, nil
 }
@@ -250,22 +292,25 @@ func readSmall(r io.ReaderAt, size int64, zf *zip.File, limit int64) ([]byte, er
 // pickleReader reads consecutive pickles from the start of a legacy file,
 // growing its window until each pickle fits.
 type pickleReader struct {
-	r    io.ReaderAt
-	size int64
-	pos  int64
-	buf  []byte // file bytes from bufAt
-	at   int64
+	r      io.ReaderAt
+	size   int64
+	budget int64
+	pos    int64
+	buf    []byte // file bytes from bufAt
+	at     int64
 }
 
 func (p *pickleReader) next(decode func([]byte) error) error {
+	lim := pyobj.DefaultLimits()
+	lim.MaxBytes = p.budget
 	for want := int64(1 << 16); ; want *= 4 {
-		if err := p.fill(min(want, p.size-p.pos, maxPickle)); err != nil {
+		if err := p.fill(min(want, p.size-p.pos, maxPickleIn(p.budget))); err != nil {
 			return err
 		}
 		window := p.buf[p.pos-p.at:]
-		n, err := pyobj.Scan(window, pyobj.DefaultLimits())
+		n, err := pyobj.Scan(window, lim)
 		if err != nil {
-			left := min(p.size-p.pos, maxPickle)
+			left := min(p.size-p.pos, maxPickleIn(p.budget))
 			var te *pyobj.TruncatedError
 			if int64(len(window)) >= left || !errors.As(err, &te) {
 				return err
@@ -299,8 +344,8 @@ func (p *pickleReader) fill(n int64) error {
 	return nil
 }
 
-func readLegacy(r io.ReaderAt, size int64, name string) (*File, error) {
-	p := &pickleReader{r: r, size: size}
+func readLegacy(r io.ReaderAt, size int64, name string, budget int64) (*File, error) {
+	p := &pickleReader{r: r, size: size, budget: budget}
 	simple := func(into *pyobj.Value) func([]byte) error {
 		return func(b []byte) error {
 			v, err := pyobj.Unpickle(b, pyobj.Options{})
@@ -332,7 +377,7 @@ func readLegacy(r io.ReaderAt, size int64, name string) (*File, error) {
 	f := &File{Name: name, Format: FormatLegacy, r: r, size: size}
 	h := newHooks(true)
 	at := p.pos
-	if err := p.next(func(b []byte) error { return f.decode(b, h) }); err != nil {
+	if err := p.next(func(b []byte) error { return f.decode(b, h, budget) }); err != nil {
 		return nil, fmt.Errorf("legacy object pickle at offset %d: %w", at, err)
 	}
 	var keysVal pyobj.Value

@@ -403,7 +403,7 @@ func typed(v pyobj.Value, f *File, groups map[any]int) any {
 }
 
 // TestWriterLayoutBytes pins the exact bytes of a small file against the
-// miniz layout torch writes (spec §10): header fields, FB padding and
+// miniz layout torch writes (caffe2/serialize/inline_container.cc): header fields, FB padding and
 // descriptors.
 func TestWriterLayoutBytes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "small.pt")

@@ -2,6 +2,7 @@
 
 Usage (torch 2.x chroot, transformers from source, offline; see ../shared/recipes/transformers-offline.md):
   PYTHONPATH=SHIMS:TRANSFORMERS/src python3 hf_family_fixtures.py OUT_DIR [CASE ...]
+  PYTHONPATH=SHIMS:TRANSFORMERS/src python3 hf_family_fixtures.py --bin BIN_OUT_DIR OUT_DIR   (BIN_CASES)
 
 One folder per case under OUT_DIR (testdata/fixtures/hf_family): config.json and model.safetensors, or
 model-0000i-of-0000n.safetensors + model.safetensors.index.json (max_shard_size), exactly as
@@ -114,6 +115,53 @@ MOE_CASES = {
 }
 
 
+# The torch.save layouts (save_pretrained with safe_serialization=False: pytorch_model.bin, or
+# pytorch_model-0000i-of-0000n.bin + pytorch_model.bin.index.json) of some cases above: the same seed, so
+# the same weights; testdata/fixtures/hf_family_bin/<case> holds them, and the script checks that the
+# safetensors sibling in hf_family/<case> holds exactly the live tensors, so either layout's truth is the other's.
+BIN_CASES = ["llama_tied_bf16_sharded", "qwen3_fp32", "qwen2_tied_bf16_sharded"]
+
+
+def build(seed, ccls, mcls, over, dt):
+    torch.manual_seed(seed)
+    cfg = ccls(**{**GEOM, **over})
+    model = mcls(cfg).eval()
+    with torch.no_grad():
+        for k, (pn, p) in enumerate(model.named_parameters()):
+            if pn.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.5 * torch.randn_like(p) + 0.01 * k)
+    return cfg, model.to(dt)
+
+
+def main_bin(out, sibling):
+    from safetensors.torch import load_file
+    os.makedirs(out, exist_ok=True)
+    listing = {"transformers": transformers.__version__, "cases": {}}
+    seeds = {n: 1000 + i for i, n in enumerate(sorted(CASES))}
+    for name in BIN_CASES:
+        ccls, mcls, over, dt, shard = CASES[name]
+        cfg, model = build(seeds[name], ccls, mcls, over, dt)
+        live = model.state_dict()
+        saved = {}
+        for fn in os.listdir(os.path.join(sibling, name)):
+            if fn.endswith(".safetensors"):
+                saved.update(load_file(os.path.join(sibling, name, fn)))
+        for k, v in saved.items():  # the safetensors sibling is this very model
+            assert v.dtype == live[k].dtype and torch.equal(v.view(torch.uint8) if v.dim() else v, live[k].view(torch.uint8) if v.dim() else live[k]), k
+        assert set(live) - set(saved) <= {"lm_head.weight"}, set(live) ^ set(saved)
+        d = os.path.join(out, name)
+        kw = {"safe_serialization": False}
+        if shard:
+            kw["max_shard_size"] = shard
+        model.save_pretrained(d, **kw)
+        listing["cases"][name] = {"family": cfg.model_type, "dtype": str(dt).replace("torch.", ""),
+                                  "sharded": bool(shard), "files": sorted(os.listdir(d)), "same_as": "hf_family/" + name}
+    with open(os.path.join(out, "cases.json"), "w") as f:
+        json.dump(listing, f, indent=1, sort_keys=True)
+
+
 def main(out, only=None):
     os.makedirs(out, exist_ok=True)
     listing = {"transformers": transformers.__version__, "cases": {}}
@@ -124,16 +172,7 @@ def main(out, only=None):
     for seed, name, (ccls, mcls, over, dt, shard) in todo:
         if only and name not in only:
             continue
-        torch.manual_seed(seed)
-        cfg = ccls(**{**GEOM, **over})
-        model = mcls(cfg).eval()
-        with torch.no_grad():
-            for k, (pn, p) in enumerate(model.named_parameters()):
-                if pn.endswith("norm.weight"):
-                    p.copy_(1 + 0.1 * torch.randn_like(p))
-                else:
-                    p.copy_(0.5 * torch.randn_like(p) + 0.01 * k)
-        model = model.to(dt)
+        cfg, model = build(seed, ccls, mcls, over, dt)
         d = os.path.join(out, name)
         kw = {"safe_serialization": True}
         if shard:
@@ -146,4 +185,7 @@ def main(out, only=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])  # OUT_DIR [CASE ...]: only those cases
+    if sys.argv[1] == "--bin":
+        main_bin(sys.argv[2], sys.argv[3])  # --bin OUT_DIR SIBLING_DIR (hf_family_bin, hf_family)
+    else:
+        main(sys.argv[1], sys.argv[2:])  # OUT_DIR [CASE ...]: only those cases

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -27,7 +29,12 @@ const HFIndexFile = "model.safetensors.index.json"
 var (
 	hfShardRE = regexp.MustCompile(`^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$`)
 	hfModelRE = regexp.MustCompile(`^model(-\d+-of-\d+)?\.safetensors$`)
+	hfBinRE   = regexp.MustCompile(`^pytorch_model(-\d+-of-\d+)?\.bin$`)
 )
+
+// HFBinIndexFile is the weight map of transformers' sharded torch.save
+// weights (save_pretrained with safe_serialization=False).
+const HFBinIndexFile = "pytorch_model.bin.index.json"
 
 // DetectHF reports whether path is a folder of safetensors files in the
 // layouts of DCP's HuggingFaceStorageWriter: per-rank
@@ -39,7 +46,7 @@ func DetectHF(path string) bool {
 	if err != nil || !st.IsDir() || Detect(path) {
 		return false
 	}
-	if _, err := os.Stat(filepath.Join(path, HFIndexFile)); err == nil {
+	if exists(filepath.Join(path, HFIndexFile)) || exists(filepath.Join(path, HFBinIndexFile)) {
 		return true
 	}
 	ents, err := os.ReadDir(path)
@@ -47,11 +54,119 @@ func DetectHF(path string) bool {
 		return false
 	}
 	for _, e := range ents {
-		if hfShardRE.MatchString(e.Name()) || hfModelRE.MatchString(e.Name()) {
+		if hfShardRE.MatchString(e.Name()) || hfModelRE.MatchString(e.Name()) || hfBinRE.MatchString(e.Name()) {
 			return true
 		}
 	}
 	return false
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// listHF returns the regular files of ents with extension ext (and
+// matching re, when set) in shard order.
+func listHF(ents []os.DirEntry, re *regexp.Regexp, ext string) []string {
+	var files []string
+	for _, e := range ents {
+		if filepath.Ext(e.Name()) == ext && e.Type().IsRegular() && (re == nil || re.MatchString(e.Name())) {
+			files = append(files, e.Name())
+		}
+	}
+	sort.Slice(files, func(i, j int) bool { return hfLess(files[i], files[j]) })
+	return files
+}
+
+// hfEntry is one tensor of one weights file.
+type hfEntry struct {
+	name string
+	off  []int64 // the chunk's offsets in the full tensor (DCP_SHARDING_INFO; zeros otherwise)
+	ref  fragment.TensorRef
+	item string
+}
+
+// safetensorsEntries lists the tensors of a safetensors file from its
+// header, at the DCP_SHARDING_INFO saved_offsets when it has them.
+func safetensorsEntries(path, name string) ([]hfEntry, error) {
+	sf, err := safetensors.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	sf.Close() // the header is all Open needs; data is read by path later
+	var sharding map[string]struct {
+		SavedOffsets []int64 `json:"saved_offsets"`
+	}
+	if info, ok := sf.Metadata["DCP_SHARDING_INFO"]; ok {
+		if err := json.Unmarshal([]byte(info), &sharding); err != nil {
+			return nil, fmt.Errorf("%s: DCP_SHARDING_INFO: %w", path, err)
+		}
+	}
+	var out []hfEntry
+	for i := range sf.Tensors {
+		st := &sf.Tensors[i]
+		off := make([]int64, len(st.Shape))
+		if sharding != nil {
+			sh, ok := sharding[st.Name]
+			if !ok {
+				return nil, fmt.Errorf("%s: DCP_SHARDING_INFO has no saved_offsets for %q", path, st.Name)
+			}
+			if len(sh.SavedOffsets) != len(st.Shape) {
+				return nil, fmt.Errorf("%s: %q: saved_offsets %v do not have the %d dims of its shape %v", path, st.Name, sh.SavedOffsets, len(st.Shape), st.Shape)
+			}
+			for d, o := range sh.SavedOffsets {
+				if o < 0 {
+					return nil, fmt.Errorf("%s: %q: negative saved_offsets %v", path, st.Name, sh.SavedOffsets)
+				}
+				off[d] = o
+			}
+		}
+		ref := fragment.TensorRef{Path: path, T: &torchfile.Tensor{
+			Storage: &torchfile.Storage{Key: "safetensors:" + st.Name, DType: st.DType, Location: "cpu",
+				Numel: st.Numel(), Offset: st.Offset},
+			DType: st.DType, Shape: clone(st.Shape), Stride: torchfile.ContiguousStrides(st.Shape)}}
+		out = append(out, hfEntry{name: st.Name, off: off, ref: ref, item: fmt.Sprintf("%s@%d+%d", name, st.Offset, st.NBytes)})
+	}
+	return out, nil
+}
+
+// binEntries lists the tensors of a torch.save file of a state dict
+// (pytorch_model.bin or one of its shards) by parsing its pickle only:
+// the data stays in the file and is read by range later. A tensor that
+// is the very view of an earlier one in the same file (tied weights:
+// transformers saves lm_head.weight sharing the embedding's storage) is
+// the same parameter, kept once under the first name as the safetensors
+// layout keeps it; a note says so.
+func binEntries(path, name string) ([]hfEntry, map[string]string, error) {
+	tf, err := torchfile.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	tf.Close() // the pickle is all we need; data is read by path later
+	root := pyobj.NewDec(path, tf.Root)
+	items := root.Items()
+	if err := root.Err(); err != nil {
+		return nil, nil, fmt.Errorf("%s: not a state dict: %w", path, err)
+	}
+	var out []hfEntry
+	views := map[string]string{} // storage and view -> first name
+	aliases := map[string]string{}
+	for _, it := range items {
+		t, ok := it.Value().(*torchfile.Tensor)
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: [%q] is %s, not a tensor: not a transformers weights file", path, it.Key, pyobj.TypeName(it.Value()))
+		}
+		view := fmt.Sprint(t.Storage.Key, t.StorageOffset, t.Shape, t.Stride, t.DType)
+		if first, dup := views[view]; dup {
+			aliases[it.Key] = first
+			continue
+		}
+		views[view] = it.Key
+		out = append(out, hfEntry{name: it.Key, off: make([]int64, len(t.Shape)), ref: fragment.Ref(path, t, 0),
+			item: fmt.Sprintf("%s:%s", name, t.Storage.Key)})
+	}
+	return out, aliases, nil
 }
 
 // IndexHF builds the fragment table of a HuggingFaceStorageWriter folder
@@ -180,13 +295,26 @@ func OpenHF(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The safetensors layouts first, as transformers' from_pretrained
+	// prefers them; the torch.save ones (save_pretrained with
+	// safe_serialization=False) only in a folder without safetensors.
+	idxName, bin := HFIndexFile, false
+	files := listHF(ents, hfModelRE, ".safetensors")
+	if !exists(filepath.Join(dir, HFIndexFile)) && len(files) == 0 {
+		if bf := listHF(ents, hfBinRE, ".bin"); len(bf) > 0 || exists(filepath.Join(dir, HFBinIndexFile)) {
+			idxName, bin, files = HFBinIndexFile, true, bf
+		}
+	}
+	if len(files) == 0 && !bin {
+		files = listHF(ents, nil, ".safetensors")
+	}
 	var idx *hfIndex
-	var files []string
-	ip := filepath.Join(dir, HFIndexFile)
-	if _, err := os.Stat(ip); err == nil {
+	ip := filepath.Join(dir, idxName)
+	if exists(ip) {
 		if idx, err = readHFIndex(ip); err != nil {
 			return nil, err
 		}
+		files = nil
 		seen := map[string]bool{}
 		for _, k := range idx.order {
 			f := idx.WeightMap[k]
@@ -198,92 +326,66 @@ func OpenHF(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 				files = append(files, f)
 			}
 		}
-	} else {
-		for _, e := range ents {
-			if filepath.Ext(e.Name()) == ".safetensors" && e.Type().IsRegular() {
-				files = append(files, e.Name())
-			}
-		}
-		sort.Slice(files, func(i, j int) bool { return hfLess(files[i], files[j]) })
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("%s: no .safetensors files", dir)
+		return nil, fmt.Errorf("%s: no .safetensors files and no pytorch_model*.bin", dir)
 	}
 	c := &Checkpoint{Dir: dir, Format: "hf", Meta: &Metadata{PlannerData: map[string][]pyobj.Value{},
 		byKey: map[string]*Entry{}, storage: map[string]int{}}}
 	tensors := map[string]*Tensor{}
 	ranks := map[string]bool{}
+	aliased := map[string]bool{} // names of a .bin's tied copies, not read
 	for _, name := range files {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		path := filepath.Join(dir, name)
-		sf, err := safetensors.Open(path)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%s: safetensors file is missing (%s names it)", path, HFIndexFile)
+		var ents []hfEntry
+		if bin {
+			var al map[string]string
+			ents, al, err = binEntries(path, name)
+			for _, k := range slices.Sorted(maps.Keys(al)) {
+				aliased[k] = true
+				c.Notes = append(c.Notes, fmt.Sprintf("%s: %s is %s (the same storage and view: tied weights), kept once as %s", path, k, al[k], al[k]))
+			}
+		} else {
+			ents, err = safetensorsEntries(path, name)
+		}
+		if errors.Is(err, fs.ErrNotExist) && idx != nil {
+			return nil, fmt.Errorf("%s: weights file is missing (%s names it)", path, idxName)
 		}
 		if err != nil {
 			return nil, err
 		}
-		sf.Close() // the header is all Open needs; data is read by path later
 		if m := hfShardRE.FindStringSubmatch(name); m != nil {
 			ranks[m[1]] = true
 		}
-		var sharding map[string]struct {
-			SavedOffsets []int64 `json:"saved_offsets"`
-		}
-		if info, ok := sf.Metadata["DCP_SHARDING_INFO"]; ok {
-			if err := json.Unmarshal([]byte(info), &sharding); err != nil {
-				return nil, fmt.Errorf("%s: DCP_SHARDING_INFO: %w", path, err)
-			}
-		}
-		for i := range sf.Tensors {
-			st := &sf.Tensors[i]
+		for _, e := range ents {
 			if idx != nil {
-				if f, ok := idx.WeightMap[st.Name]; !ok || f != name {
-					return nil, fmt.Errorf("%s: tensor %q is not mapped to this file by %s", path, st.Name, HFIndexFile)
+				if f, ok := idx.WeightMap[e.name]; !ok || f != name {
+					return nil, fmt.Errorf("%s: tensor %q is not mapped to this file by %s", path, e.name, idxName)
 				}
 			}
-			off := make([]int64, len(st.Shape))
-			if sharding != nil {
-				sh, ok := sharding[st.Name]
-				if !ok {
-					return nil, fmt.Errorf("%s: DCP_SHARDING_INFO has no saved_offsets for %q", path, st.Name)
-				}
-				if len(sh.SavedOffsets) != len(st.Shape) {
-					return nil, fmt.Errorf("%s: %q: saved_offsets %v do not have the %d dims of its shape %v", path, st.Name, sh.SavedOffsets, len(st.Shape), st.Shape)
-				}
-				for d, o := range sh.SavedOffsets {
-					if o < 0 {
-						return nil, fmt.Errorf("%s: %q: negative saved_offsets %v", path, st.Name, sh.SavedOffsets)
-					}
-					off[d] = o
-				}
-			}
-			t := tensors[st.Name]
+			t := tensors[e.name]
 			if t == nil {
-				t = &Tensor{Key: st.Name, Path: []pyobj.Value{st.Name}, DType: st.DType}
-				tensors[st.Name] = t
+				t = &Tensor{Key: e.name, Path: []pyobj.Value{e.name}, DType: e.ref.T.DType}
+				tensors[e.name] = t
 				c.Tensors = append(c.Tensors, t)
-				c.Meta.PlannerData[st.Name] = t.Path
-				c.Meta.PlannerOrder = append(c.Meta.PlannerOrder, st.Name)
-			} else if t.DType != st.DType {
-				return nil, fmt.Errorf("%s: %q is %v here but %v in another file", path, st.Name, st.DType, t.DType)
-			} else if len(t.Chunks[0].Sizes) != len(st.Shape) {
-				return nil, fmt.Errorf("%s: %q has %d dims here but %d in another file", path, st.Name, len(st.Shape), len(t.Chunks[0].Sizes))
+				c.Meta.PlannerData[e.name] = t.Path
+				c.Meta.PlannerOrder = append(c.Meta.PlannerOrder, e.name)
+			} else if t.DType != e.ref.T.DType {
+				return nil, fmt.Errorf("%s: %q is %v here but %v in another file", path, e.name, e.ref.T.DType, t.DType)
+			} else if len(t.Chunks[0].Sizes) != len(e.ref.T.Shape) {
+				return nil, fmt.Errorf("%s: %q has %d dims here but %d in another file", path, e.name, len(e.ref.T.Shape), len(t.Chunks[0].Sizes))
 			}
-			ref := fragment.TensorRef{Path: path, T: &torchfile.Tensor{
-				Storage: &torchfile.Storage{Key: "safetensors:" + st.Name, DType: st.DType, Location: "cpu",
-					Numel: st.Numel(), Offset: st.Offset},
-				DType: st.DType, Shape: clone(st.Shape), Stride: torchfile.ContiguousStrides(st.Shape)}}
-			t.Chunks = append(t.Chunks, ChunkRef{Chunk: Chunk{Offsets: off, Sizes: clone(st.Shape)}, Ref: ref,
-				Item: fmt.Sprintf("%s@%d+%d", name, st.Offset, st.NBytes), Meta: name})
+			t.Chunks = append(t.Chunks, ChunkRef{Chunk: Chunk{Offsets: e.off, Sizes: clone(e.ref.T.Shape)}, Ref: e.ref,
+				Item: e.item, Meta: name})
 		}
 	}
 	if idx != nil {
 		for _, k := range idx.order {
-			if tensors[k] == nil {
-				return nil, fmt.Errorf("%s: %s maps %q to %s, which has no such tensor", dir, HFIndexFile, k, idx.WeightMap[k])
+			if tensors[k] == nil && !aliased[k] {
+				return nil, fmt.Errorf("%s: %s maps %q to %s, which has no such tensor", dir, idxName, k, idx.WeightMap[k])
 			}
 		}
 	}

@@ -12,6 +12,7 @@ package dcp
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -162,7 +163,11 @@ func storageKey(fqn string, offset []int64, hasOffset bool) string {
 	return b.String()
 }
 
-// ReadMetadata reads and decodes a .metadata file.
+// ReadMetadata reads and decodes a .metadata file. Its decoding budget
+// (pyobj.SizeBudget) is that of the whole checkpoint it describes, the
+// .metadata and the .distcp files beside it: a checkpoint of many tensors
+// on many ranks has a large, dense .metadata (about 64 bytes of estimated
+// decoding memory per byte) but far more bytes of data.
 func ReadMetadata(path string) (*Metadata, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -175,20 +180,43 @@ func ReadMetadata(path string) (*Metadata, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := ParseMetadata(data)
+	m, err := parseMetadata(data, pyobj.SizeBudget(st.Size()+distcpBytes(filepath.Dir(path))))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return m, nil
 }
 
+// distcpBytes is the size of the .distcp files in dir; what cannot be
+// listed counts nothing (it only raises a budget).
+func distcpBytes(dir string) int64 {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".distcp") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
 // ParseMetadata decodes the pickle of a .metadata file. Every layout torch
 // has written since 1.13 is accepted (see NOTES.md §6); attributes ucp does
 // not know are tolerated and listed in Unknown. A pickle that is not a
 // DCP Metadata, or whose parts have the wrong types, is an error.
-func ParseMetadata(data []byte) (*Metadata, error) {
+func ParseMetadata(data []byte) (*Metadata, error) { return parseMetadata(data, 0) }
+
+// parseMetadata is ParseMetadata within a decoding budget (<= 0: that of
+// the pickle's size).
+func parseMetadata(data []byte, budget int64) (*Metadata, error) {
 	globals := map[string]int{}
-	v, err := pyobj.Unpickle(data, pyobj.Options{Globals: globals})
+	v, err := pyobj.Unpickle(data, pyobj.Options{Globals: globals, Limits: pyobj.Limits{MaxBytes: budget}})
 	if err != nil {
 		return nil, fmt.Errorf("not a DCP .metadata pickle: %w", err)
 	}

@@ -112,7 +112,7 @@ func (a *assembly) describe() []string {
 		s += ", version " + md.Version
 	}
 	if c.Format == "hf" {
-		s = fmt.Sprintf("safetensors files %v", c.MetaFiles)
+		s = fmt.Sprintf("weights files %v", c.MetaFiles)
 	}
 	s += fmt.Sprintf("; %d rank(s); model under %q", c.World, l.ModelGroup)
 	if l.OptimGroup != "" {

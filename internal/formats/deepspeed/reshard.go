@@ -35,6 +35,11 @@ type ReshardOptions struct {
 	// Version is the DeepSpeed release the target runs ("0.19.5"), written
 	// as ds_version; "" takes the source's ds_version.
 	Version string
+	// Like is a DeepSpeed checkpoint (save folder or tag folder) whose
+	// module layout, parameter order and param groups the target takes
+	// (reshard_family.go); "" takes them from the source, or for a source
+	// not converted from DeepSpeed from its model family.
+	Like string
 }
 
 // ReshardStats tell what was written.
@@ -118,15 +123,20 @@ type plan struct {
 	// parameter), written into Megatron-DeepSpeed's args.
 	paddedVocab int64
 	subs        []subGroup // ZeRO-3 sub-groups
+	// A target from a model family (reshard_family.go): synth is the
+	// model-state template built for it (nil: tmpl's files, in tmplDir or
+	// else the atomic checkpoint), virt each tensor's pieces of the atomic
+	// parameters per TP rank.
+	synth   *pyobj.Dict
+	tmplDir string
+	virt    []map[string][]layout.StatePiece
 }
 
 func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	m := r.Manifest
 	src := m.Source
-	if src.Format != "deepspeed" && src.Format != "deepspeed-zero3" {
-		return nil, fmt.Errorf("%s: converted from a %s checkpoint; --to deepspeed needs one converted from DeepSpeed (its model states and param groups)", r.Dir, src.Format)
-	}
-	if src.Degrees.PP > 1 {
+	fromDS := src.Format == "deepspeed" || src.Format == "deepspeed-zero3"
+	if fromDS && o.Like == "" && src.Degrees.PP > 1 {
 		return nil, fmt.Errorf("%s: converted from a pipeline-parallel checkpoint (PP %d); writing DeepSpeed pipeline layer files is not supported", r.Dir, src.Degrees.PP)
 	}
 	switch o.Zero {
@@ -157,6 +167,11 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	}
 	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
 		return nil, fmt.Errorf("training dtype %v: DeepSpeed trains in float32, bfloat16 or float16", p.dt)
+	}
+	if !fromDS || o.Like != "" {
+		// Another framework's module layout: the target's names and
+		// order from the model family or a --like checkpoint.
+		return p, p.planFamily()
 	}
 	if o.BF16Optimizer && (p.dt != dtype.BFloat16 || o.Zero != 1) {
 		return nil, fmt.Errorf("--bf16-optimizer needs --dtype bfloat16 and --zero 1 (DeepSpeed uses BF16_Optimizer for bf16 at ZeRO stage 1 with fp32 gradient accumulation)")
@@ -228,7 +243,14 @@ func (p *plan) templates() error {
 
 // openTemplate decodes a template's pickle (tensors are read lazily).
 func (p *plan) openTemplate(t int) (*torchfile.File, *pyobj.Dict, error) {
-	path := filepath.Join(p.r.Dir, filepath.FromSlash(p.tmpl[t]))
+	if p.synth != nil {
+		return &torchfile.File{Name: "the model states built from the model family", Root: p.synth}, p.synth, nil
+	}
+	dir := p.r.Dir
+	if p.tmplDir != "" {
+		dir = p.tmplDir
+	}
+	path := filepath.Join(dir, filepath.FromSlash(p.tmpl[t]))
 	f, err := torchfile.Open(path)
 	if err != nil {
 		return nil, nil, err
@@ -765,7 +787,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		for _, pc := range pieces {
 			name := g.names[pc.Param]
 			mp.Set(name, fragmentAddr(pc.N, pc.At))
-			fps = append(fps, fillPiece{Param: name, Shard: p.shards[t][name], Local: pc.Local, N: pc.N, At: pc.At})
+			fps = append(fps, p.sourcePieces(t, name, pc.Local, pc.N, pc.At)...)
 		}
 		fills = append(fills, fill{Blob: fp32, Pieces: withState(fps, fragment.FP32)})
 		for _, s := range p.stateNames(g) {
@@ -915,11 +937,7 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 	}
 	shared := pyobj.NewDict(pyobj.PlainDict)
 	if t == 0 && r <= 0 {
-		for _, e := range p.r.Manifest.Params {
-			for _, a := range e.Aliases {
-				shared.Set(a, e.Name)
-			}
-		}
+		p.sharedParams(shared)
 	}
 	for _, k := range engineKeys {
 		var v pyobj.Value
@@ -1053,7 +1071,7 @@ func (p *plan) module(f *torchfile.File, d *pyobj.Dict, prefix string, t, r int,
 					// Partitioned parameters are saved as empty tensors.
 					b.Shape, b.Data = []int64{0}, []byte{}
 				} else {
-					*fills = append(*fills, fill{Blob: b, Pieces: []fillPiece{{Param: canon, State: fragment.FP32, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
+					*fills = append(*fills, fill{Blob: b, Pieces: withState(p.sourcePieces(t, canon, 0, torchfile.Numel(sh.Shape), 0), fragment.FP32)})
 				}
 				lp[canon] = b
 				out.Set(k, b)

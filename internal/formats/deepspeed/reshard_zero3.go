@@ -114,7 +114,7 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 		var fps []fillPiece
 		for _, pc := range pieces {
 			n := sg.names[pc.Param]
-			fps = append(fps, fillPiece{Param: n, Shard: p.shards[t][n], Local: pc.Local, N: pc.N, At: pc.At})
+			fps = append(fps, p.sourcePieces(t, n, pc.Local, pc.N, pc.At)...)
 		}
 		g := p.groups[sg.group]
 		sd := pyobj.NewDict(pyobj.PlainDict)

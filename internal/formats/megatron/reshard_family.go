@@ -7,10 +7,8 @@ import (
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/family"
-	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
-	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // virtTensor is a target rank's tensor built from pieces of several
@@ -39,47 +37,30 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if o.Spec != "" && o.Spec != "te" && o.Spec != "local" {
 		return nil, fmt.Errorf("--megatron-spec %q: te or local", o.Spec)
 	}
-	if o.DistOptimizer || o.Optimizer != "" {
-		return nil, fmt.Errorf("%s: converted from a %s checkpoint: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need a Megatron-LM source", r.Dir, r.Manifest.Source.Format)
-	}
 	T, EP, ETP := o.TP, max(o.EP, 1), o.ETP
 	if ETP == 0 {
 		ETP = T
 	}
-	divides := []struct {
+	type divides struct {
 		what string
 		n    int64
 		by   int
 		flag string
-	}{{"attention heads", c.Heads, T, "--tp"}, {"query groups", c.QueryGroups, T, "--tp"}}
-	if c.Experts > 0 {
-		// Every layer is MoE: no dense MLP is built, ffn_hidden_size unused.
-		divides = append(divides, []struct {
-			what string
-			n    int64
-			by   int
-			flag string
-		}{{"experts", c.Experts, EP, "--ep"}, {"expert FFN size", c.MoEFFN, ETP, "--expert-tp"}}...)
-		if c.SharedFFN > 0 {
-			divides = append(divides, struct {
-				what string
-				n    int64
-				by   int
-				flag string
-			}{"shared expert FFN size", c.SharedFFN, T, "--tp"})
-		}
-	} else {
-		if EP > 1 || o.ETP > 0 && o.ETP != T {
-			return nil, fmt.Errorf("%s: --ep %d, --expert-tp %d: the %s model has no experts", r.Dir, EP, o.ETP, c.Family)
-		}
-		divides = append(divides, struct {
-			what string
-			n    int64
-			by   int
-			flag string
-		}{"FFN size", c.FFN, T, "--tp"})
 	}
-	for _, x := range divides {
+	checks := []divides{{"attention heads", c.Heads, T, "--tp"}, {"query groups", c.QueryGroups, T, "--tp"}}
+	switch {
+	case c.Experts > 0:
+		// Every layer is MoE: no dense MLP is built, ffn_hidden_size unused.
+		checks = append(checks, divides{"experts", c.Experts, EP, "--ep"}, divides{"expert FFN size", c.MoEFFN, ETP, "--expert-tp"})
+		if c.SharedFFN > 0 {
+			checks = append(checks, divides{"shared expert FFN size", c.SharedFFN, T, "--tp"})
+		}
+	case EP > 1 || o.ETP > 0 && o.ETP != T:
+		return nil, fmt.Errorf("%s: --ep %d, --expert-tp %d: the %s model has no experts", r.Dir, EP, o.ETP, c.Family)
+	default:
+		checks = append(checks, divides{"FFN size", c.FFN, T, "--tp"})
+	}
+	for _, x := range checks {
 		if x.n%int64(x.by) != 0 {
 			return nil, fmt.Errorf("%s %d does not divide the %d %s of the model", x.flag, x.by, x.n, x.what)
 		}
@@ -87,10 +68,23 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, release: true,
 		virt: map[string][]virtTensor{}, layers: int(c.Layers), untie: !c.Tied, te: o.Spec != "local",
 		ep: EP, etp: ETP, experts: int(c.Experts)}
+	carry, err := carriesOptimizer(r)
+	if err != nil {
+		return nil, err
+	}
 	if c.Experts > 0 {
+		if carry {
+			return nil, fmt.Errorf("%s: a mixture-of-experts %s source with optimizer state: --to megatron writes the optimizer of a model without experts only (Megatron keeps the experts' in a separate, chained optimizer)", r.Dir, r.Manifest.Source.Format)
+		}
 		if p.files, err = expertFiles(T, o.DP, EP, ETP); err != nil {
 			return nil, err
 		}
+	}
+	if !carry && (o.DistOptimizer || o.Optimizer != "") {
+		return nil, fmt.Errorf("%s: converted from a %s checkpoint without optimizer state: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need Adam states", r.Dir, r.Manifest.Source.Format)
+	}
+	if carry && o.DistOptimizer {
+		return nil, fmt.Errorf("%s: --distributed-optimizer from a %s source is not written yet; leave it out (Megatron's non-distributed optimizer state is written)", r.Dir, r.Manifest.Source.Format)
 	}
 	p.dt = dtype.Float32
 	if m := r.Manifest.Source.DType; m != "" {
@@ -104,13 +98,9 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if p.split, err = pipelineSplit(p.layers, o.PP, max(o.VPP, 1), o.FirstStageLayers, o.LastStageLayers); err != nil {
 		return nil, err
 	}
-	var ps []family.Param
-	for _, e := range r.Manifest.Params {
-		ps = append(ps, family.Param{Name: e.Name, Shape: e.Shape})
-	}
-	src, err := family.Resolve(c, ps, r.Manifest.Source.Format)
+	slicer, src, err := layout.NewFamilySlicer(r, c)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.Dir, err)
+		return nil, err
 	}
 	if src.Layout.Interleaved {
 		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order (torchtitan's complex RoPE or rotary_interleaved): --to megatron writes the rotate-half layout only", r.Dir)
@@ -147,14 +137,19 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		}
 		ts := make([]virtTensor, n)
 		for t := range ts {
-			vt, err := p.familySlice(src, fam.Parts(c, r0), layer, expert, n, t)
+			ft, err := slicer.SliceExpert(fam.Parts(c, r0), layer, expert, n, t, false, p.vocab)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", r.Dir, name, err)
 			}
-			ts[t] = vt
+			ts[t] = virtTensor{shape: ft.Shape, pieces: ft.Pieces}
 		}
 		key := "family:" + name
 		p.virt[key] = ts
+		if carry {
+			if err := p.familyStates(key, ts[0]); err != nil {
+				return err
+			}
+		}
 		s, v, local := 0, 0, name
 		switch {
 		case layer >= 0:
@@ -214,6 +209,11 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 			}
 		}
 	}
+	if carry {
+		if err := p.familyOptimizer(); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -243,87 +243,6 @@ func (p *rsPlan) addExperts(present map[string]family.Role, l, n int, add func(f
 		}
 	}
 	return nil
-}
-
-// familySlice is rank t of T's piece of the Megatron tensor of fused
-// roles parts (one role when not fused) at a layer and expert (-1: none),
-// from the source's separate tensors.
-func (p *rsPlan) familySlice(src *family.Source, parts []family.Role, layer, expert, T, t int) (virtTensor, error) {
-	r0 := parts[0]
-	param := func(r family.Role) (*atomic.ParamEntry, error) {
-		n, ok := src.ExpertParam(r.Name, layer, expert)
-		if !ok {
-			return nil, fmt.Errorf("no %s", r.Name)
-		}
-		e, ok := p.r.Param(n)
-		if !ok {
-			return nil, fmt.Errorf("no parameter %s", n)
-		}
-		return e, nil
-	}
-	whole := func(e *atomic.ParamEntry) fragment.Shard {
-		return fragment.Shard{Shape: append([]int64(nil), e.Shape...)}
-	}
-	piece := func(e *atomic.ParamEntry, sh fragment.Shard, local, n, at int64) layout.StatePiece {
-		return layout.StatePiece{Param: e.Name, State: fragment.FP32, Shard: sh, Local: local, N: n, At: at}
-	}
-	if r0.Fuse != family.NoFuse {
-		spans, err := family.FusedRows(src.C.WithFFNOf(r0), r0.Fuse, false, false, T, t)
-		if err != nil {
-			return virtTensor{}, err
-		}
-		es := make([]*atomic.ParamEntry, len(parts))
-		for i, x := range parts {
-			if x.Part != i {
-				return virtTensor{}, fmt.Errorf("fused parts out of order")
-			}
-			if es[i], err = param(x); err != nil {
-				return virtTensor{}, err
-			}
-		}
-		cols := int64(1)
-		if len(es[0].Shape) == 2 {
-			cols = es[0].Shape[1]
-		}
-		var vt virtTensor
-		var at int64
-		for _, sp := range spans {
-			e := es[sp.Part]
-			vt.pieces = append(vt.pieces, piece(e, whole(e), sp.Row*cols, sp.N*cols, at))
-			at += sp.N * cols
-		}
-		vt.shape = []int64{at / cols}
-		if len(es[0].Shape) == 2 {
-			vt.shape = append(vt.shape, cols)
-		}
-		return vt, nil
-	}
-	e, err := param(r0)
-	if err != nil {
-		return virtTensor{}, err
-	}
-	var sh fragment.Shard
-	switch {
-	case r0.TP == family.Replicated || T == 1 && r0.TP != family.Vocab:
-		sh = whole(e)
-	case r0.TP == family.Vocab:
-		padded := []int64{p.vocab, e.Shape[1]}
-		s, err := fragment.Split{Dim: 0}.Shard(padded, t, T)
-		if err != nil {
-			return virtTensor{}, err
-		}
-		sh = fragment.StripPad(s, padded, 0, e.Shape[0])
-	case r0.TP == family.Column:
-		if sh, err = (fragment.Split{Dim: 0}).Shard(e.Shape, t, T); err != nil {
-			return virtTensor{}, err
-		}
-	case r0.TP == family.Row:
-		if sh, err = (fragment.Split{Dim: 1}).Shard(e.Shape, t, T); err != nil {
-			return virtTensor{}, err
-		}
-	}
-	n := torchfile.Numel(sh.Shape)
-	return virtTensor{shape: sh.Shape, pieces: []layout.StatePiece{piece(e, sh, 0, n, 0)}}, nil
 }
 
 // familyArgs is the args Namespace of a Megatron-LM run of the family

@@ -461,10 +461,15 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 		if vt, ok := p.virt[name]; ok {
 			i := t
 			if isExpert(name) {
-				i = f.u
+				i = f.u // routed experts are cut at the expert TP rank
 			}
 			b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), vt[i].shape...)}
-			fills = append(fills, layout.StateFill{Blob: b, Pieces: vt[i].pieces})
+			pieces := make([]layout.StatePiece, len(vt[i].pieces))
+			for j, pc := range vt[i].pieces {
+				pc.State = state // optimizer states follow the weights' pieces
+				pieces[j] = pc
+			}
+			fills = append(fills, layout.StateFill{Blob: b, Pieces: pieces})
 			return b
 		}
 		sh := p.shards[t][name]
@@ -571,8 +576,13 @@ func linearModule(local string) string {
 
 // groupFlagsOf are the param-group flags of a rank tensor (flagsOf).
 func (p *rsPlan) groupFlagsOf(rp rsParam) groupFlags {
-	e, _ := p.r.Param(rp.src)
-	noWD := strings.HasSuffix(rp.local, ".bias") || len(e.Shape) == 1
+	var dims int
+	if vt, ok := p.virt[rp.src]; ok {
+		dims = len(vt[0].shape)
+	} else if e, ok := p.r.Param(rp.src); ok {
+		dims = len(e.Shape)
+	}
+	noWD := strings.HasSuffix(rp.local, ".bias") || dims == 1
 	if p.qkWD && (strings.Contains(rp.local, "q_layernorm.") || strings.Contains(rp.local, "k_layernorm.")) {
 		noWD = false
 	}

@@ -62,6 +62,12 @@ def all_cases():
              m.megatron_gpt(tp=2, pipe=True, pp=2, swiglu=False, kv_heads=4, ffn=14), stage=1, dp=2, dtype="bf16",
              opt="bf16opt", base="fused", tp=2, pp=2, uci="megatron", lr=3e-4, weight_decay=0.1,
              ds_version="0.19.6", new_layout=True, save_rng=False, notes=["--no-save-rng: no rng_state"]),
+        Case("megatron_llama_tp2_z1_bf16_dp4", "Megatron-DeepSpeed GPTModel in its Llama set-up (RMSNorm, no "
+             "biases, RoPE without position embeddings, SwiGLU, untied output layer: the llama model family), "
+             "TP=2, ZeRO-1 bf16 (DeepSpeedZeroOptimizer, torch AdamW), D=4, GQA 4 query / 2 KV heads ([Q; K; V] "
+             "sub-params, UCI 0.4)",
+             m.megatron_gpt(tp=2, untie=True, llama=True), stage=1, dp=4, dtype="bf16", tp=2, uci="megatron",
+             lr=3e-4, weight_decay=0.1),
     ]
 
 

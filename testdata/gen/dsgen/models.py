@@ -257,9 +257,12 @@ def padded_vocab(orig, divisible_by, tp):
 
 def megatron_gpt(tp, pipe=False, pp=1, hidden=9, heads=4, kv_heads=2, kv_channels=2, ffn=12, layers=2, seq=7,
                  vocab=43, divisible_by=8, swiglu=True, untie=False, average_final_ln_bias=False,
-                 uneven_heads=False):
+                 uneven_heads=False, llama=False):
     """GPTModel (pipe=False, names language_model.*) or GPTModelPipe (pipe=True, names
     tied_modules.embed.* / '{idx}.*'), layer norm, biases on, learned position embeddings.
+    llama=True: Megatron-DeepSpeed's Llama set-up instead (--normalization rmsnorm,
+    --disable-bias-linear, --no-position-embedding --use-rotary-position-embeddings, --swiglu):
+    norm weights only, no biases, no position embeddings (the llama model family).
 
     Param groups follow megatron/optimizer get_param_groups: group 0 'wd_no_scale_lr' holds the
     2-D weights, group 1 'no_wd_no_scale_lr' the biases and 1-D params, each in
@@ -284,6 +287,8 @@ def megatron_gpt(tp, pipe=False, pp=1, hidden=9, heads=4, kv_heads=2, kv_channel
     params = []
 
     def add(name, shape, rule, center=0.0, **kw):
+        if llama and (name.endswith(".bias") or "position_embeddings" in name):
+            return
         g = 1 if (name.endswith(".bias") or len(shape) == 1) else 0
         params.append(PSpec(name, tuple(shape), rule=rule, group=g, center=center, **kw))
 
@@ -351,8 +356,21 @@ def megatron_gpt(tp, pipe=False, pp=1, hidden=9, heads=4, kv_heads=2, kv_channel
                padded_vocab=vpad, divisible_by=divisible_by, swiglu=swiglu, untie=untie, tp=tp, pp=pp,
                pipe=pipe, gqa=gqa, q=q, kv=kv, uneven_heads=uneven_heads,
                qkv_shard_widths=[list(w) for w in qkv_widths] if qkv_widths else None)
+    if llama:
+        cfg["llama"] = True
     m = ModelDef(kind, params, sd, OrderedDict(), groups, vocab=(vocab, vpad), config=cfg)
     m.uci_patterns = megatron_uci_patterns(m, tp, pipe, swiglu, average_final_ln_bias)
+    if llama:
+        keep = {p.name for p in params}
+        for k in ("tp_replicated_parameter_patterns", "parameter_with_2_sub_params_cat_dim_0"):
+            if k in m.uci_patterns:
+                m.uci_patterns[k] = [x for x in m.uci_patterns[k] if "bias" not in x and "position_embeddings" not in x]
+        subs = m.uci_patterns.get("parameter_with_sub_params")
+        if subs:
+            m.uci_patterns["parameter_with_sub_params"] = [x for x in subs if not x["patterns"][0].endswith("bias")]
+            m.uci_patterns["sub_param_shard_widths"] = {k: v for k, v in m.uci_patterns["sub_param_shard_widths"].items()
+                                                       if not k.endswith("bias")}
+        del keep
     return m
 
 

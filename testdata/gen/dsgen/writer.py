@@ -137,6 +137,11 @@ def megatron_args(case):
         ("rank", 0),
     ]:
         setattr(a, k, v)
+    if c.get("llama"):
+        # Megatron-DeepSpeed's Llama flags; its position_embedding_type is an enum, not recorded here.
+        a.add_bias_linear, a.add_position_embedding = False, False
+        del a.position_embedding_type
+        a.use_rotary_position_embeddings, a.normalization, a.layernorm_epsilon = True, "rmsnorm", 1e-05
     return a
 
 
