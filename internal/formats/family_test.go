@@ -3,11 +3,13 @@ package formats
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/atomic"
@@ -145,7 +147,9 @@ func TestHFFamilyBadConfig(t *testing.T) {
 // TestHFMegatronRoundTrip: each transformers-written folder goes HF ->
 // atomic -> Megatron-LM (reshard --to megatron at TP 2, TP 1 x PP 2 and
 // TP 2 x PP 2; local and TE names; the MoE families also at EP 2 with
-// TP 1 and TP 2 x PP 2, every expert written once per EP rank) ->
+// TP 1 and TP 2 x PP 2, and at expert TP 1 with TP 2 x EP 4 x DP 2 and
+// TP 2 x PP 2 x EP 2: every expert once, in the files Megatron's ranks
+// load) ->
 // atomic (ucp's Megatron reader, family detected from the written args)
 // -> HF, and must come back bit for bit with the same family config.
 func TestHFMegatronRoundTrip(t *testing.T) {
@@ -165,27 +169,25 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 		}
 		want := hfFolderTensors(t, src)
 		type degrees struct {
-			tp, pp, ep, dp int
-			spec           string
+			tp, pp, ep, etp, dp int
+			spec                string
 		}
-		degs := []degrees{{2, 1, 0, 1, "local"}, {1, 2, 0, 1, "te"}, {2, 2, 0, 1, "te"}}
+		degs := []degrees{{2, 1, 0, 0, 1, "local"}, {1, 2, 0, 0, 1, "te"}, {2, 2, 0, 0, 1, "te"}}
 		if a.Manifest.Source.Model.Experts > 0 {
-			degs = append(degs, degrees{1, 1, 2, 2, "local"}, degrees{2, 2, 2, 2, "te"}, degrees{2, 1, 4, 2, "local"})
+			degs = append(degs, degrees{1, 1, 2, 0, 2, "local"}, degrees{2, 2, 2, 0, 2, "te"}, degrees{2, 1, 4, 1, 2, "local"},
+				degrees{2, 2, 2, 1, 1, "te"})
 		}
 		for _, deg := range degs {
-			t.Run(fmt.Sprintf("%s/tp%d_pp%d_ep%d_%s", name, deg.tp, deg.pp, deg.ep, deg.spec), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/tp%d_pp%d_ep%d_etp%d_%s", name, deg.tp, deg.pp, deg.ep, deg.etp, deg.spec), func(t *testing.T) {
 				mg := filepath.Join(t.TempDir(), "megatron")
-				o := ReshardOptions{TP: deg.tp, PP: deg.pp, EP: deg.ep, DP: deg.dp, Zero: -1, MegatronSpec: deg.spec, NoSync: true}
-				if deg.ep == 4 {
-					o.ETP = 1 // 4 experts over EP 4 x expert TP 1 = TP 2 x DP 2
-				}
+				o := ReshardOptions{TP: deg.tp, PP: deg.pp, EP: deg.ep, ETP: deg.etp, DP: deg.dp, Zero: -1, MegatronSpec: deg.spec, NoSync: true}
 				if _, err := tg.Reshard(context.Background(), a, mg, o); err != nil {
 					t.Fatal(err)
 				}
-				if o.ETP == 1 {
+				if o.EP == 4 {
 					// Rank r of TP 2 x DP 2 loads TP rank r%2, EP rank r%4:
-					// four of the eight (TP, EP) files. ucp does not read expert
-					// TP != TP yet; make check-moe loads these in megatron-core.
+					// four of the eight (TP, EP) files (make check-moe loads
+					// such files in megatron-core); read back below.
 					got, err := filepath.Glob(filepath.Join(mg, "release", "mp_rank_*"))
 					if err != nil {
 						t.Fatal(err)
@@ -196,7 +198,14 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 					if w := []string{"mp_rank_00_000", "mp_rank_00_002", "mp_rank_01_001", "mp_rank_01_003"}; !reflect.DeepEqual(got, w) {
 						t.Fatalf("rank files %v, want %v", got, w)
 					}
-					return
+					// One EP rank's file missing: refused, naming it.
+					cp := testkit.CopyTree(t, mg)
+					if err := os.RemoveAll(filepath.Join(cp, "release", "mp_rank_01_003")); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := Index(context.Background(), cp, "", Options{}); err == nil || !strings.Contains(err.Error(), "missing folder mp_rank_01_003") {
+						t.Fatalf("without mp_rank_01_003: %v", err)
+					}
 				}
 				tb2, err := Index(context.Background(), mg, "", Options{})
 				if err != nil {
@@ -389,5 +398,78 @@ func TestHFBinBroken(t *testing.T) {
 				t.Fatalf("error %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestHFRouterDType: a MoE folder whose routers are stored in float32
+// beside bfloat16 weights (as DeepSeek-V3 keeps its router and correction
+// bias) converts and exports back with each tensor in its own dtype,
+// bit for bit.
+func TestHFRouterDType(t *testing.T) {
+	dir := testkit.CopyTree(t, testkit.Fixture("hf_family", "qwen3_moe_bf16"))
+	fn := filepath.Join(dir, "model.safetensors")
+	f, err := safetensors.Open(fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type entry struct {
+		DType   string  `json:"dtype"`
+		Shape   []int64 `json:"shape"`
+		Offsets [2]int  `json:"data_offsets"`
+	}
+	header := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
+	var data []byte
+	routers := 0
+	for _, n := range f.Names() {
+		tt, _ := f.Tensor(n)
+		b, err := f.ReadTensor(tt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dt := "BF16"
+		if strings.HasSuffix(n, ".mlp.gate.weight") {
+			// bfloat16 -> float32 is exact: the high half of the float32 bits.
+			wide := make([]byte, 2*len(b))
+			for i := 0; i+1 < len(b); i += 2 {
+				wide[2*i+2], wide[2*i+3] = b[i], b[i+1]
+			}
+			b, dt = wide, "F32"
+			routers++
+		}
+		header[n] = entry{dt, tt.Shape, [2]int{len(data), len(data) + len(b)}}
+		data = append(data, b...)
+	}
+	f.Close()
+	if routers == 0 {
+		t.Fatal("no router in the fixture")
+	}
+	h := must(json.Marshal(header))
+	for len(h)%8 != 0 {
+		h = append(h, ' ')
+	}
+	out := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
+	if err := os.WriteFile(fn, append(append(out, h...), data...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := Index(context.Background(), dir, "", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := filepath.Join(t.TempDir(), "hf")
+	if _, err := hf.Export(context.Background(), r, exp, hf.Options{Arch: hf.ArchAuto, NoSync: true}); err != nil {
+		t.Fatal(err)
+	}
+	want, got := hfFolderTensors(t, dir), hfFolderTensors(t, exp)
+	if len(got) != len(want) {
+		t.Errorf("%d tensors, want %d", len(got), len(want))
+	}
+	for n, w := range want {
+		if g := got[n]; g != w {
+			t.Errorf("%s: dtype, shape or bytes differ (got %.12q, want %.12q)", n, g, w)
+		}
 	}
 }
