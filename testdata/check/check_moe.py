@@ -16,13 +16,16 @@ testdata/gen/megatron_dist_fixtures.py (its CPU shims for megatron-core). Phases
                   or mismatched keys; logits equal Megatron's (fp32, max |diff| <= 1e-4, same argmax).
   hfsave CASE     real transformers writes its own random model (save_pretrained) and its logits.
   hfback CASE     that folder after ucp convert --from hf + ucp export --to hf: the same logits.
-  import CASE DIR TP EP ETP DP
+  import CASE DIR TP EP ETP DP [SAVE]
                   the other way: that folder after ucp convert --from hf + ucp reshard --to megatron at TP x EP x
                   expert-TP with DP data-parallel ranks (legacy torch format, local spec) in out/CASE/DIR; real
                   megatron-core builds the model at those degrees in TP x DP processes (gloo), each rank opens
                   the file Megatron's own get_checkpoint_name names for it, checks the model arguments ucp wrote
                   against Megatron's parse_args of the same command line, loads it with a strict
                   load_state_dict and computes the logits: equal to transformers' (fp32, <= 1e-4, same argmax).
+                  With SAVE, Megatron's own save_checkpoint then writes that model as a legacy torch checkpoint
+                  in out/CASE/SAVE (weights only, no rng): a real Megatron checkpoint at those degrees.
+  samehf CASE DIR the safetensors in out/CASE/DIR hold exactly hf_src's tensors (names, dtypes, bytes).
 """
 import json
 import os
@@ -251,7 +254,7 @@ MODEL_ARGS = ["num_layers", "hidden_size", "num_attention_heads", "num_query_gro
               "expert_tensor_parallel_size", "position_embedding_type"]
 
 
-def import_worker(rank, world, case, mg, tp, ep, etp, port):
+def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
     sys.path.insert(0, "src")
     sys.path.insert(0, ".")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo",
@@ -307,6 +310,15 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port):
     if rank == 0:
         torch.save(torch.cat(parts, dim=-1)[..., :VOCAB], os.path.join(mg, "logits.pt"))
         print(f"  rank files loaded (strict): {sorted(os.listdir(os.path.join(mg, 'release')))}", flush=True)
+    if save:
+        # Megatron's own save_checkpoint writes the loaded model in the legacy torch format (the
+        # files of its ranks at these degrees): a real Megatron checkpoint for ucp to read back.
+        from megatron.training.global_vars import set_args
+        from megatron.training.checkpointing import save_checkpoint
+        args.save, args.ckpt_format, args.use_dist_ckpt, args.async_save = save, "torch", False, False
+        args.no_save_optim, args.no_save_rng = True, True
+        set_args(args)
+        save_checkpoint(1, [model], None, None, 0)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -314,9 +326,10 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port):
 def import_(case, out):
     d, tp, ep, etp, dp = sys.argv[3], *map(int, sys.argv[4:8])
     mg = os.path.join(out, d)
+    save = os.path.abspath(os.path.join(out, sys.argv[8])) if len(sys.argv) > 8 else None
     import torch.multiprocessing as mp
     port = 29600 + os.getpid() % 300
-    mp.spawn(import_worker, args=(tp * dp, case, mg, tp, ep, etp, port), nprocs=tp * dp, join=True)
+    mp.spawn(import_worker, args=(tp * dp, case, mg, tp, ep, etp, port, save), nprocs=tp * dp, join=True)
     want = torch.load(os.path.join(out, "hf_src.pt"))["logits"]
     ok = compare(f"{case}: transformers save_pretrained -> ucp convert --from hf -> ucp reshard --to megatron "
                  f"--tp {tp} --ep {ep} --expert-tp {etp} --dp {dp} -> megatron-core ({tp * dp} ranks)",
@@ -324,8 +337,24 @@ def import_(case, out):
     sys.exit(0 if ok else 1)
 
 
+def samehf(case, out):
+    from safetensors.torch import load_file
+    def tensors(d):
+        got = {}
+        for f in sorted(os.listdir(d)):
+            if f.endswith(".safetensors"):
+                got.update(load_file(os.path.join(d, f)))
+        return got
+    want, got = tensors(os.path.join(out, "hf_src")), tensors(os.path.join(out, sys.argv[3]))
+    bad = sorted(set(want) ^ set(got)) + [n for n in want if n in got and (want[n].dtype != got[n].dtype or not torch.equal(want[n], got[n]))]
+    ok = not bad
+    print(f"{'ok  ' if ok else 'FAIL'} {case}: {sys.argv[3]} holds transformers' {len(want)} tensors bit for bit"
+          + ("" if ok else f"; differ: {bad[:5]}"), flush=True)
+    sys.exit(0 if ok else 1)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     phase, case = sys.argv[1], sys.argv[2]
     {"megatron": megatron, "export": export, "hfsave": hfsave, "hfback": hfback,
-     "import": import_}[phase](case, os.path.join("out", case))
+     "import": import_, "samehf": samehf}[phase](case, os.path.join("out", case))
