@@ -11,6 +11,8 @@
 # MEGATRON_SRC: a Megatron-LM release tag's tree (core_v0.19.0, core_v0.18.2 or core_v0.15.3).
 # One Megatron run at a time, each under a watchdog (a rank can vanish on a busy machine), retried
 # twice. Not run by CI (it needs Megatron's source). Prints one line per case; exit 1 if any failed.
+# MEGATRON_CHECK_ONLY=REGEX runs only the cases whose line matches; MEGATRON_CHECK_TIME=0 skips the
+# load-time measurement.
 set -euo pipefail
 src=${1:?usage: $0 MEGATRON_SRC [UCP_BIN]}
 [ -d "$src/megatron/core" ] || { echo "megatron-check: $src has no megatron/core" >&2; exit 2; }
@@ -24,7 +26,7 @@ cp -r "$src/megatron" "$work/src/"
 cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_dist_load.py" "$work/"
 core=$(sed -n 's/^MAJOR = \([0-9]*\)/\1/p; s/^MINOR = \([0-9]*\)/\1/p' "$src/megatron/core/package_info.py" | paste -sd.)
 fx=$here/testdata/fixtures/megatron_dist
-# source fixture | generator case | TP PP DP written
+# source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable)
 cases=(
   "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 1 4"
   "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 2 2"
@@ -32,20 +34,25 @@ cases=(
   "core0_14_tp2_dp2_bf16_fsms tp2_dp2_bf16_fsms 1 1 2"
   "core0_18_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 1 1 2"
   "core0_15_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 2 1 1"
+  "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 1 4 dp_reshardable"
+  "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 2 1 1 dp_reshardable"
+  "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 2 2 dp_reshardable"
 )
 failed=0
 for c in "${cases[@]}"; do
-  read -r fixture gencase tp pp dp <<<"$c"
-  dir=$work/$fixture.tp$tp.pp$pp.dp$dp
+  [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
+  read -r fixture gencase tp pp dp sharding <<<"$c"
+  sharding=${sharding:-fully_reshardable}
+  dir=$work/$fixture.tp$tp.pp$pp.dp$dp.$sharding
   mkdir -p "$dir"
   "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic" --quiet
   "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
-    --tp "$tp" --pp "$pp" --dp "$dp" --quiet
+    --tp "$tp" --pp "$pp" --dp "$dp" --dist-optim-sharding "$sharding" --quiet
   cp "$fx/$fixture/truth.pt" "$dir/"
   rel=${dir#"$work"/}
   ok=0
   for attempt in 1 2 3; do
-    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" >"$dir/log" 2>&1; then
+    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" >"$dir/log" 2>&1; then
       ok=1; break
     fi
     grep -q '^FAIL' "$dir/log" && break # a real difference: no retry
@@ -55,24 +62,40 @@ for c in "${cases[@]}"; do
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: $fixture -> TP $tp PP $pp DP $dp"; tail -30 "$dir/log"
+    echo "FAIL core $core: $fixture -> TP $tp PP $pp DP $dp $sharding"; tail -30 "$dir/log"
   fi
 done
 # Load time: Megatron loading ucp's output vs its own checkpoint of the same model at the same
-# degrees (the fullrs fixture at TP 2 x DP 2, where its own core wrote it; UCP_OWN=1 loads the
-# fixture itself). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0.
+# degrees (the fullrs case at TP 2 x DP 2, where its own core wrote it; UCP_OWN=1 loads Megatron's
+# own). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0, fastest of 3
+# alternating runs. MEGATRON_CHECK_TIME=1 (default) times the stored kilobyte fixture; =big first
+# has MEGATRON_SRC's core write the same model at ~120 MB (UCP_MEGATRON_GEOMETRY below: 2 layers,
+# hidden 512, 8 heads in 4 groups, SwiGLU ffn 1024, vocabulary 4000 padded to 4096; 8.8 M parameters,
+# bf16 weights + fp32 main parameters and Adam moments); =0 skips it.
+timing=${MEGATRON_CHECK_TIME:-1}
 own=core${core/./_}_tp2_dp2_bf16_fullrs
-if [ -d "$fx/$own" ]; then
+geometry=
+if [ "$timing" = big ]; then
+  geometry=2,512,8,4,64,1024,4000,4096
+  mkdir -p "$work/big"
+  UCP_CASE_TIMEOUT=1200 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_MEGATRON_GEOMETRY=$geometry UCP_CASE_TIMEOUT=1200 \
+    python3 megatron_dist_fixtures.py src big tp2_dp2_bf16_fullrs >"$work/big/log" 2>&1 || { echo "big model: generation failed"; tail -20 "$work/big/log"; }
+  fxt=$work/big
+else
+  fxt=$fx
+fi
+if [ -d "$fxt/$own" ] && [ "$timing" != 0 ]; then
   dir=$work/time && mkdir -p "$dir/own"
-  "$ucp" convert "$fx/$own/checkpoint" "$dir/atomic" --quiet
+  "$ucp" convert "$fxt/$own/checkpoint" "$dir/atomic" --quiet
   "$ucp" reshard "$dir/atomic" "$dir/ucp/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" --tp 2 --dp 2 --quiet
-  cp -r "$fx/$own/checkpoint" "$dir/own/written"
-  cp "$fx/$own/truth.pt" "$dir/own/"; cp "$fx/$own/truth.pt" "$dir/ucp/"
+  cp -r "$fxt/$own/checkpoint" "$dir/own/written"
+  cp "$fxt/$own/truth.pt" "$dir/own/"; cp "$fxt/$own/truth.pt" "$dir/ucp/"
+  echo "load-time model: $(du -sb "$dir/own/written" | cut -f1) bytes (Megatron's save), $(du -sb "$dir/ucp/written" | cut -f1) bytes (ucp's)"
   for round in 1 2 3; do
     for kind in own ucp; do
       o=0; [ $kind = own ] && o=1
-      UCP_OWN=$o timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_OWN=$o python3 megatron_dist_load.py src "time/$kind" tp2_dp2_bf16_fullrs 2 1 2 2>&1 |
-        sed -n "s/.*; load \([0-9.]*\)s.*/$kind \1/p" >>"$dir/times" || true
+      timeout -k 10 900 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_OWN=$o UCP_MEGATRON_GEOMETRY=$geometry python3 megatron_dist_load.py src "time/$kind" tp2_dp2_bf16_fullrs 2 1 2 >"$dir/$kind.$round.log" 2>&1 || true
+      sed -n "s/.*; load \([0-9.]*\)s.*/$kind \1/p" "$dir/$kind.$round.log" >>"$dir/times"
     done
   done
   awk '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2 }

@@ -96,7 +96,7 @@ written as DST.partial and renamed when complete.`,
 	f.IntVar(&opts.LastStageLayers, "decoder-last-pipeline-num-layers", 0, "megatron: layers on the last pipeline stage (Megatron's uneven split; 0: even)")
 	f.StringVar(&opts.CkptFormat, "ckpt-format", "", "megatron: torch (default; mp_rank_* files) or torch_dist (dist_checkpointing, Megatron's default)")
 	f.StringVar(&opts.MegatronCore, "megatron-core", "", "megatron --ckpt-format torch_dist: the megatron-core layout, 0.15, 0.18 or 0.19 (default 0.19)")
-	f.StringVar(&opts.DistOptimSharding, "dist-optim-sharding", "", "megatron --ckpt-format torch_dist: fully_reshardable (default; loads at any degree)")
+	f.StringVar(&opts.DistOptimSharding, "dist-optim-sharding", "", "megatron --ckpt-format torch_dist: fully_reshardable (default; loads at any degree) or dp_reshardable (DDP buckets at the target DP; loads at these TP/PP only)")
 	f.IntVar(&opts.Zero, "zero", -1, "DeepSpeed ZeRO stage (1, 2 or 3)")
 	f.StringVar(&opts.DType, "dtype", "", "training dtype of the target (float32, bfloat16, float16; default: the source's)")
 	f.BoolVar(&opts.BF16Optimizer, "bf16-optimizer", false, "DeepSpeed BF16_Optimizer files (bf16, ZeRO stage 1, fp32 gradient accumulation)")

@@ -393,3 +393,20 @@ func TestExportReshardSpaceCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestConvertMemoryBoundsDecoding (issue 26 item 10): --memory bounds the
+// pickle decoders too: each of the files decoded at once gets its share,
+// and a pickle that needs more is refused by name before it is decoded.
+func TestConvertMemoryBoundsDecoding(t *testing.T) {
+	src := testkit.Fixture("deepspeed", "z1_fp32_dp2", "checkpoint")
+	dst := filepath.Join(t.TempDir(), "atomic")
+	r := ucp(t, nil, "convert", "--memory", "64KiB", "--workers", "2", src, dst)
+	if r.code == 0 || !strings.Contains(r.stderr, "_model_states.pt: ") ||
+		!strings.Contains(r.stderr, "decoding would need more than its memory budget of 32768 bytes") ||
+		!strings.Contains(r.stderr, "at most this file's share of --memory") {
+		t.Fatalf("code %d: %s", r.code, r.stderr)
+	}
+	if r := ucp(t, nil, "convert", "--quiet", "--memory", "64MiB", "--workers", "2", src, dst); r.code != 0 {
+		t.Fatalf("with 64 MiB: %s", r.stderr)
+	}
+}

@@ -84,7 +84,7 @@ func (j *Job) Close() error { return j.Table.Close() }
 // CheckSource's answer.
 func Plan(ctx context.Context, src, dst string, deferred bool, o Options) (*Job, error) {
 	start := time.Now()
-	t, err := formats.Index(ctx, src, o.From, formats.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize})
+	t, err := formats.Index(ctx, src, o.From, formats.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize, Memory: o.Memory})
 	if ce := (*formats.CoverageError)(nil); errors.As(err, &ce) {
 		return nil, fmt.Errorf("%s: coverage check failed, nothing written: %w", src, ce.Err)
 	}

@@ -34,37 +34,14 @@ func IsUniversal(dir string) bool {
 // when they name it with the same number of elements.
 func IndexUniversal(ctx context.Context, dir string, workers int) (*fragment.Table, error) {
 	zero := filepath.Join(dir, atomic.ZeroDir)
-	ents, err := os.ReadDir(zero)
-	if err != nil {
-		return nil, fmt.Errorf("%s: not a universal checkpoint: %w", dir, err)
-	}
 	t := &fragment.Table{Format: "universal", Source: dir}
-	if m, err := atomic.ReadManifest(dir); err == nil {
+	m, merr := atomic.ReadManifest(dir)
+	if merr == nil {
 		t.Format, t.Tag, t.Degrees, t.DType = "atomic", m.Source.Tag, fragment.Degrees(m.Source.Degrees), m.Source.DType
 	}
-	type file struct {
-		param, state, path string
-	}
-	var files []file
-	var names []string
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
-		}
-		sub, err := os.ReadDir(filepath.Join(zero, e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		names = append(names, e.Name())
-		for _, s := range sub {
-			if s.IsDir() || !strings.HasSuffix(s.Name(), ".pt") {
-				continue
-			}
-			files = append(files, file{e.Name(), strings.TrimSuffix(s.Name(), ".pt"), filepath.Join(zero, e.Name(), s.Name())})
-		}
-	}
-	if len(names) == 0 {
-		return nil, fmt.Errorf("%s: no parameter folders", zero)
+	files, names, err := universalFiles(dir, zero)
+	if err != nil {
+		return nil, err
 	}
 	paths := make([]string, len(files))
 	for i, f := range files {
@@ -86,38 +63,19 @@ func IndexUniversal(ctx context.Context, dir string, workers int) (*fragment.Tab
 			p = &fragment.Param{Name: f.param}
 			params[f.param] = p
 		}
-		root := decoded[i].Root
-		if f.state == fragment.StepState {
-			if tt, ok := root.(*torchfile.Tensor); ok {
-				p.Step = &fragment.Step{Tensor: &fragment.TensorRef{Path: f.path, T: tt}}
-			} else {
-				p.Step = &fragment.Step{Value: root}
-			}
-			continue
-		}
-		tt, err := StateTensor(root)
+		reshaped, err := addStateFile(p, f, decoded[i].Root, shapes)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.path, err)
+			return nil, err
 		}
-		shape := tt.Shape
-		if want, ok := shapes[f.param]; ok && len(shape) == 1 && !torchfile.SameShape(want, shape) && torchfile.Numel(want) == tt.Numel() {
-			shape = want
+		if reshaped {
 			flat++
 		}
-		if p.Shape == nil {
-			p.Shape = shape
-		} else if !torchfile.SameShape(p.Shape, shape) {
-			return nil, fmt.Errorf("%s: shape %v, but the parameter's other states have %v", f.path, shape, p.Shape)
-		}
-		st := p.AddState(f.state)
-		st.Shards = []fragment.Shard{{Shape: shape}}
-		st.Frags = []fragment.Fragment{{Len: tt.Numel(), Src: fragment.TensorRef{Path: f.path, T: tt}}}
 	}
 	if flat > 0 {
 		t.Notes = append(t.Notes, fmt.Sprintf("%d state files of multi-dim parameters hold flat 1-D tensors (ds_to_universal on ZeRO-3), shaped by param_shapes of %s", flat, shapesFrom))
 	}
 	order := names
-	if m, err := atomic.ReadManifest(dir); err == nil {
+	if merr == nil {
 		order = order[:0]
 		for _, p := range m.Params {
 			order = append(order, p.Name)
@@ -141,6 +99,72 @@ func IndexUniversal(ctx context.Context, dir string, workers int) (*fragment.Tab
 		return nil, fmt.Errorf("%s: zero/ has parameters the manifest does not list: %s", dir, strings.Join(extra, ", "))
 	}
 	return t, nil
+}
+
+// uniFile is one state file of a universal checkpoint.
+type uniFile struct {
+	param, state, path string
+}
+
+// universalFiles lists zero/<param>/<state>.pt and the parameter folders.
+func universalFiles(dir, zero string) ([]uniFile, []string, error) {
+	ents, err := os.ReadDir(zero)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: not a universal checkpoint: %w", dir, err)
+	}
+	var files []uniFile
+	var names []string
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		sub, err := os.ReadDir(filepath.Join(zero, e.Name()))
+		if err != nil {
+			return nil, nil, err
+		}
+		names = append(names, e.Name())
+		for _, s := range sub {
+			if s.IsDir() || !strings.HasSuffix(s.Name(), ".pt") {
+				continue
+			}
+			files = append(files, uniFile{e.Name(), strings.TrimSuffix(s.Name(), ".pt"), filepath.Join(zero, e.Name(), s.Name())})
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil, fmt.Errorf("%s: no parameter folders", zero)
+	}
+	return files, names, nil
+}
+
+// addStateFile adds one decoded state file to its parameter; it reports
+// whether a flat 1-D tensor was shaped by param_shapes.
+func addStateFile(p *fragment.Param, f uniFile, root pyobj.Value, shapes map[string][]int64) (bool, error) {
+	if f.state == fragment.StepState {
+		switch tt := root.(type) {
+		case *torchfile.Tensor: // a tensor step; a Python number otherwise
+			p.Step = &fragment.Step{Tensor: &fragment.TensorRef{Path: f.path, T: tt}}
+		default:
+			p.Step = &fragment.Step{Value: root}
+		}
+		return false, nil
+	}
+	tt, err := StateTensor(root)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", f.path, err)
+	}
+	shape, reshaped := tt.Shape, false
+	if want, ok := shapes[f.param]; ok && len(shape) == 1 && !torchfile.SameShape(want, shape) && torchfile.Numel(want) == tt.Numel() {
+		shape, reshaped = want, true
+	}
+	if p.Shape == nil {
+		p.Shape = shape
+	} else if !torchfile.SameShape(p.Shape, shape) {
+		return false, fmt.Errorf("%s: shape %v, but the parameter's other states have %v", f.path, shape, p.Shape)
+	}
+	st := p.AddState(f.state)
+	st.Shards = []fragment.Shard{{Shape: shape}}
+	st.Frags = []fragment.Fragment{{Len: tt.Numel(), Src: fragment.TensorRef{Path: f.path, T: tt}}}
+	return reshaped, nil
 }
 
 // stateRank orders the standard states first, then the others by name
@@ -187,25 +211,20 @@ func paramShapes(dir string) (map[string][]int64, string, error) {
 	if err != nil {
 		return nil, "", nil // not a DeepSpeed model state: no shapes to borrow
 	}
-	groups, ok := pyobj.Seq(v)
-	if !ok {
-		groups = []pyobj.Value{v}
+	// A list of dicts, one per group, or one dict.
+	d := pyobj.NewDec(ms[0]+": param_shapes", v)
+	groups := []pyobj.Dec{d}
+	if _, isSeq := pyobj.Seq(v); isSeq {
+		groups = d.AsList()
 	}
 	out := map[string][]int64{}
 	for _, g := range groups {
-		d, ok := g.(*pyobj.Dict)
-		if !ok {
-			return nil, "", fmt.Errorf("%s: param_shapes holds a %s, want dicts", ms[0], pyobj.TypeName(g))
+		for _, it := range g.Items() {
+			out[it.Key] = it.AsInts()
 		}
-		for i := 0; i < d.Len(); i++ {
-			k, val := d.Item(i)
-			name, ok1 := pyobj.Str(k)
-			shape, ok2 := pyobj.Ints(val)
-			if !ok1 || !ok2 {
-				return nil, "", fmt.Errorf("%s: param_shapes entry %s: %s, want name -> shape", ms[0], pyobj.Repr(k), pyobj.TypeName(val))
-			}
-			out[name] = shape
-		}
+	}
+	if err := d.Err(); err != nil {
+		return nil, "", err
 	}
 	return out, filepath.Base(ms[0]), nil
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 
 	"github.com/ucp-project/ucp/internal/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/ucp-project/ucp/internal/formats/hf"
 	"github.com/ucp-project/ucp/internal/formats/megatron"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // Options are the reading options every format understands.
@@ -29,6 +31,22 @@ type Options struct {
 	Tag       string // DeepSpeed tag / Megatron iteration to read
 	Workers   int    // files decoded at once
 	VocabSize int64  // true vocabulary size, when the checkpoint does not record it
+	// Memory, when > 0, bounds the pickle decoders: each of the Workers
+	// files decoded at once may take at most its share (below the budget
+	// its size gives, torchfile.Options.MaxBudget).
+	Memory int64
+}
+
+// decode returns the torchfile options of o's decoders.
+func (o Options) decode() torchfile.Options {
+	if o.Memory <= 0 {
+		return torchfile.Options{}
+	}
+	w := o.Workers
+	if w <= 0 {
+		w = runtime.NumCPU()
+	}
+	return torchfile.Options{MaxBudget: o.Memory / int64(w)}
 }
 
 // Format is one source format.
@@ -51,7 +69,7 @@ func all(s *deepspeed.Scan) []Format {
 			Help:   "DeepSpeed ZeRO-1/2 and BF16_Optimizer, with Megatron-DeepSpeed TP/PP",
 			Detect: s.Detect,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return deepspeed.Index(ctx, path, deepspeed.Options{Tag: o.Tag, Workers: o.Workers, Scan: s})
+				return deepspeed.Index(ctx, path, deepspeed.Options{Tag: o.Tag, Workers: o.Workers, Scan: s, Decode: o.decode()})
 			},
 		},
 		{
@@ -59,7 +77,7 @@ func all(s *deepspeed.Scan) []Format {
 			Help:   "DeepSpeed ZeRO-3, including AutoTP grids",
 			Detect: s.DetectZero3,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return deepspeed.IndexZero3(ctx, path, deepspeed.Zero3Options{Tag: o.Tag, Workers: o.Workers, Scan: s})
+				return deepspeed.IndexZero3(ctx, path, deepspeed.Zero3Options{Tag: o.Tag, Workers: o.Workers, Scan: s, Decode: o.decode()})
 			},
 		},
 		{
@@ -67,7 +85,7 @@ func all(s *deepspeed.Scan) []Format {
 			Help:   "Megatron-LM --ckpt-format torch (mp_rank_* folders, distrib_optim.pt), TP/PP/VPP/EP",
 			Detect: megatron.Detect,
 			Index: func(ctx context.Context, path string, o Options) (*fragment.Table, error) {
-				return megatron.Index(ctx, path, megatron.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize})
+				return megatron.Index(ctx, path, megatron.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize, Decode: o.decode()})
 			},
 		},
 		{

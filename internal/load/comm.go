@@ -32,13 +32,21 @@ type TCPComm struct {
 	rank, size int
 	next, prev net.Conn
 	ln         net.Listener
+	prevPID    uint64 // != 0: copy from the previous rank's memory (cma.go)
+	nextCMA    bool   // the next rank copies from this rank's memory
 }
 
 // NewTCPComm joins the ring of len(addrs) ranks as rank, accepting on ln
 // (the caller listens on addrs[rank]; port 0 in tests) and connecting to
 // the next rank's address, retrying until ctx is done (the peers start in
-// any order).
+// any order). Ranks on one host then move bulk data by copying between
+// their memories (cma.go).
 func NewTCPComm(ctx context.Context, rank int, ln net.Listener, addrs []string) (*TCPComm, error) {
+	return NewTCPCommOptions(ctx, rank, ln, addrs, RingOptions{})
+}
+
+// NewTCPCommOptions is NewTCPComm with options.
+func NewTCPCommOptions(ctx context.Context, rank int, ln net.Listener, addrs []string, opt RingOptions) (*TCPComm, error) {
 	c := &TCPComm{rank: rank, size: len(addrs), ln: ln}
 	if c.size == 1 {
 		return c, nil
@@ -85,6 +93,10 @@ func NewTCPComm(ctx context.Context, rank int, ln net.Listener, addrs []string) 
 	case <-ctx.Done():
 		c.Close()
 		return nil, fmt.Errorf("rank %d: waiting for rank %d: %w", rank, (rank+c.size-1)%c.size, ctx.Err())
+	}
+	if err := c.negotiateCMA(ctx, opt); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("rank %d: %w", rank, err)
 	}
 	return c, nil
 }
@@ -322,8 +334,11 @@ func (c *TCPComm) ringStep(ctx context.Context, layer int, blocks [][][]byte, ti
 			binary.LittleEndian.PutUint32(h[4:8], uint32(send))
 			binary.LittleEndian.PutUint64(h[8:], uint64(ns))
 			err := writeAll(c.next, h[:], timeout)
+			if err == nil && c.nextCMA {
+				err = c.sendCMA(blocks[send], timeout)
+			}
 			for _, b := range blocks[send] {
-				if err != nil {
+				if err != nil || c.nextCMA {
 					break
 				}
 				err = writeAll(c.next, b, timeout)
@@ -340,8 +355,11 @@ func (c *TCPComm) ringStep(ctx context.Context, layer int, blocks [][][]byte, ti
 					err = fmt.Errorf("received %d bytes of layer %d from rank %d, expected %d bytes of layer %d from rank %d (the ranks' plans differ)", n, l, from, nr, layer, recv)
 				}
 			}
+			if err == nil && c.prevPID != 0 {
+				err = c.recvCMA(ctx, blocks[recv], timeout)
+			}
 			for _, b := range blocks[recv] {
-				if err != nil {
+				if err != nil || c.prevPID != 0 {
 					break
 				}
 				err = readAll(c.prev, b, timeout)

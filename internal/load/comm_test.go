@@ -17,7 +17,9 @@ import (
 )
 
 // ring starts n ranks on loopback ports.
-func ring(t *testing.T, n int) []*load.TCPComm {
+func ring(t *testing.T, n int) []*load.TCPComm { return ringOpts(t, n, load.RingOptions{}) }
+
+func ringOpts(t *testing.T, n int, opt load.RingOptions) []*load.TCPComm {
 	t.Helper()
 	lns := make([]net.Listener, n)
 	addrs := make([]string, n)
@@ -37,7 +39,7 @@ func ring(t *testing.T, n int) []*load.TCPComm {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			comms[i], errs[i] = load.NewTCPComm(ctx, i, lns[i], addrs)
+			comms[i], errs[i] = load.NewTCPCommOptions(ctx, i, lns[i], addrs, opt)
 		}()
 	}
 	wg.Wait()

@@ -179,6 +179,7 @@ import (
 	"unsafe"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/layout"
 )
 
 var (
@@ -305,155 +306,190 @@ func LoadGroupCUDA(ctx context.Context, comm *TCPComm, r *atomic.Reader, items [
 		return st, err
 	}
 	defer C.ucp_stream_free(ncclS)
-	var nc C.ncclComm_t
-	aborted := false
+	g := &cudaRun{ctx: ctx, comm: comm, timeout: timeout, useNCCL: useNCCL, copyS: copyS, ncclS: ncclS, st: &st}
 	if useNCCL {
 		t := time.Now()
-		if nc, err = ncclGroup(ctx, comm, device, timeout, opt.NCCLLibrary); err != nil {
+		if g.nc, err = ncclGroup(ctx, comm, device, timeout, opt.NCCLLibrary); err != nil {
 			return st, err
 		}
 		defer func() {
-			if !aborted {
-				C.ucp_nccl_destroy(nc)
+			if !g.aborted {
+				C.ucp_nccl_destroy(g.nc)
 			}
 		}()
 		st.Seconds["nccl_init"] = time.Since(t).Seconds()
 	}
-	var bufs [2]unsafe.Pointer
-	var evs [2]C.CUevent
-	for k := range bufs {
-		if err := cuCheck("cuMemHostAlloc (pinned)", C.ucp_host_alloc(&bufs[k], pinnedChunk)); err != nil {
+	for k := range g.bufs {
+		if err := cuCheck("cuMemHostAlloc (pinned)", C.ucp_host_alloc(&g.bufs[k], pinnedChunk)); err != nil {
 			return st, err
 		}
-		defer C.ucp_host_free(bufs[k])
-		if err := cuCheck("cuEventCreate", C.ucp_event(&evs[k])); err != nil {
+		defer C.ucp_host_free(g.bufs[k])
+		if err := cuCheck("cuEventCreate", C.ucp_event(&g.evs[k])); err != nil {
 			return st, err
 		}
-		defer C.ucp_event_free(evs[k])
-		C.ucp_event_record(evs[k], copyS)
+		defer C.ucp_event_free(g.evs[k])
+		C.ucp_event_record(g.evs[k], copyS)
 	}
-	// wait polls an event or stream until done, the timeout, or NCCL's
-	// asynchronous error; a stuck NCCL group is aborted so no rank hangs.
-	wait := func(what string, query func() C.CUresult) error {
-		deadline := time.Now().Add(timeout)
-		for {
-			switch r := query(); r {
-			case C.CUDA_SUCCESS:
-				return nil
-			case C.CUDA_ERROR_NOT_READY:
-			default:
-				return cuCheck(what, r)
-			}
-			if useNCCL && !aborted {
-				if r := C.ucp_nccl_async(nc); r != C.ncclSuccess {
-					C.ucp_nccl_abort(nc)
-					aborted = true
-					return ncCheck(what+": the NCCL group failed (a rank died or its link dropped)", r)
-				}
-			}
-			if ctx.Err() != nil || time.Now().After(deadline) {
-				if useNCCL && !aborted {
-					C.ucp_nccl_abort(nc)
-					aborted = true
-				}
-				if ctx.Err() != nil {
-					return fmt.Errorf("rank %d: %s: %w", comm.Rank(), what, ctx.Err())
-				}
-				return fmt.Errorf("rank %d: %s: no progress for %v (a rank died, hangs or made a different call); the NCCL group was aborted", comm.Rank(), what, timeout)
-			}
-			time.Sleep(200 * time.Microsecond)
+	t = time.Now()
+	if err := g.transfer(r, p, items, ptrs); err != nil {
+		return st, err
+	}
+	st.Seconds["read"] = g.readT.Seconds()
+	st.Seconds["exchange"] = (time.Since(t) - g.readT).Seconds()
+	st.Seconds["wait_copy"] = g.waitT.Seconds()
+	// Every rank finished its transfers before any closes the ring.
+	if _, err := comm.allGather(ctx, nil, 0, timeout); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// cudaRun is the state of one LoadGroupCUDA: the streams, the two pinned
+// host buffers it alternates between, the NCCL group and the timings.
+type cudaRun struct {
+	ctx          context.Context
+	comm         *TCPComm
+	timeout      time.Duration
+	useNCCL      bool
+	nc           C.ncclComm_t
+	aborted      bool
+	copyS, ncclS C.CUstream
+	bufs         [2]unsafe.Pointer
+	evs          [2]C.CUevent
+	k            int // the buffer to fill next
+	readT, waitT time.Duration
+	st           *GroupStats
+}
+
+// wait polls an event or stream until done, the timeout, or NCCL's
+// asynchronous error; a stuck NCCL group is aborted so no rank hangs.
+func (g *cudaRun) wait(what string, query func() C.CUresult) error {
+	deadline := time.Now().Add(g.timeout)
+	for {
+		switch r := query(); r {
+		case C.CUDA_SUCCESS:
+			return nil
+		case C.CUDA_ERROR_NOT_READY:
+		default:
+			return cuCheck(what, r)
 		}
+		if g.useNCCL && !g.aborted {
+			if r := C.ucp_nccl_async(g.nc); r != C.ncclSuccess {
+				C.ucp_nccl_abort(g.nc)
+				g.aborted = true
+				return ncCheck(what+": the NCCL group failed (a rank died or its link dropped)", r)
+			}
+		}
+		if g.ctx.Err() != nil || time.Now().After(deadline) {
+			if g.useNCCL && !g.aborted {
+				C.ucp_nccl_abort(g.nc)
+				g.aborted = true
+			}
+			if g.ctx.Err() != nil {
+				return fmt.Errorf("rank %d: %s: %w", g.comm.Rank(), what, g.ctx.Err())
+			}
+			return fmt.Errorf("rank %d: %s: no progress for %v (a rank died, hangs or made a different call); the NCCL group was aborted", g.comm.Rank(), what, g.timeout)
+		}
+		time.Sleep(200 * time.Microsecond)
 	}
-	var readT, waitT time.Duration
-	k := 0
+}
+
+// transfer copies the items this rank owns to the device and, layer by
+// layer, broadcasts every item from its owner; it returns when both
+// streams are done.
+func (g *cudaRun) transfer(r *atomic.Reader, p plan, items []Item, ptrs []uint64) error {
 	layerEvs := make([]C.CUevent, 0, len(p.layers))
 	defer func() {
 		for _, e := range layerEvs {
 			C.ucp_event_free(e)
 		}
 	}()
-	t = time.Now()
 	for _, layer := range p.layers {
 		for _, i := range layer {
-			if p.owner[i] != comm.Rank() {
-				st.BytesReceived += items[i].Bytes()
+			if p.owner[i] != g.comm.Rank() {
+				g.st.BytesReceived += items[i].Bytes()
 				continue
 			}
-			it := items[i]
-			s, err := r.OpenState(it.Param, it.State)
-			if err != nil {
-				return st, err
-			}
-			es := int64(it.DType.Size())
-			for done := int64(0); done < it.N; {
-				n := min(it.N-done, pinnedChunk/es)
-				w := time.Now()
-				if err := wait("copying to the device", func() C.CUresult { return C.ucp_event_query(evs[k]) }); err != nil {
-					s.Close()
-					return st, err
-				}
-				waitT += time.Since(w)
-				buf := unsafe.Slice((*byte)(bufs[k]), n*es)
-				rt := time.Now()
-				got, err := readChunkAs(s, it, done, n, buf)
-				readT += time.Since(rt)
-				st.BytesRead += got
-				if err != nil {
-					s.Close()
-					return st, err
-				}
-				if err := cuCheck("cuMemcpyHtoDAsync", C.ucp_htod(C.uint64_t(ptrs[i]+uint64(done*es)), bufs[k], C.size_t(n*es), copyS)); err != nil {
-					s.Close()
-					return st, err
-				}
-				C.ucp_event_record(evs[k], copyS)
-				k ^= 1
-				done += n
-			}
-			s.Close()
-			if comm.Size() > 1 {
-				st.BytesSent += it.Bytes()
+			if err := g.copyItem(r, items[i], ptrs[i]); err != nil {
+				return err
 			}
 		}
-		if !useNCCL {
+		if !g.useNCCL {
 			continue
 		}
 		// The layer's broadcasts start once its copies are done, on their own stream.
 		var ev C.CUevent
 		if err := cuCheck("cuEventCreate", C.ucp_event(&ev)); err != nil {
-			return st, err
+			return err
 		}
 		layerEvs = append(layerEvs, ev)
-		C.ucp_event_record(ev, copyS)
-		C.ucp_stream_wait(ncclS, ev)
-		if err := ncCheck("ncclGroupStart", C.ucp_nccl_group_start()); err != nil {
-			return st, err
+		C.ucp_event_record(ev, g.copyS)
+		C.ucp_stream_wait(g.ncclS, ev)
+		if err := g.broadcast(layer, items, ptrs, p.owner); err != nil {
+			return err
 		}
-		for _, i := range layer {
-			if b := items[i].Bytes(); b > 0 {
-				if err := ncCheck("ncclBroadcast", C.ucp_nccl_bcast(C.uint64_t(ptrs[i]), C.size_t(b), C.int(p.owner[i]), nc, ncclS)); err != nil {
-					C.ucp_nccl_group_end()
-					return st, err
-				}
+	}
+	for _, s := range []C.CUstream{g.copyS, g.ncclS} {
+		if err := g.wait("finishing the transfers", func() C.CUresult { return C.ucp_stream_query(s) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyItem reads an item this rank owns through the pinned buffers and
+// copies it to its device address ptr on the copy stream.
+func (g *cudaRun) copyItem(r *atomic.Reader, it Item, ptr uint64) error {
+	s, err := r.OpenState(it.Param, it.State)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	es := int64(it.DType.Size())
+	for done := int64(0); done < it.N; {
+		n := min(it.N-done, pinnedChunk/es)
+		w := time.Now()
+		k := g.k
+		if err := g.wait("copying to the device", func() C.CUresult { return C.ucp_event_query(g.evs[k]) }); err != nil {
+			return err
+		}
+		g.waitT += time.Since(w)
+		buf := unsafe.Slice((*byte)(g.bufs[k]), n*es)
+		rt := time.Now()
+		got, err := readChunkAs(s, it, done, n, buf)
+		g.readT += time.Since(rt)
+		g.st.BytesRead += got
+		if err != nil {
+			return err
+		}
+		if err := cuCheck("cuMemcpyHtoDAsync", C.ucp_htod(C.uint64_t(ptr+uint64(done*es)), g.bufs[k], C.size_t(n*es), g.copyS)); err != nil {
+			return err
+		}
+		C.ucp_event_record(g.evs[k], g.copyS)
+		g.k ^= 1
+		done += n
+	}
+	if g.comm.Size() > 1 {
+		g.st.BytesSent += it.Bytes()
+	}
+	return nil
+}
+
+// broadcast broadcasts a layer's items from their owners, as one NCCL group
+// on the NCCL stream.
+func (g *cudaRun) broadcast(layer []int, items []Item, ptrs []uint64, owner []int) error {
+	if err := ncCheck("ncclGroupStart", C.ucp_nccl_group_start()); err != nil {
+		return err
+	}
+	for _, i := range layer {
+		if b := items[i].Bytes(); b > 0 {
+			if err := ncCheck("ncclBroadcast", C.ucp_nccl_bcast(C.uint64_t(ptrs[i]), C.size_t(b), C.int(owner[i]), g.nc, g.ncclS)); err != nil {
+				C.ucp_nccl_group_end()
+				return err
 			}
 		}
-		if err := ncCheck("ncclGroupEnd", C.ucp_nccl_group_end()); err != nil {
-			return st, err
-		}
 	}
-	for _, s := range []C.CUstream{copyS, ncclS} {
-		if err := wait("finishing the transfers", func() C.CUresult { return C.ucp_stream_query(s) }); err != nil {
-			return st, err
-		}
-	}
-	st.Seconds["read"] = readT.Seconds()
-	st.Seconds["exchange"] = (time.Since(t) - readT).Seconds()
-	st.Seconds["wait_copy"] = waitT.Seconds()
-	// Every rank finished its transfers before any closes the ring.
-	if _, err := comm.allGather(ctx, nil, 0, timeout); err != nil {
-		return st, err
-	}
-	return st, nil
+	return ncCheck("ncclGroupEnd", C.ucp_nccl_group_end())
 }
 
 // readChunkAs reads elements [done, done+n) of an item into buf.

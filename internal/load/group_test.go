@@ -76,8 +76,21 @@ func alloc(items []load.Item) [][]byte {
 
 // runGroup loads items[k] into fresh buffers on rank k of an n-rank ring.
 func runGroup(t *testing.T, r *atomic.Reader, items [][]load.Item, opt load.GroupOptions, breakRank int) ([][][]byte, []load.GroupStats, []error) {
+	return runGroupRing(t, r, items, opt, breakRank, load.RingOptions{})
+}
+
+func runGroupRing(t *testing.T, r *atomic.Reader, items [][]load.Item, opt load.GroupOptions, breakRank int, ro load.RingOptions) ([][][]byte, []load.GroupStats, []error) {
 	n := len(items)
-	comms := ring(t, n)
+	comms := ringOpts(t, n, ro)
+	for k, c := range comms {
+		from, to := c.SameHost()
+		if ro.TCPOnly && (from || to) {
+			t.Fatalf("rank %d copies between processes with TCPOnly", k)
+		}
+		if !ro.TCPOnly && n > 1 && (!from || !to) && load.SameHostWorks() {
+			t.Fatalf("rank %d of %d in one process: the links stay on TCP (from the previous rank %v, to the next %v)", k, n, from, to)
+		}
+	}
 	dst := make([][][]byte, n)
 	stats := make([]load.GroupStats, n)
 	errs := make([]error, n)
@@ -131,12 +144,16 @@ func TestLoadGroup(t *testing.T) {
 	if st1.BytesRead == 0 || st1.BytesReceived != 0 {
 		t.Fatalf("one rank: %+v", st1)
 	}
-	for _, n := range []int{2, 4} {
+	for _, c := range []struct {
+		n  int
+		ro load.RingOptions
+	}{{2, load.RingOptions{}}, {4, load.RingOptions{}}, {2, load.RingOptions{TCPOnly: true}}, {4, load.RingOptions{TCPOnly: true}}} {
+		n := c.n
 		reqs := make([][]load.Item, n)
 		for k := range reqs {
 			reqs[k] = items
 		}
-		dst, stats, errs := runGroup(t, r, reqs, load.GroupOptions{Args: `{"tp":2,"tp_rank":1}`}, -1)
+		dst, stats, errs := runGroupRing(t, r, reqs, load.GroupOptions{Args: `{"tp":2,"tp_rank":1}`}, -1, c.ro)
 		var read, sent, recv int64
 		for k := 0; k < n; k++ {
 			if errs[k] != nil {
@@ -208,10 +225,14 @@ func TestLoadGroupMismatch(t *testing.T) {
 func TestLoadGroupDeadRank(t *testing.T) {
 	r := groupReader(t)
 	items := groupItems(t, r, 1, 0)
-	for _, dead := range []int{0, 2} {
+	for _, c := range []struct {
+		dead int
+		ro   load.RingOptions
+	}{{0, load.RingOptions{}}, {2, load.RingOptions{}}, {2, load.RingOptions{TCPOnly: true}}} {
+		dead := c.dead
 		reqs := [][]load.Item{items, items, items, items}
 		start := time.Now()
-		_, _, errs := runGroup(t, r, reqs, load.GroupOptions{Timeout: 5 * time.Second}, dead)
+		_, _, errs := runGroupRing(t, r, reqs, load.GroupOptions{Timeout: 5 * time.Second}, dead, c.ro)
 		for k, err := range errs {
 			if err == nil {
 				t.Fatalf("dead rank %d: rank %d succeeded", dead, k)

@@ -158,11 +158,26 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 			Source: atomic.SourceInfo{Format: t.Format, Path: t.Source, Tag: t.Tag, Degrees: atomic.Degrees(t.Degrees),
 				DType: t.DType, Args: t.Args, Model: t.Model},
 			Notes: t.Notes}}
-	var tasks []Task
-	add := func(o Output) int {
-		pl.Outputs = append(pl.Outputs, o)
-		return len(pl.Outputs) - 1
+	tasks, err := pl.paramTasks(t, opt, chunk)
+	if err != nil {
+		return nil, err
 	}
+	tasks = append(tasks, pl.fileTasks(t, chunk)...)
+	pl.assign(tasks)
+	pl.markShared()
+	return pl, nil
+}
+
+func (pl *Plan) add(o Output) int {
+	pl.Outputs = append(pl.Outputs, o)
+	return len(pl.Outputs) - 1
+}
+
+// paramTasks adds every parameter's state and step files with their
+// manifest entries, and returns their tasks: row ranges of about chunk
+// elements per state file, one task per step.
+func (pl *Plan) paramTasks(t *fragment.Table, opt PlanOptions, chunk int64) ([]Task, error) {
+	var tasks []Task
 	for pi, p := range t.Params {
 		pl.Manifest.Params = append(pl.Manifest.Params, paramEntry(p))
 		numel := p.Numel()
@@ -178,7 +193,7 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 			if si == 0 {
 				pl.Manifest.Params[pi].DType = dt.String()
 			}
-			oi := add(Output{Kind: StateFile, Path: atomic.StatePath(p.Name, st.Name), Param: pi, State: si, Name: st.Name,
+			oi := pl.add(Output{Kind: StateFile, Path: atomic.StatePath(p.Name, st.Name), Param: pi, State: si, Name: st.Name,
 				Shape: p.Shape, DType: dt, Bare: opt.BareStates})
 			srcPerElem := srcBytesPerElem(p, st, numel)
 			es := int64(dt.Size())
@@ -190,23 +205,30 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 			}
 		}
 		if p.Step != nil {
-			oi := add(Output{Kind: StepFile, Path: atomic.StatePath(p.Name, fragment.StepState), Param: pi, State: -1,
+			oi := pl.add(Output{Kind: StepFile, Path: atomic.StatePath(p.Name, fragment.StepState), Param: pi, State: -1,
 				Name: fragment.StepState})
 			tasks = append(tasks, Task{Kind: StepTask, Output: oi, Bytes: 1, Of: 1})
 		}
 	}
+	return tasks, nil
+}
+
+// fileTasks adds the value files (optimizer state, extra state, written
+// files) and the copied files, and returns the copies' tasks.
+func (pl *Plan) fileTasks(t *fragment.Table, chunk int64) []Task {
+	var tasks []Task
 	if t.Optimizer != nil {
-		add(Output{Kind: ValueFile, Path: filepath.Join(atomic.ZeroDir, atomic.OptimizerState), Param: -1, State: -1,
+		pl.add(Output{Kind: ValueFile, Path: filepath.Join(atomic.ZeroDir, atomic.OptimizerState), Param: -1, State: -1,
 			Value: t.Optimizer})
 	}
 	if t.Extra != nil && t.Extra.Len() > 0 {
-		add(Output{Kind: ValueFile, Path: atomic.ExtraState, Param: -1, State: -1, Value: t.Extra})
+		pl.add(Output{Kind: ValueFile, Path: atomic.ExtraState, Param: -1, State: -1, Value: t.Extra})
 	}
 	for _, vf := range t.WriteFiles {
-		add(Output{Kind: ValueFile, Path: vf.Name, Param: -1, State: -1, Value: vf.Value})
+		pl.add(Output{Kind: ValueFile, Path: vf.Name, Param: -1, State: -1, Value: vf.Value})
 	}
 	for _, c := range t.CopyFiles {
-		oi := add(Output{Kind: CopyFile, Path: c.Name, Param: -1, State: -1, Src: c.Src, Size: c.Size})
+		oi := pl.add(Output{Kind: CopyFile, Path: c.Name, Param: -1, State: -1, Src: c.Src, Size: c.Size})
 		// Byte ranges as big as a reduce task's output, so a big
 		// model-state file is shared by the workers like a big tensor.
 		ranges := splitRows(c.Size, 1, 4*chunk)
@@ -215,10 +237,15 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 				Chunk: ci, Of: len(ranges)})
 		}
 	}
-	// LPT: biggest first. Equal tasks are ordered by chunk index first, so
-	// concurrent workers start on different files (writes to one file
-	// serialize on its inode lock), then by position: the plan is
-	// deterministic.
+	return tasks
+}
+
+// assign orders the tasks and gives each to a node, then sets pl.Tasks.
+// LPT: biggest first. Equal tasks are ordered by chunk index first, so
+// concurrent workers start on different files (writes to one file
+// serialize on its inode lock), then by position: the plan is
+// deterministic.
+func (pl *Plan) assign(tasks []Task) {
 	sort.SliceStable(tasks, func(i, j int) bool {
 		if tasks[i].Bytes != tasks[j].Bytes {
 			return tasks[i].Bytes > tasks[j].Bytes
@@ -228,7 +255,7 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 	copyNode := map[int]int{} // a copied file stays on one node: only state files are shared
 	for i := range tasks {
 		n := 0
-		for k := 1; k < opt.Nodes; k++ {
+		for k := 1; k < pl.Nodes; k++ {
 			if pl.NodeBytes[k] < pl.NodeBytes[n] {
 				n = k
 			}
@@ -244,8 +271,6 @@ func NewPlan(t *fragment.Table, opt PlanOptions) (*Plan, error) {
 	}
 	sort.SliceStable(tasks, func(i, j int) bool { return tasks[i].Node < tasks[j].Node })
 	pl.Tasks = tasks
-	pl.markShared()
-	return pl, nil
 }
 
 // paramEntry is a parameter's manifest entry without its files.

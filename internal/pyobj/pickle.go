@@ -88,7 +88,8 @@ func (e *Encoder) Global(module, name string) {
 	e.buf = append(e.buf, '\n')
 }
 
-// Encode appends v.
+// Encode appends v. It is one case per value type, as pickle.py's dispatch
+// table is, and is kept whole (over 100 lines) so that table reads in one place.
 func (e *Encoder) Encode(v Value) error {
 	if e.depth > DefaultLimits().MaxDepth {
 		return fmt.Errorf("pickle: objects nest deeper than %d levels", DefaultLimits().MaxDepth)

@@ -18,6 +18,9 @@ import (
 // CPython does (escapes in STRING and UNICODE, big INT, FLOAT spellings) are
 // rewritten into their binary equivalents; pickles of protocol 2 and later
 // (every torch.save) come back unchanged.
+//
+// One loop with one case per opcode family, kept whole (over 100 lines)
+// like the VM it guards.
 func prepare(data []byte, lim Limits) ([]byte, error) {
 	s := &shape{memo: map[uint64]bool{}, maxMarks: 4*lim.MaxDepth + 16}
 	var out []byte // nil until a rewrite is needed

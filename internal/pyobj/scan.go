@@ -128,8 +128,8 @@ type BudgetError struct {
 }
 
 func (e *BudgetError) Error() string {
-	return fmt.Sprintf("pickle: decoding would need more than its memory budget of %s "+
-		"(%d opcodes by byte %d; more objects than a checkpoint of this size holds)", mib(e.Budget), e.Ops, e.At)
+	return fmt.Sprintf("pickle: decoding would need more than its memory budget of %s (%d opcodes by byte %d)",
+		mib(e.Budget), e.Ops, e.At)
 }
 
 // mib formats a byte count for messages.

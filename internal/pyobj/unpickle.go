@@ -322,6 +322,8 @@ func newConverter(maxDepth int) *converter {
 	return &converter{maxDepth: maxDepth, done: map[any]Value{}, busy: map[any]bool{}}
 }
 
+// conv is one case per value type the VM produces; it is kept whole (over
+// 100 lines) so the mapping from VM values to Values reads in one place.
 func (c *converter) conv(v interface{}, depth int) (Value, error) {
 	switch x := v.(type) {
 	case nil, bool, float64, int64, string, Bytes, Size, DType, Enum, FuncRef, Tuple:

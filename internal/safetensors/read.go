@@ -101,33 +101,14 @@ func Read(r io.ReaderAt, size int64, name string) (*File, error) {
 }
 
 func read(r io.ReaderAt, size int64, name string) (*File, error) {
-	if size < 8 {
-		return nil, fmt.Errorf("%w: file has %d bytes", ErrHeaderTooSmall, size)
-	}
-	var lenBuf [8]byte
-	if err := readFull(r, lenBuf[:], 0); err != nil {
+	n, hb, err := readHeader(r, size)
+	if err != nil {
 		return nil, err
-	}
-	n := binary.LittleEndian.Uint64(lenBuf[:])
-	if n > MaxHeaderSize {
-		return nil, fmt.Errorf("%w: header length %d exceeds %d", ErrHeaderTooLarge, n, MaxHeaderSize)
-	}
-	if n > uint64(size)-8 {
-		return nil, fmt.Errorf("%w: header length %d but the file has only %d bytes after the length", ErrHeaderLength, n, size-8)
-	}
-	// Only now is allocating n bytes justified by the file size.
-	hb := make([]byte, n)
-	if err := readFull(r, hb, 8); err != nil {
-		return nil, err
-	}
-	if !utf8.Valid(hb) {
-		return nil, fmt.Errorf("%w: invalid byte at header offset %d", ErrHeaderUTF8, invalidUTF8At(hb))
 	}
 	h, err := parseHeader(hb)
 	if err != nil {
 		return nil, err
 	}
-
 	// Reference order: sort by (begin, end), then walk the buffer. The sort
 	// is stable so that zero-sized tensors sharing an offset keep JSON order.
 	ents := h.entries
@@ -139,37 +120,10 @@ func read(r io.ReaderAt, size int64, name string) (*File, error) {
 	})
 	var at uint64
 	for _, e := range ents {
-		switch {
-		case e.begin > at:
-			return nil, fmt.Errorf("tensor %q: %w: data_offsets [%d, %d] leave bytes [%d, %d) of the data unused (a hole)",
-				e.name, ErrInvalidOffset, e.begin, e.end, at, e.begin)
-		case e.begin < at:
-			return nil, fmt.Errorf("tensor %q: %w: data_offsets [%d, %d] overlap the previous tensor, which ends at %d",
-				e.name, ErrInvalidOffset, e.begin, e.end, at)
-		case e.end < e.begin:
-			return nil, fmt.Errorf("tensor %q: %w: data_offsets [%d, %d] end before they begin",
-				e.name, ErrInvalidOffset, e.begin, e.end)
+		if err := checkEntry(e, at); err != nil {
+			return nil, err
 		}
 		at = e.end
-		numel := uint64(1)
-		for _, d := range e.shape {
-			hi, lo := bits.Mul64(numel, d)
-			if hi != 0 {
-				return nil, fmt.Errorf("tensor %q: %w: element count of shape %v exceeds 64 bits", e.name, ErrOverflow, e.shape)
-			}
-			numel = lo
-		}
-		hi, nbits := bits.Mul64(numel, e.dtype.bits())
-		if hi != 0 {
-			return nil, fmt.Errorf("tensor %q: %w: %d elements of %s exceed 64 bits of size", e.name, ErrOverflow, numel, e.dtype)
-		}
-		if nbits%8 != 0 {
-			return nil, fmt.Errorf("tensor %q: %w: %d elements of %s are %d bits", e.name, ErrMisaligned, numel, e.dtype, nbits)
-		}
-		if e.end-e.begin != nbits/8 {
-			return nil, fmt.Errorf("tensor %q: %w: shape %v of %s needs %d bytes, data_offsets [%d, %d] hold %d",
-				e.name, ErrTensorInfo, e.shape, e.dtype, nbits/8, e.begin, e.end, e.end-e.begin)
-		}
 	}
 	dataStart := 8 + n
 	if at != uint64(size)-dataStart {
@@ -207,6 +161,71 @@ func read(r io.ReaderAt, size int64, name string) (*File, error) {
 		f.index[e.name] = i
 	}
 	return f, nil
+}
+
+// readHeader reads the header length n and the n header bytes, checked
+// against the file size before they are allocated and for UTF-8.
+func readHeader(r io.ReaderAt, size int64) (uint64, []byte, error) {
+	if size < 8 {
+		return 0, nil, fmt.Errorf("%w: file has %d bytes", ErrHeaderTooSmall, size)
+	}
+	var lenBuf [8]byte
+	if err := readFull(r, lenBuf[:], 0); err != nil {
+		return 0, nil, err
+	}
+	n := binary.LittleEndian.Uint64(lenBuf[:])
+	if n > MaxHeaderSize {
+		return 0, nil, fmt.Errorf("%w: header length %d exceeds %d", ErrHeaderTooLarge, n, MaxHeaderSize)
+	}
+	if n > uint64(size)-8 {
+		return 0, nil, fmt.Errorf("%w: header length %d but the file has only %d bytes after the length", ErrHeaderLength, n, size-8)
+	}
+	// Only now is allocating n bytes justified by the file size.
+	hb := make([]byte, n)
+	if err := readFull(r, hb, 8); err != nil {
+		return 0, nil, err
+	}
+	if !utf8.Valid(hb) {
+		return 0, nil, fmt.Errorf("%w: invalid byte at header offset %d", ErrHeaderUTF8, invalidUTF8At(hb))
+	}
+	return n, hb, nil
+}
+
+// checkEntry checks one tensor of the sorted header, the previous one
+// ending at byte at of the data: no hole, no overlap, and data offsets that
+// hold exactly its shape of its dtype.
+func checkEntry(e rawEntry, at uint64) error {
+	switch {
+	case e.begin > at:
+		return fmt.Errorf("tensor %q: %w: data_offsets [%d, %d] leave bytes [%d, %d) of the data unused (a hole)",
+			e.name, ErrInvalidOffset, e.begin, e.end, at, e.begin)
+	case e.begin < at:
+		return fmt.Errorf("tensor %q: %w: data_offsets [%d, %d] overlap the previous tensor, which ends at %d",
+			e.name, ErrInvalidOffset, e.begin, e.end, at)
+	case e.end < e.begin:
+		return fmt.Errorf("tensor %q: %w: data_offsets [%d, %d] end before they begin",
+			e.name, ErrInvalidOffset, e.begin, e.end)
+	}
+	numel := uint64(1)
+	for _, d := range e.shape {
+		hi, lo := bits.Mul64(numel, d)
+		if hi != 0 {
+			return fmt.Errorf("tensor %q: %w: element count of shape %v exceeds 64 bits", e.name, ErrOverflow, e.shape)
+		}
+		numel = lo
+	}
+	hi, nbits := bits.Mul64(numel, e.dtype.bits())
+	if hi != 0 {
+		return fmt.Errorf("tensor %q: %w: %d elements of %s exceed 64 bits of size", e.name, ErrOverflow, numel, e.dtype)
+	}
+	if nbits%8 != 0 {
+		return fmt.Errorf("tensor %q: %w: %d elements of %s are %d bits", e.name, ErrMisaligned, numel, e.dtype, nbits)
+	}
+	if e.end-e.begin != nbits/8 {
+		return fmt.Errorf("tensor %q: %w: shape %v of %s needs %d bytes, data_offsets [%d, %d] hold %d",
+			e.name, ErrTensorInfo, e.shape, e.dtype, nbits/8, e.begin, e.end, e.end-e.begin)
+	}
+	return nil
 }
 
 // Close releases the file opened by Open.

@@ -52,10 +52,11 @@ type File struct {
 
 // Options tune how a file is read; the zero value is the default.
 type Options struct {
-	// Budget bounds the memory that decoding the file's pickle may take
-	// (pyobj.Limits.MaxBytes), and with it how far a compressed pickle
-	// record may expand. <= 0: pyobj.SizeBudget of the file's size.
-	Budget int64
+	// MaxBudget, when > 0, lowers the memory that decoding the file's
+	// pickle may take (pyobj.Limits.MaxBytes, and with it how far a
+	// compressed pickle record may expand) below pyobj.SizeBudget of the
+	// file's size: a command's --memory shared by its decoders.
+	MaxBudget int64
 }
 
 // Open opens a torch.save file by path. Close it when done.
@@ -79,8 +80,8 @@ func Read(r io.ReaderAt, size int64, name string) (*File, error) {
 
 // budget returns the decoding budget for a file of size bytes.
 func (o Options) budget(size int64) int64 {
-	if o.Budget > 0 {
-		return o.Budget
+	if o.MaxBudget > 0 {
+		return min(o.MaxBudget, pyobj.SizeBudget(size))
 	}
 	return pyobj.SizeBudget(size)
 }
@@ -114,9 +115,12 @@ func (o Options) Read(r io.ReaderAt, size int64, name string) (*File, error) {
 	}
 	if err != nil {
 		var be *pyobj.BudgetError
-		if o.Budget <= 0 && errors.As(err, &be) {
-			err = fmt.Errorf("%w; the budget is %d times the file's size, at least %d MiB",
-				err, pyobj.BudgetPerByte, pyobj.MinBudget>>20)
+		if errors.As(err, &be) {
+			how := fmt.Sprintf("%d times the file's size, at least %d MiB", pyobj.BudgetPerByte, pyobj.MinBudget>>20)
+			if o.MaxBudget > 0 {
+				how += ", at most this file's share of --memory"
+			}
+			err = fmt.Errorf("%w; the budget is %s", err, how)
 		}
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

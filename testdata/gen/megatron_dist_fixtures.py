@@ -51,6 +51,8 @@ CASES = {
     "tp2_dp2_bf16_fullrs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True),
     "tp2_pp2_tied_bf16_dprs": dict(tp=2, pp=2, dp=1, dtype="bf16", sharding="dp_reshardable", tied=True, args=False),
     "tp2_pp2_tied_bf16_fullrs": dict(tp=2, pp=2, dp=1, dtype="bf16", sharding="fully_reshardable", tied=True, args=False),
+    # The same run saved with args (a training loop's save): a source ucp can reshard.
+    "tp2_pp2_tied_bf16_dprs_args": dict(tp=2, pp=2, dp=1, dtype="bf16", sharding="dp_reshardable", tied=True, args=True),
     # args record transformer_impl='local': truth names are the live module's (no keys map).
     "tp2_dp2_bf16_fullrs_local": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True, impl=True),
     # Core <= 0.14 with torch 2.6: optimizer.state.{fp32_param,exp_avg,exp_avg_sq} with flattened_range.
@@ -76,6 +78,11 @@ VOCAB = 50
 PADDED_VOCAB = 64  # Megatron pads to a multiple of make_vocab_size_divisible_by (32) x TP (2)
 SEQ = 8
 STEPS = 2
+# UCP_MEGATRON_GEOMETRY=layers,hidden,heads,groups,kv_channels,ffn,vocab,padded_vocab builds the same
+# model at another size (scripts/megatron-check.sh times loads of a ~120 MB one; never a stored fixture).
+if os.environ.get("UCP_MEGATRON_GEOMETRY"):
+    NUM_LAYERS, HIDDEN, HEADS, GROUPS, KV_CHANNELS, FFN, VOCAB, PADDED_VOCAB = (
+        int(x) for x in os.environ["UCP_MEGATRON_GEOMETRY"].split(","))
 
 
 def install_shims():
@@ -251,7 +258,14 @@ def build(case, rank, world):
     )
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
                                             overlap_grad_reduce=False, bucket_size=None)
-    ddp = DDP(config=cfg, ddp_config=ddp_cfg, module=model)
+    # f16module: wrapped as pretrain_gpt.py wraps a 16-bit model (every parameter, norms too, in the
+    # training dtype: one DDP buffer); the fixtures themselves are saved unwrapped.
+    inner = model
+    if case.get("f16module") and bf16:
+        from megatron.core.transformer.module import Float16Module
+
+        inner = Float16Module(cfg, model)
+    ddp = DDP(config=cfg, ddp_config=ddp_cfg, module=inner)
     ocfg = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, bf16=bf16, params_dtype=dt,
                            use_distributed_optimizer=True)
     opt = get_megatron_optimizer(ocfg, [ddp])
@@ -491,7 +505,7 @@ def main():
             final = os.path.join(out, f"core{version}_{name}")
             try:
                 r = subprocess.run([sys.executable, __file__, src, out, name], env=dict(os.environ, UCP_ONE_CASE="1"),
-                                   timeout=300, start_new_session=True)
+                                   timeout=int(os.environ.get("UCP_CASE_TIMEOUT", "300")), start_new_session=True)
                 if r.returncode == 0:
                     shutil.rmtree(final, ignore_errors=True)
                     os.rename(os.path.join(out, name), final)

@@ -2,7 +2,7 @@
 torch_dist` at the written degrees and must give the source fixture's live truth bit for bit, then
 train a step.
 
-    python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP
+    python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP [SHARDING]
 
 CASE_DIR holds `written/` (ucp's save folder) and the source fixture's `truth.pt`; CASE is the
 source's generator case (megatron_dist_fixtures.CASES: the model geometry). Each of TP·PP·DP ranks
@@ -10,7 +10,8 @@ source's generator case (megatron_dist_fixtures.CASES: the model geometry). Each
 the new degrees, every parameter and optimizer state NaN first, then does what the training loop's
 load does: `dist_checkpointing.load` of `{'model': model.sharded_state_dict(), 'optimizer':
 optimizer.sharded_state_dict(model_sd, is_loading=True, metadata={'distrib_optim_sharding_type':
-'fully_reshardable'})}`, `model.load_state_dict`, `optimizer.load_state_dict`. The live model and the
+SHARDING})}` (fully_reshardable unless given; for dp_reshardable a bf16 model is wrapped in
+Float16Module as pretrain_gpt.py wraps it, so that DDP builds the buffers of a training run), `model.load_state_dict`, `optimizer.load_state_dict`. The live model and the
 optimizer's fp32 main parameters and Adam moments are gathered over every rank (the fixture
 generator's local_truth/merge) and compared with truth.pt: states exactly, weights with the truth's fp32
 cast to the dtype ucp saved (the training dtype, as a Float16Module holds every parameter) and back.
@@ -23,6 +24,7 @@ import time
 
 src, case_dir, case_name = sys.argv[1], sys.argv[2], sys.argv[3]
 TP, PP, DP = (int(x) for x in sys.argv[4:7])
+SHARDING = sys.argv[7] if len(sys.argv) > 7 else "fully_reshardable"
 # UCP_OWN=1: `written/` is the fixture's own checkpoint (the load-time baseline); its model weights
 # are the live ones (fp32 norms of the unwrapped bf16 model), compared with truth weight directly.
 OWN = os.environ.get("UCP_OWN") == "1"
@@ -57,13 +59,17 @@ def patch_torch_adam_step():
     every tensor of the live state ('step' included) and raises KeyError: Megatron's own
     fully_reshardable checkpoints do not load with torch AdamW (no TE/Apex, as on CPU) either
     (UCP_OWN=1 shows it). The step itself comes from the param groups (load_state_dict); the shim
-    only lets the lookup skip it, as it skips every non-tensor."""
+    only lets the lookup skip it, as it skips every non-tensor. With dp_reshardable the tensors do
+    hold a 'step': the LocalNonpersistentObject of sharded_param_state_dp_reshardable, i.e. the live
+    step tensor from before the load, which _set_main_param_and_optimizer_states copies over the
+    step load_state_dict has just set from the param groups (Megatron's own dp_reshardable
+    checkpoints show the same with torch AdamW: UCP_OWN=1); the shim skips it too."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     orig = DistributedOptimizer._set_main_param_and_optimizer_states
 
     def set_states(self, model_param, tensors):
-        return orig(self, model_param, {"step": None, **tensors})
+        return orig(self, model_param, {**tensors, "step": None})
 
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
@@ -78,7 +84,7 @@ def worker(rank, world, port):
     from megatron.core import dist_checkpointing
 
     case = dict(gen.CASES[case_name])
-    case.update(tp=TP, pp=PP, dp=DP)
+    case.update(tp=TP, pp=PP, dp=DP, f16module=SHARDING == "dp_reshardable" and not OWN)
     cfg, ddp, model, opt = gen.build(case, rank, world)
     # Nothing may survive from initialization: NaN everywhere before the load.
     with torch.no_grad():
@@ -104,7 +110,7 @@ def worker(rank, world, port):
     model_sd = model.sharded_state_dict()
     state = {"model": model_sd,
              "optimizer": opt.sharded_state_dict(model_sd, is_loading=True,
-                                                 metadata={"distrib_optim_sharding_type": "fully_reshardable"})}
+                                                 metadata={"distrib_optim_sharding_type": SHARDING})}
     loaded = dist_checkpointing.load(state, it)
     model.load_state_dict(loaded["model"])
     opt.load_state_dict(loaded["optimizer"])
@@ -154,7 +160,7 @@ def worker(rank, world, port):
             print("FAIL", case_dir, *bad[:20], sep="\n  ")
         else:
             print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP} DP {DP}: "
-                  f"{n} tensors equal to the truth, one training step taken; load {load_s:.2f}s", flush=True)
+                  f"{n} tensors equal to the truth ({SHARDING}), one training step taken; load {load_s:.2f}s", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     if bad:

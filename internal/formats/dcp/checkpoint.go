@@ -176,121 +176,19 @@ func Open(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 	}
 	fs := newFiles(dir)
 	defer fs.close()
-	var jobs []func() error
-	var notesMu sync.Mutex
-	tensors := map[string]*Tensor{}
-	values := map[string]bool{}
-	planned := map[string]bool{}
+	o := &opener{c: c, fs: fs, opt: opt, tensors: map[string]*Tensor{}, values: map[string]bool{}, planned: map[string]bool{}}
 	for _, name := range names {
-		path := filepath.Join(dir, name)
-		md, err := ReadMetadata(path)
-		if err != nil {
+		if err := o.addMetadata(name); err != nil {
 			return nil, err
 		}
-		if c.Meta == nil {
-			c.Meta = md
-		}
-		for _, k := range md.PlannerOrder {
-			if !planned[k] {
-				planned[k] = true
-				c.PlannerOrder = append(c.PlannerOrder, k)
-			}
-		}
-		for _, e := range md.Entries {
-			if e.Bytes {
-				if values[e.Key] {
-					continue // the first rank's value
-				}
-				if tensors[e.Key] != nil {
-					return nil, fmt.Errorf("%s: %q is a tensor in another rank's metadata but bytes here", path, e.Key)
-				}
-				values[e.Key] = true
-				si, ok := md.Lookup(e.Key, nil, false)
-				if !ok {
-					return nil, fmt.Errorf("%s: storage_data has no MetadataIndex(%q) for the non-tensor key %q", path, e.Key, e.Key)
-				}
-				it, err := fs.resolve(si)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %q: %w", path, e.Key, err)
-				}
-				v := &Value{Key: e.Key, Path: md.Path(e.Key), Item: it.String()}
-				c.Values = append(c.Values, v)
-				jobs = append(jobs, func() error {
-					val, note, err := fs.bytesValue(e.Key, it)
-					if err != nil {
-						return err
-					}
-					v.V = val
-					if note != "" {
-						notesMu.Lock()
-						c.Notes = append(c.Notes, note)
-						notesMu.Unlock()
-					}
-					return nil
-				})
-				continue
-			}
-			if values[e.Key] {
-				return nil, fmt.Errorf("%s: %q is bytes in another rank's metadata but a tensor here", path, e.Key)
-			}
-			t := tensors[e.Key]
-			if t == nil {
-				t = &Tensor{Key: e.Key, Path: md.Path(e.Key), DType: e.DType, Size: e.Size}
-				tensors[e.Key] = t
-				c.Tensors = append(c.Tensors, t)
-			} else if t.DType != e.DType || !torchfile.SameShape(t.Size, e.Size) {
-				return nil, fmt.Errorf("%s: %q is %v%v here but %v%v in %s", path, e.Key, e.DType, e.Size, t.DType, t.Size, names[0])
-			}
-			for ci, ch := range e.Chunks {
-				if opt.PadSizes && len(ch.Offsets) == len(t.Size) && len(ch.Sizes) < len(ch.Offsets) {
-					ch.Sizes = append(slices.Repeat([]int64{1}, len(ch.Offsets)-len(ch.Sizes)), ch.Sizes...)
-				}
-				if err := checkChunk(t.Size, ch); err != nil {
-					return nil, fmt.Errorf("%s: %q chunk %d: %w", path, e.Key, ci, err)
-				}
-				si, ok := md.Lookup(e.Key, ch.Offsets, true)
-				if !ok {
-					return nil, fmt.Errorf("%s: storage_data has no MetadataIndex(%q, %v) for chunk %d of %q", path, e.Key, ch.Offsets, ci, e.Key)
-				}
-				it, err := fs.resolve(si)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %q chunk %d: %w", path, e.Key, ci, err)
-				}
-				t.Chunks = append(t.Chunks, ChunkRef{Chunk: ch, Item: it.String(), Meta: name})
-				idx := len(t.Chunks) - 1
-				dt := t.DType
-				jobs = append(jobs, func() error {
-					ref, err := fs.tensor(e.Key, it, dt, ch.Offsets, ch.Sizes)
-					if err != nil {
-						return err
-					}
-					t.Chunks[idx].Ref = ref
-					return nil
-				})
-			}
-		}
 	}
-	// Keys without planner data follow: tensors, then values, each in
-	// metadata order.
-	var keys []string
-	for _, t := range c.Tensors {
-		keys = append(keys, t.Key)
-	}
-	for _, v := range c.Values {
-		keys = append(keys, v.Key)
-	}
-	for _, k := range keys {
-		if !planned[k] {
-			c.PlannerOrder = append(c.PlannerOrder, k)
-			planned[k] = true
-		}
-	}
+	o.orderUnplanned()
 	for _, t := range c.Tensors {
 		if err := markCopies(t); err != nil {
 			return nil, fmt.Errorf("%s: %q: %w", dir, t.Key, err)
 		}
 	}
-	if err := runJobs(ctx, jobs, opt.Workers); err != nil {
+	if err := runJobs(ctx, o.jobs, opt.Workers); err != nil {
 		removeScratch(fs.scratch)
 		return nil, err
 	}
@@ -309,6 +207,145 @@ func Open(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 		c.Notes = append(c.Notes, fmt.Sprintf("Metadata attributes not used: %v", unused))
 	}
 	return c, nil
+}
+
+// opener merges the metadata files of a folder into a Checkpoint, queueing
+// the reads of values and chunk headers as jobs.
+type opener struct {
+	c       *Checkpoint
+	fs      *files
+	opt     Options
+	jobs    []func() error
+	notesMu sync.Mutex
+	tensors map[string]*Tensor
+	values  map[string]bool
+	planned map[string]bool
+}
+
+// addMetadata merges one metadata file: its planner order, values and
+// tensor chunks.
+func (o *opener) addMetadata(name string) error {
+	path := filepath.Join(o.c.Dir, name)
+	md, err := ReadMetadata(path)
+	if err != nil {
+		return err
+	}
+	if o.c.Meta == nil {
+		o.c.Meta = md
+	}
+	for _, k := range md.PlannerOrder {
+		if !o.planned[k] {
+			o.planned[k] = true
+			o.c.PlannerOrder = append(o.c.PlannerOrder, k)
+		}
+	}
+	for _, e := range md.Entries {
+		if e.Bytes {
+			err = o.addValue(path, md, e)
+		} else {
+			err = o.addTensor(path, name, md, e)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addValue adds a non-tensor key (the first rank's value wins).
+func (o *opener) addValue(path string, md *Metadata, e *Entry) error {
+	if o.values[e.Key] {
+		return nil // the first rank's value
+	}
+	if o.tensors[e.Key] != nil {
+		return fmt.Errorf("%s: %q is a tensor in another rank's metadata but bytes here", path, e.Key)
+	}
+	o.values[e.Key] = true
+	si, ok := md.Lookup(e.Key, nil, false)
+	if !ok {
+		return fmt.Errorf("%s: storage_data has no MetadataIndex(%q) for the non-tensor key %q", path, e.Key, e.Key)
+	}
+	it, err := o.fs.resolve(si)
+	if err != nil {
+		return fmt.Errorf("%s: %q: %w", path, e.Key, err)
+	}
+	v := &Value{Key: e.Key, Path: md.Path(e.Key), Item: it.String()}
+	o.c.Values = append(o.c.Values, v)
+	o.jobs = append(o.jobs, func() error {
+		val, note, err := o.fs.bytesValue(e.Key, it)
+		if err != nil {
+			return err
+		}
+		v.V = val
+		if note != "" {
+			o.notesMu.Lock()
+			o.c.Notes = append(o.c.Notes, note)
+			o.notesMu.Unlock()
+		}
+		return nil
+	})
+	return nil
+}
+
+// addTensor adds the chunks one metadata file lists for a tensor key.
+func (o *opener) addTensor(path, name string, md *Metadata, e *Entry) error {
+	if o.values[e.Key] {
+		return fmt.Errorf("%s: %q is bytes in another rank's metadata but a tensor here", path, e.Key)
+	}
+	t := o.tensors[e.Key]
+	if t == nil {
+		t = &Tensor{Key: e.Key, Path: md.Path(e.Key), DType: e.DType, Size: e.Size}
+		o.tensors[e.Key] = t
+		o.c.Tensors = append(o.c.Tensors, t)
+	} else if t.DType != e.DType || !torchfile.SameShape(t.Size, e.Size) {
+		return fmt.Errorf("%s: %q is %v%v here but %v%v in %s", path, e.Key, e.DType, e.Size, t.DType, t.Size, o.c.MetaFiles[0])
+	}
+	for ci, ch := range e.Chunks {
+		if o.opt.PadSizes && len(ch.Offsets) == len(t.Size) && len(ch.Sizes) < len(ch.Offsets) {
+			ch.Sizes = append(slices.Repeat([]int64{1}, len(ch.Offsets)-len(ch.Sizes)), ch.Sizes...)
+		}
+		if err := checkChunk(t.Size, ch); err != nil {
+			return fmt.Errorf("%s: %q chunk %d: %w", path, e.Key, ci, err)
+		}
+		si, ok := md.Lookup(e.Key, ch.Offsets, true)
+		if !ok {
+			return fmt.Errorf("%s: storage_data has no MetadataIndex(%q, %v) for chunk %d of %q", path, e.Key, ch.Offsets, ci, e.Key)
+		}
+		it, err := o.fs.resolve(si)
+		if err != nil {
+			return fmt.Errorf("%s: %q chunk %d: %w", path, e.Key, ci, err)
+		}
+		t.Chunks = append(t.Chunks, ChunkRef{Chunk: ch, Item: it.String(), Meta: name})
+		idx := len(t.Chunks) - 1
+		dt := t.DType
+		o.jobs = append(o.jobs, func() error {
+			ref, err := o.fs.tensor(e.Key, it, dt, ch.Offsets, ch.Sizes)
+			if err != nil {
+				return err
+			}
+			t.Chunks[idx].Ref = ref
+			return nil
+		})
+	}
+	return nil
+}
+
+// orderUnplanned appends the keys without planner data: tensors, then
+// values, each in metadata order.
+func (o *opener) orderUnplanned() {
+	var keys []string
+	for _, t := range o.c.Tensors {
+		keys = append(keys, t.Key)
+	}
+	for _, v := range o.c.Values {
+		keys = append(keys, v.Key)
+	}
+	for _, k := range keys {
+		if !o.planned[k] {
+			o.c.PlannerOrder = append(o.c.PlannerOrder, k)
+			o.planned[k] = true
+		}
+	}
 }
 
 // runJobs runs every job (at most workers at once) and returns the error

@@ -97,7 +97,11 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 		opt.ModelKey = "model"
 	}
 	if opt.OptimKey == "" {
-		opt.OptimKey = optimKeyOf(r)
+		k, err := optimKeyOf(r)
+		if err != nil {
+			return nil, err
+		}
+		opt.OptimKey = k
 	}
 	if opt.Workers <= 0 {
 		opt.Workers = runtime.NumCPU()
@@ -163,34 +167,44 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 
 // optimKeyOf returns the optimizer's top-level key of a DCP source, found
 // in the extra state (its param groups), or "optim".
-func optimKeyOf(r *atomic.Reader) string {
+func optimKeyOf(r *atomic.Reader) (string, error) {
 	if !r.HasFile(atomic.ExtraState) {
-		return "optim"
+		return "optim", nil
 	}
-	v, err := r.Load(atomic.ExtraState)
-	d, ok := v.(*pyobj.Dict)
-	if err != nil || !ok {
-		return "optim"
+	d, err := loadExtra(r)
+	if err != nil {
+		return "", err
 	}
 	var found []string
 	for i := 0; i < d.Len(); i++ {
 		k, sub := d.Item(i)
-		ks, isStr := k.(string)
-		sd, ok := sub.(*pyobj.Dict)
-		if !ok || !isStr || ks == "" {
-			continue // not an optimizer's group
+		ks, isStr := field(k)
+		sd, isDict := sub.(*pyobj.Dict)
+		if !isDict || !isStr || ks == "" {
+			continue // not an optimizer's group: the extra state holds any values
 		}
 		for _, sk := range sd.Keys() {
-			if s, ok := sk.(string); ok && (s == "param_groups" || strings.HasPrefix(s, "param_groups.")) {
+			if s, ok := field(sk); ok && (s == "param_groups" || strings.HasPrefix(s, "param_groups.")) {
 				found = append(found, ks)
 				break
 			}
 		}
 	}
 	if len(found) == 0 {
-		return "optim"
+		return "optim", nil
 	}
-	return preferred(found, optimGroups)[0]
+	return preferred(found, optimGroups)[0], nil
+}
+
+// loadExtra loads the atomic checkpoint's extra state, a dict.
+func loadExtra(r *atomic.Reader) (*pyobj.Dict, error) {
+	v, err := r.Load(atomic.ExtraState)
+	if err != nil {
+		return nil, err
+	}
+	d := pyobj.NewDec(r.Dir+": "+atomic.ExtraState, v)
+	x := d.AsDict()
+	return x, d.Err()
 }
 
 // NewSaveID is a random UUID for StorageMeta.save_id, as torch makes one.
@@ -208,17 +222,62 @@ func newUUID() string {
 // (and aliases), then its optimizer states and step; then the extra
 // state's values; then the param groups.
 func exportKeys(r *atomic.Reader, opt ExportOptions, stats *ExportStats) ([]*outKey, error) {
-	var keys []*outKey
-	seen := map[string]bool{}
-	add := func(k *outKey) error {
-		k.key = joinPath(k.path)
-		if seen[k.key] {
-			return fmt.Errorf("key %q would be written twice", k.key)
-		}
-		seen[k.key] = true
-		keys = append(keys, k)
-		return nil
+	ks := &keySet{seen: map[string]bool{}}
+	trained, err := ks.addParams(r, opt)
+	if err != nil {
+		return nil, err
 	}
+	// The extra state (a DCP source's non-tensor values, at their paths).
+	if r.HasFile(atomic.ExtraState) {
+		d, err := loadExtra(r)
+		if err != nil {
+			return nil, err
+		}
+		leaves, err := flatten(d)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", r.Dir, atomic.ExtraState, err)
+		}
+		for _, lf := range leaves {
+			if ks.seen[joinPath(lf.path)] {
+				stats.Notes = append(stats.Notes, fmt.Sprintf("extra state %s not written: the key holds a parameter's tensor", joinPath(lf.path)))
+				continue
+			}
+			if err := ks.addLeaf(lf); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := ks.addGroups(r, opt, trained, stats); err != nil {
+		return nil, err
+	}
+	for _, k := range ks.keys {
+		if k.tensor {
+			chunkKey(k, opt.Shards)
+		}
+	}
+	return ks.keys, nil
+}
+
+// keySet collects the keys of an export, each once.
+type keySet struct {
+	keys []*outKey
+	seen map[string]bool
+}
+
+func (ks *keySet) add(k *outKey) error {
+	k.key = joinPath(k.path)
+	if ks.seen[k.key] {
+		return fmt.Errorf("key %q would be written twice", k.key)
+	}
+	ks.seen[k.key] = true
+	ks.keys = append(ks.keys, k)
+	return nil
+}
+
+// addParams adds every parameter's tensors (under opt.ModelKey) and
+// optimizer states and step (under opt.OptimKey); it returns the trained
+// parameters.
+func (ks *keySet) addParams(r *atomic.Reader, opt ExportOptions) (map[string]bool, error) {
 	modelPath := func(name string) []pyobj.Value {
 		if opt.ModelKey == "" {
 			return []pyobj.Value{name}
@@ -242,7 +301,7 @@ func exportKeys(r *atomic.Reader, opt ExportOptions, stats *ExportStats) ([]*out
 				dt = opt.DType
 			}
 			for _, name := range append([]string{p.Name}, p.Aliases...) {
-				if err := add(&outKey{path: modelPath(name), tensor: true, dt: dt, size: p.Shape,
+				if err := ks.add(&outKey{path: modelPath(name), tensor: true, dt: dt, size: p.Shape,
 					param: p.Name, state: fragment.FP32}); err != nil {
 					return nil, err
 				}
@@ -256,7 +315,7 @@ func exportKeys(r *atomic.Reader, opt ExportOptions, stats *ExportStats) ([]*out
 			if f.State == fragment.FP32 || f.State == fragment.StepState {
 				continue
 			}
-			if err := add(&outKey{path: []pyobj.Value{opt.OptimKey, "state", p.Name, f.State}, tensor: true, dt: opt.DType,
+			if err := ks.add(&outKey{path: []pyobj.Value{opt.OptimKey, "state", p.Name, f.State}, tensor: true, dt: opt.DType,
 				size: p.Shape, param: p.Name, state: f.State}); err != nil {
 				return nil, err
 			}
@@ -265,117 +324,99 @@ func exportKeys(r *atomic.Reader, opt ExportOptions, stats *ExportStats) ([]*out
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			k := &outKey{path: []pyobj.Value{opt.OptimKey, "state", p.Name, fragment.StepState}}
-			if b, isBlob := step.(*torchfile.Blob); isBlob {
-				k.tensor, k.dt, k.size, k.blob = true, b.DType, b.Shape, b
-			} else if k.data, err = saveBytes(step); err != nil {
+		if !ok {
+			continue
+		}
+		k := &outKey{path: []pyobj.Value{opt.OptimKey, "state", p.Name, fragment.StepState}}
+		switch b := step.(type) {
+		case *torchfile.Blob: // a tensor step; a Python number otherwise
+			k.tensor, k.dt, k.size, k.blob = true, b.DType, b.Shape, b
+		default:
+			if k.data, err = saveBytes(step); err != nil {
 				return nil, fmt.Errorf("step of %s: %w", p.Name, err)
 			}
-			if err := add(k); err != nil {
-				return nil, err
-			}
 		}
-	}
-	// The extra state (a DCP source's non-tensor values, at their paths).
-	if r.HasFile(atomic.ExtraState) {
-		v, err := r.Load(atomic.ExtraState)
-		if err != nil {
+		if err := ks.add(k); err != nil {
 			return nil, err
 		}
-		d, ok := v.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: %s holds %s, not a dict", r.Dir, atomic.ExtraState, pyobj.TypeName(v))
-		}
-		leaves, err := flatten(d)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %s: %w", r.Dir, atomic.ExtraState, err)
-		}
-		for _, lf := range leaves {
-			if seen[joinPath(lf.path)] {
-				stats.Notes = append(stats.Notes, fmt.Sprintf("extra state %s not written: the key holds a parameter's tensor", joinPath(lf.path)))
-				continue
-			}
-			if err := addLeaf(add, lf); err != nil {
-				return nil, err
-			}
-		}
 	}
-	// Param groups naming the parameters, unless the extra state had them.
+	return trained, nil
+}
+
+// addGroups adds param groups naming the parameters, unless the extra
+// state had them; groups that cannot be named are left out with a note.
+func (ks *keySet) addGroups(r *atomic.Reader, opt ExportOptions, trained map[string]bool, stats *ExportStats) error {
 	pgPrefix := opt.OptimKey + ".param_groups"
-	hasGroups := false
-	for k := range seen {
+	for k := range ks.seen {
 		if k == pgPrefix || strings.HasPrefix(k, pgPrefix+".") {
-			hasGroups = true
+			return nil
 		}
 	}
 	optFile := filepath.ToSlash(filepath.Join(atomic.ZeroDir, atomic.OptimizerState))
-	if !hasGroups && len(trained) > 0 && r.HasFile(optFile) {
-		v, err := r.Load(optFile)
-		if err != nil {
-			return nil, err
-		}
-		pg, _ := pyobj.Path(v, "param_groups")
-		ok, why := namedGroups(pg, trained)
-		if !ok {
-			if named, err := groupsByOrder(r, pg, trained); err == nil {
-				pg, ok = named, true
-			} else {
-				why += "; " + err.Error()
-			}
-		}
-		if ok {
-			leaves, err := flatten(pyobj.DictOf(opt.OptimKey, pyobj.DictOf("param_groups", pg)))
-			if err != nil {
-				return nil, err
-			}
-			for _, lf := range leaves {
-				if err := addLeaf(add, lf); err != nil {
-					return nil, err
-				}
-			}
+	if len(trained) == 0 || !r.HasFile(optFile) {
+		return nil
+	}
+	v, err := r.Load(optFile)
+	if err != nil {
+		return err
+	}
+	pg, _ := pyobj.Path(v, "param_groups") // none: namedGroups says so in the note
+	ok, why := namedGroups(pg, trained)
+	if !ok {
+		if named, err := groupsByOrder(r, pg, trained); err == nil {
+			pg, ok = named, true
 		} else {
-			stats.Notes = append(stats.Notes, "param groups not written: "+why)
+			why += "; " + err.Error()
 		}
 	}
-	for _, k := range keys {
-		if k.tensor {
-			chunkKey(k, opt.Shards)
+	if !ok {
+		stats.Notes = append(stats.Notes, "param groups not written: "+why)
+		return nil
+	}
+	leaves, err := flatten(pyobj.DictOf(opt.OptimKey, pyobj.DictOf("param_groups", pg)))
+	if err != nil {
+		return err
+	}
+	for _, lf := range leaves {
+		if err := ks.addLeaf(lf); err != nil {
+			return err
 		}
 	}
-	return keys, nil
+	return nil
 }
 
-func addLeaf(add func(*outKey) error, lf leaf) error {
+// addLeaf adds a value: a tensor as it is, anything else as the bytes of
+// its torch.save.
+func (ks *keySet) addLeaf(lf leaf) error {
 	k := &outKey{path: lf.path}
-	if b, ok := lf.v.(*torchfile.Blob); ok {
+	switch b := lf.v.(type) {
+	case *torchfile.Blob: // a tensor of the extra state
 		k.tensor, k.dt, k.size, k.blob = true, b.DType, b.Shape, b
-	} else {
+	default:
 		data, err := saveBytes(lf.v)
 		if err != nil {
 			return fmt.Errorf("%s: %w", joinPath(lf.path), err)
 		}
 		k.data = data
 	}
-	return add(k)
+	return ks.add(k)
 }
 
 // namedGroups reports whether param groups list parameters by name, all of
 // them trained parameters of the checkpoint (DCP sources); DeepSpeed's
 // groups hold flat-group ids that mean nothing to a DCP loader.
 func namedGroups(pg pyobj.Value, trained map[string]bool) (bool, string) {
-	groups, ok := pyobj.Seq(pg)
-	if !ok || len(groups) == 0 {
+	d := pyobj.NewDec("", pg)
+	groups := d.AsList()
+	if d.Err() != nil || len(groups) == 0 {
 		return false, "the optimizer state has no param_groups list"
 	}
 	for i, g := range groups {
-		d, ok := g.(*pyobj.Dict)
-		if !ok {
-			return false, fmt.Sprintf("param_groups[%d] is %s", i, pyobj.TypeName(g))
+		if g.AsDict() == nil {
+			return false, fmt.Sprintf("param_groups[%d] is %s", i, pyobj.TypeName(g.Value()))
 		}
-		pv, _ := d.Get("params")
-		names, ok := pyobj.Strings(pv)
-		if !ok {
+		names := g.Key("params").AsStrings()
+		if d.Err() != nil {
 			return false, fmt.Sprintf("param_groups[%d].params are not parameter names", i)
 		}
 		for _, n := range names {
@@ -694,8 +735,9 @@ func exportMetadata(keys []*outKey, opt ExportOptions, dst string) *Metadata {
 // parameters of the model states' param_shapes[i], in order (the model
 // states of every stage, copied into the atomic checkpoint).
 func groupsByOrder(r *atomic.Reader, pg pyobj.Value, trained map[string]bool) (pyobj.Value, error) {
-	groups, ok := pyobj.Seq(pg)
-	if !ok || len(groups) == 0 {
+	gd := pyobj.NewDec("", pg)
+	groups := gd.AsList()
+	if gd.Err() != nil || len(groups) == 0 {
 		return nil, fmt.Errorf("no param_groups list")
 	}
 	names := make([][]string, len(groups))
@@ -710,29 +752,33 @@ func groupsByOrder(r *atomic.Reader, pg pyobj.Value, trained map[string]bool) (p
 		if err != nil {
 			return nil, err
 		}
-		ps, _ := pyobj.Path(f.Root, "param_shapes")
+		root := pyobj.NewDec(path, f.Root)
 		f.Close()
-		shapes, ok := pyobj.Seq(ps)
+		ps, ok := root.Opt("param_shapes")
 		if !ok {
-			continue
+			if root.AsDict() == nil {
+				return nil, root.Err()
+			}
+			continue // model states without param_shapes
+		}
+		shapes := ps.AsList()
+		if err := root.Err(); err != nil {
+			return nil, err
 		}
 		if len(shapes) != len(groups) {
 			return nil, fmt.Errorf("%s: %d param_shapes groups for %d param groups", path, len(shapes), len(groups))
 		}
 		found = true
 		for i, s := range shapes {
-			d, ok := s.(*pyobj.Dict)
-			if !ok {
-				return nil, fmt.Errorf("%s: param_shapes[%d] is %s", path, i, pyobj.TypeName(s))
-			}
-			for _, k := range d.Keys() {
-				n, ok := k.(string)
-				if !ok || seen[n] || !trained[n] {
-					continue
+			for _, it := range s.Items() {
+				if !seen[it.Key] && trained[it.Key] {
+					seen[it.Key] = true
+					names[i] = append(names[i], it.Key)
 				}
-				seen[n] = true
-				names[i] = append(names[i], n)
 			}
+		}
+		if err := root.Err(); err != nil {
+			return nil, err
 		}
 	}
 	if !found {
@@ -740,9 +786,9 @@ func groupsByOrder(r *atomic.Reader, pg pyobj.Value, trained map[string]bool) (p
 	}
 	out := &pyobj.List{}
 	for i, g := range groups {
-		d, ok := g.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("param_groups[%d] is %s", i, pyobj.TypeName(g))
+		d := g.AsDict()
+		if d == nil {
+			return nil, fmt.Errorf("param_groups[%d] is %s", i, pyobj.TypeName(g.Value()))
 		}
 		c := pyobj.NewDict(d.Kind)
 		for j := 0; j < d.Len(); j++ {

@@ -153,9 +153,9 @@ func binEntries(path, name string) ([]hfEntry, map[string]string, error) {
 	views := map[string]string{} // storage and view -> first name
 	aliases := map[string]string{}
 	for _, it := range items {
-		t, ok := it.Value().(*torchfile.Tensor)
-		if !ok {
-			return nil, nil, fmt.Errorf("%s: [%q] is %s, not a tensor: not a transformers weights file", path, it.Key, pyobj.TypeName(it.Value()))
+		t := pyobj.As[*torchfile.Tensor](it.Dec, "a tensor")
+		if err := root.Err(); err != nil {
+			return nil, nil, fmt.Errorf("%w: not a transformers weights file", err)
 		}
 		view := fmt.Sprint(t.Storage.Key, t.StorageOffset, t.Shape, t.Stride, t.DType)
 		if first, dup := views[view]; dup {
@@ -212,12 +212,22 @@ func hfConfig(t *fragment.Table, dir string) error {
 		return fmt.Errorf("%s: %w", p, err)
 	}
 	t.CopyFiles = append(t.CopyFiles, fragment.CopyFile{Name: HFConfigCopy, Src: p, Size: st.Size()})
-	if dt, ok := m["dtype"].(string); ok {
-		t.DType = dt
-	} else if dt, ok := m["torch_dtype"].(string); ok {
-		t.DType = dt
+	var dt, tdt, mt string
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{{"dtype", &dt}, {"torch_dtype", &tdt}, {"model_type", &mt}} {
+		switch x := m[f.key].(type) {
+		case nil:
+		case string:
+			*f.dst = x
+		default:
+			return fmt.Errorf("%s: %s is %v, not a string", p, f.key, x)
+		}
 	}
-	mt, _ := m["model_type"].(string)
+	if t.DType = dt; dt == "" {
+		t.DType = tdt
+	}
 	if _, err := family.ByHFModelType(mt); err != nil {
 		t.Notes = append(t.Notes, fmt.Sprintf("%s: model_type %q is no known model family: exports keep the names (--arch none) or name one with --arch", p, mt))
 		return nil
@@ -271,9 +281,9 @@ func readHFIndex(path string) (*hfIndex, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: weight_map: %w", path, err)
 		}
-		k, ok := tok.(string)
-		if !ok {
-			return nil, fmt.Errorf("%s: weight_map has a non-string key", path)
+		k, err := jsonKey(tok)
+		if err != nil {
+			return nil, fmt.Errorf("%s: weight_map %w", path, err)
 		}
 		var v string
 		if err := dec.Decode(&v); err != nil {
@@ -295,40 +305,9 @@ func OpenHF(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The safetensors layouts first, as transformers' from_pretrained
-	// prefers them; the torch.save ones (save_pretrained with
-	// safe_serialization=False) only in a folder without safetensors.
-	idxName, bin := HFIndexFile, false
-	files := listHF(ents, hfModelRE, ".safetensors")
-	if !exists(filepath.Join(dir, HFIndexFile)) && len(files) == 0 {
-		if bf := listHF(ents, hfBinRE, ".bin"); len(bf) > 0 || exists(filepath.Join(dir, HFBinIndexFile)) {
-			idxName, bin, files = HFBinIndexFile, true, bf
-		}
-	}
-	if len(files) == 0 && !bin {
-		files = listHF(ents, nil, ".safetensors")
-	}
-	var idx *hfIndex
-	ip := filepath.Join(dir, idxName)
-	if exists(ip) {
-		if idx, err = readHFIndex(ip); err != nil {
-			return nil, err
-		}
-		files = nil
-		seen := map[string]bool{}
-		for _, k := range idx.order {
-			f := idx.WeightMap[k]
-			if err := checkRelative(f); err != nil {
-				return nil, fmt.Errorf("%s: weight_map[%q]: %w", ip, k, err)
-			}
-			if !seen[f] {
-				seen[f] = true
-				files = append(files, f)
-			}
-		}
-	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("%s: no .safetensors files and no pytorch_model*.bin", dir)
+	files, idx, idxName, bin, err := hfFiles(dir, ents)
+	if err != nil {
+		return nil, err
 	}
 	c := &Checkpoint{Dir: dir, Format: "hf", Meta: &Metadata{PlannerData: map[string][]pyobj.Value{},
 		byKey: map[string]*Entry{}, storage: map[string]int{}}}
@@ -360,26 +339,8 @@ func OpenHF(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 		if m := hfShardRE.FindStringSubmatch(name); m != nil {
 			ranks[m[1]] = true
 		}
-		for _, e := range ents {
-			if idx != nil {
-				if f, ok := idx.WeightMap[e.name]; !ok || f != name {
-					return nil, fmt.Errorf("%s: tensor %q is not mapped to this file by %s", path, e.name, idxName)
-				}
-			}
-			t := tensors[e.name]
-			if t == nil {
-				t = &Tensor{Key: e.name, Path: []pyobj.Value{e.name}, DType: e.ref.T.DType}
-				tensors[e.name] = t
-				c.Tensors = append(c.Tensors, t)
-				c.Meta.PlannerData[e.name] = t.Path
-				c.Meta.PlannerOrder = append(c.Meta.PlannerOrder, e.name)
-			} else if t.DType != e.ref.T.DType {
-				return nil, fmt.Errorf("%s: %q is %v here but %v in another file", path, e.name, e.ref.T.DType, t.DType)
-			} else if len(t.Chunks[0].Sizes) != len(e.ref.T.Shape) {
-				return nil, fmt.Errorf("%s: %q has %d dims here but %d in another file", path, e.name, len(e.ref.T.Shape), len(t.Chunks[0].Sizes))
-			}
-			t.Chunks = append(t.Chunks, ChunkRef{Chunk: Chunk{Offsets: e.off, Sizes: clone(e.ref.T.Shape)}, Ref: e.ref,
-				Item: e.item, Meta: name})
+		if err := c.addHFEntries(tensors, idx, idxName, name, ents); err != nil {
+			return nil, err
 		}
 	}
 	if idx != nil {
@@ -389,6 +350,90 @@ func OpenHF(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 			}
 		}
 	}
+	if err := c.hfEntries(files); err != nil {
+		return nil, err
+	}
+	c.World = max(len(ranks), 1)
+	if n := len(ranks); n > 0 {
+		for r := 1; r <= maxRank(ranks); r++ {
+			if !ranks[fmt.Sprintf("%05d", r)] {
+				c.Notes = append(c.Notes, fmt.Sprintf("no shard-%05d-model-*.safetensors file: if that rank saved tensors, the checkpoint is incomplete", r))
+			}
+		}
+	}
+	c.MetaFiles = files
+	return c, nil
+}
+
+// hfFiles lists the weights files of an HF folder, in the index's order
+// when it has one. The safetensors layouts come first, as transformers'
+// from_pretrained prefers them; the torch.save ones (save_pretrained with
+// safe_serialization=False) only in a folder without safetensors.
+func hfFiles(dir string, ents []os.DirEntry) (files []string, idx *hfIndex, idxName string, bin bool, err error) {
+	idxName = HFIndexFile
+	files = listHF(ents, hfModelRE, ".safetensors")
+	if !exists(filepath.Join(dir, HFIndexFile)) && len(files) == 0 {
+		if bf := listHF(ents, hfBinRE, ".bin"); len(bf) > 0 || exists(filepath.Join(dir, HFBinIndexFile)) {
+			idxName, bin, files = HFBinIndexFile, true, bf
+		}
+	}
+	if len(files) == 0 && !bin {
+		files = listHF(ents, nil, ".safetensors")
+	}
+	ip := filepath.Join(dir, idxName)
+	if exists(ip) {
+		if idx, err = readHFIndex(ip); err != nil {
+			return nil, nil, "", false, err
+		}
+		files = nil
+		seen := map[string]bool{}
+		for _, k := range idx.order {
+			f := idx.WeightMap[k]
+			if err := checkRelative(f); err != nil {
+				return nil, nil, "", false, fmt.Errorf("%s: weight_map[%q]: %w", ip, k, err)
+			}
+			if !seen[f] {
+				seen[f] = true
+				files = append(files, f)
+			}
+		}
+	}
+	if len(files) == 0 {
+		return nil, nil, "", false, fmt.Errorf("%s: no .safetensors files and no pytorch_model*.bin", dir)
+	}
+	return files, idx, idxName, bin, nil
+}
+
+// addHFEntries adds the tensors of one weights file as chunks.
+func (c *Checkpoint) addHFEntries(tensors map[string]*Tensor, idx *hfIndex, idxName, name string, ents []hfEntry) error {
+	path := filepath.Join(c.Dir, name)
+	for _, e := range ents {
+		if idx != nil {
+			if f, ok := idx.WeightMap[e.name]; !ok || f != name {
+				return fmt.Errorf("%s: tensor %q is not mapped to this file by %s", path, e.name, idxName)
+			}
+		}
+		t := tensors[e.name]
+		if t == nil {
+			t = &Tensor{Key: e.name, Path: []pyobj.Value{e.name}, DType: e.ref.T.DType}
+			tensors[e.name] = t
+			c.Tensors = append(c.Tensors, t)
+			c.Meta.PlannerData[e.name] = t.Path
+			c.Meta.PlannerOrder = append(c.Meta.PlannerOrder, e.name)
+		} else if t.DType != e.ref.T.DType {
+			return fmt.Errorf("%s: %q is %v here but %v in another file", path, e.name, e.ref.T.DType, t.DType)
+		} else if len(t.Chunks[0].Sizes) != len(e.ref.T.Shape) {
+			return fmt.Errorf("%s: %q has %d dims here but %d in another file", path, e.name, len(e.ref.T.Shape), len(t.Chunks[0].Sizes))
+		}
+		t.Chunks = append(t.Chunks, ChunkRef{Chunk: Chunk{Offsets: e.off, Sizes: clone(e.ref.T.Shape)}, Ref: e.ref,
+			Item: e.item, Meta: name})
+	}
+	return nil
+}
+
+// hfEntries sizes every tensor from its chunks and records it as a
+// metadata entry, as a DCP .metadata would list it.
+func (c *Checkpoint) hfEntries(files []string) error {
 	for _, t := range c.Tensors {
 		t.Size = make([]int64, len(t.Chunks[0].Sizes))
 		for _, ch := range t.Chunks {
@@ -403,20 +448,11 @@ func OpenHF(ctx context.Context, dir string, opt Options) (*Checkpoint, error) {
 		c.Meta.Entries = append(c.Meta.Entries, e)
 		c.Meta.byKey[t.Key] = e
 		if err := markCopies(t); err != nil {
-			return nil, fmt.Errorf("%s: %q: %w (a shard file may be missing; files read: %v)", dir, t.Key, err, files)
+			return fmt.Errorf("%s: %q: %w (a shard file may be missing; files read: %v)", c.Dir, t.Key, err, files)
 		}
 		c.PlannerOrder = append(c.PlannerOrder, t.Key)
 	}
-	c.World = max(len(ranks), 1)
-	if n := len(ranks); n > 0 {
-		for r := 1; r <= maxRank(ranks); r++ {
-			if !ranks[fmt.Sprintf("%05d", r)] {
-				c.Notes = append(c.Notes, fmt.Sprintf("no shard-%05d-model-*.safetensors file: if that rank saved tensors, the checkpoint is incomplete", r))
-			}
-		}
-	}
-	c.MetaFiles = files
-	return c, nil
+	return nil
 }
 
 func maxRank(ranks map[string]bool) int {
@@ -443,4 +479,14 @@ func hfLess(a, b string) bool {
 		return ka < kb
 	}
 	return a < b
+}
+
+// jsonKey is a JSON object's key token (json.Decoder.Token returns keys as
+// strings; anything else is a malformed object).
+func jsonKey(tok json.Token) (string, error) {
+	switch k := tok.(type) {
+	case string:
+		return k, nil
+	}
+	return "", fmt.Errorf("has a non-string key")
 }

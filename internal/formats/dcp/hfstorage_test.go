@@ -124,6 +124,13 @@ func TestHFErrors(t *testing.T) {
 			b, _ := os.ReadFile(p)
 			os.WriteFile(p, []byte(strings.Replace(string(b), `"head.bias"`, `"head.bias2"`, 1)), 0o644)
 		}, []string{"head.bias", "not mapped to this file"}},
+		// config.json values of the wrong type were once read as absent.
+		{"config.json torch_dtype an int", "consolidated", func(t *testing.T, d string) {
+			os.WriteFile(filepath.Join(d, "config.json"), []byte(`{"torch_dtype": 3}`), 0o644)
+		}, []string{"config.json", "torch_dtype is 3, not a string"}},
+		{"config.json model_type a list", "consolidated", func(t *testing.T, d string) {
+			os.WriteFile(filepath.Join(d, "config.json"), []byte(`{"model_type": ["llama"]}`), 0o644)
+		}, []string{"config.json", "model_type is [llama], not a string"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

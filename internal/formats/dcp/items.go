@@ -158,9 +158,10 @@ func (fs *files) tensor(key string, it item, want dtype.DType, offsets, sizes []
 		if err != nil {
 			return ref, fmt.Errorf("%s: item of %q: %w", it.shown, key, err)
 		}
-		t, ok := tf.Root.(*torchfile.Tensor)
-		if !ok {
-			return ref, fmt.Errorf("%s: item of %q at offset %d holds %s, not a tensor", it.shown, key, it.off, pyobj.TypeName(tf.Root))
+		root := pyobj.NewDec(fmt.Sprintf("%s: item of %q at offset %d", it.shown, key, it.off), tf.Root)
+		t := pyobj.As[*torchfile.Tensor](root, "a tensor")
+		if err := root.Err(); err != nil {
+			return ref, err
 		}
 		ref = fragment.Ref(it.path, t, it.off)
 	case fs.looksSafetensors(it):
@@ -290,11 +291,11 @@ func (fs *files) bytesValue(key string, it item) (pyobj.Value, string, error) {
 // storage offsets are absolute in the data file.
 func refTensors(v pyobj.Value, it item, lim pyobj.Limits) (pyobj.Value, error) {
 	return pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
-		x, ok := v.(*torchfile.Tensor)
-		if !ok {
-			return nil, false, nil
+		switch x := v.(type) {
+		case *torchfile.Tensor: // other values stay as they are
+			r := fragment.Ref(it.path, x, it.off)
+			return &r, true, nil
 		}
-		r := fragment.Ref(it.path, x, it.off)
-		return &r, true, nil
+		return nil, false, nil
 	})
 }

@@ -28,7 +28,7 @@ type place struct {
 // name before the first dot is taken as the group.
 func (c *Checkpoint) placeOf(key string, path []pyobj.Value) place {
 	if len(path) >= 2 {
-		if g, ok := path[0].(string); ok {
+		if g, ok := field(path[0]); ok {
 			return place{group: g, rest: path[1:]}
 		}
 	}
@@ -40,6 +40,16 @@ func (c *Checkpoint) placeOf(key string, path []pyobj.Value) place {
 		}
 	}
 	return place{rest: path}
+}
+
+// field returns a planner path element as a dict key, false for a list
+// position (parsePlannerData admits only the two).
+func field(e pyobj.Value) (string, bool) {
+	switch x := e.(type) {
+	case string:
+		return x, true
+	}
+	return "", false
 }
 
 // joinPath renders path elements as the flattened key does.
@@ -62,7 +72,7 @@ func joinPath(p []pyobj.Value) string {
 // an optimizer state dict: state.<id>.<name> (nested, or flattened into
 // one string by torchtitan's flatten_optimizer_state_dict) or param_groups.
 func isOptimizerEntry(rest []pyobj.Value) bool {
-	first, ok := rest[0].(string)
+	first, ok := field(rest[0])
 	if !ok {
 		return false
 	}
@@ -80,7 +90,7 @@ func isOptimizerEntry(rest []pyobj.Value) bool {
 // optState splits an optimizer entry into the parameter id (an FQN or an
 // integer id as a string) and the state name.
 func optState(rest []pyobj.Value) (id, state string, ok bool) {
-	first, ok := rest[0].(string)
+	first, ok := field(rest[0])
 	if !ok {
 		return "", "", false // an integer position: no optimizer entry
 	}

@@ -209,7 +209,8 @@ func distcpBytes(dir string) int64 {
 // ParseMetadata decodes the pickle of a .metadata file. Every layout torch
 // has written since 1.13 is accepted (see NOTES.md §6); attributes ucp does
 // not know are tolerated and listed in Unknown. A pickle that is not a
-// DCP Metadata, or whose parts have the wrong types, is an error.
+// DCP Metadata, or whose parts have the wrong types, is an error naming
+// the value's path in the pickle.
 func ParseMetadata(data []byte) (*Metadata, error) { return parseMetadata(data, 0) }
 
 // parseMetadata is ParseMetadata within a decoding budget (<= 0: that of
@@ -220,89 +221,71 @@ func parseMetadata(data []byte, budget int64) (*Metadata, error) {
 	if err != nil {
 		return nil, fmt.Errorf("not a DCP .metadata pickle: %w", err)
 	}
-	root, ok := v.(*pyobj.Object)
-	if !ok {
+	root := pyobj.NewDec("", v).AsObject("")
+	if root == nil {
 		return nil, fmt.Errorf("pickle holds %s, not a torch.distributed.checkpoint Metadata", pyobj.TypeName(v))
 	}
-	state, ok := root.State.(*pyobj.Dict)
-	if !ok {
+	state := pyobj.NewDec("", root.State)
+	if state.AsDict() == nil {
 		return nil, fmt.Errorf("%s has state %s, not the attribute dict of a Metadata", root.Class, pyobj.TypeName(root.State))
 	}
 	m := &Metadata{Globals: globals, byKey: map[string]*Entry{}, storage: map[string]int{}}
-	known := map[string]bool{"state_dict_metadata": true, "planner_data": true, "storage_data": true,
-		"storage_meta": true, "version": true}
-	for _, k := range state.Keys() {
-		name, ok := k.(string)
-		if !ok {
-			return nil, fmt.Errorf("%s has an attribute named by %s", root.Class, pyobj.TypeName(k))
-		}
-		m.Fields = append(m.Fields, name)
-		if !known[name] {
-			m.Unknown = append(m.Unknown, name)
-			if m.Attrs == nil {
-				m.Attrs = map[string]pyobj.Value{}
-			}
-			m.Attrs[name], _ = state.Get(name) // present: name is one of state's keys
-		}
+	m.fields(state)
+	if err := state.Err(); err != nil {
+		return nil, err
 	}
-	sdm, ok := state.Get("state_dict_metadata")
-	if !ok {
+	if !state.Has("state_dict_metadata") {
 		return nil, fmt.Errorf("%s has no state_dict_metadata (not a DCP Metadata)", root.Class)
 	}
-	if err := m.parseEntries(sdm); err != nil {
-		return nil, err
+	m.parseEntries(state.Key("state_dict_metadata"))
+	if pd, ok := state.Opt("planner_data"); ok {
+		m.parsePlannerData(pd)
 	}
-	if pd, ok := state.Get("planner_data"); ok && pd != nil {
-		if err := m.parsePlannerData(pd); err != nil {
-			return nil, err
-		}
-	}
-	sd, ok := state.Get("storage_data")
-	if !ok || sd == nil {
+	sd, ok := state.Opt("storage_data")
+	if !ok && state.Err() == nil {
 		return nil, fmt.Errorf("Metadata.storage_data is missing: the save did not finish")
 	}
-	if err := m.parseStorage(sd); err != nil {
+	m.parseStorage(sd)
+	if smv, ok := state.Opt("storage_meta"); ok {
+		m.StorageMeta = parseStorageMeta(smv)
+	}
+	m.Version = state.OptStr("version", "")
+	if err := state.Err(); err != nil {
 		return nil, err
-	}
-	if smv, ok := state.Get("storage_meta"); ok && smv != nil {
-		sm, err := parseStorageMeta(smv)
-		if err != nil {
-			return nil, err
-		}
-		m.StorageMeta = sm
-	}
-	if vv, ok := state.Get("version"); ok && vv != nil {
-		s, ok := vv.(string)
-		if !ok {
-			return nil, fmt.Errorf("Metadata.version is %s, not a str", pyobj.TypeName(vv))
-		}
-		m.Version = s
 	}
 	return m, nil
 }
 
-func (m *Metadata) parseEntries(v pyobj.Value) error {
-	d, ok := v.(*pyobj.Dict)
-	if !ok {
-		return fmt.Errorf("state_dict_metadata is %s, not a dict", pyobj.TypeName(v))
+// fields lists the Metadata attributes present, keeping the values of
+// those ucp does not know.
+func (m *Metadata) fields(state pyobj.Dec) {
+	known := map[string]bool{"state_dict_metadata": true, "planner_data": true, "storage_data": true,
+		"storage_meta": true, "version": true}
+	for _, it := range state.Items() {
+		m.Fields = append(m.Fields, it.Key)
+		if !known[it.Key] {
+			m.Unknown = append(m.Unknown, it.Key)
+			if m.Attrs == nil {
+				m.Attrs = map[string]pyobj.Value{}
+			}
+			m.Attrs[it.Key] = it.Value()
+		}
 	}
-	for i := 0; i < d.Len(); i++ {
-		k, ev := d.Item(i)
-		key, ok := k.(string)
-		if !ok {
-			return fmt.Errorf("state_dict_metadata has a key of type %s, not str", pyobj.TypeName(k))
+}
+
+func (m *Metadata) parseEntries(d pyobj.Dec) {
+	for _, it := range d.Items() {
+		if _, dup := m.byKey[it.Key]; dup {
+			it.Failf("state_dict_metadata lists %q twice", it.Key)
+			return
 		}
-		if _, dup := m.byKey[key]; dup {
-			return fmt.Errorf("state_dict_metadata lists %q twice", key)
-		}
-		e, err := parseEntry(key, ev)
-		if err != nil {
-			return fmt.Errorf("state_dict_metadata[%q]: %w", key, err)
+		e := parseEntry(it.Key, it.Dec)
+		if d.Err() != nil {
+			return
 		}
 		m.Entries = append(m.Entries, e)
-		m.byKey[key] = e
+		m.byKey[it.Key] = e
 	}
-	return nil
 }
 
 func className(o *pyobj.Object) string {
@@ -312,133 +295,129 @@ func className(o *pyobj.Object) string {
 	return o.Class.Name
 }
 
-func parseEntry(key string, v pyobj.Value) (*Entry, error) {
-	o, ok := v.(*pyobj.Object)
-	if !ok {
-		return nil, fmt.Errorf("is %s, not TensorStorageMetadata or BytesStorageMetadata", pyobj.TypeName(v))
+func parseEntry(key string, d pyobj.Dec) *Entry {
+	o := d.AsObject("")
+	if o == nil {
+		return nil
 	}
 	e := &Entry{Key: key}
 	switch className(o) {
 	case "BytesStorageMetadata":
 		e.Bytes = true
-		return e, nil
+		return e
 	case "TensorStorageMetadata":
 	default:
-		return nil, fmt.Errorf("is %s, not TensorStorageMetadata or BytesStorageMetadata", o.Class)
+		d.Failf("is %s, not TensorStorageMetadata or BytesStorageMetadata", o.Class)
+		return nil
 	}
-	pv, ok := o.Attr("properties")
-	if !ok {
-		return nil, fmt.Errorf("TensorStorageMetadata has no properties")
-	}
-	if err := e.parseProperties(pv); err != nil {
-		return nil, err
-	}
-	sv, ok := o.Attr("size")
-	if !ok {
-		return nil, fmt.Errorf("TensorStorageMetadata has no size")
-	}
-	size, err := shape(sv, "size")
-	if err != nil {
-		return nil, err
-	}
-	e.Size = size
-	cv, ok := o.Attr("chunks")
-	if !ok {
-		return nil, fmt.Errorf("TensorStorageMetadata has no chunks")
-	}
-	items, ok := pyobj.Seq(cv)
-	if !ok {
-		return nil, fmt.Errorf("chunks is %s, not a list", pyobj.TypeName(cv))
-	}
-	for i, it := range items {
-		c, ok := it.(*pyobj.Object)
-		if !ok || className(c) != "ChunkStorageMetadata" {
-			return nil, fmt.Errorf("chunks[%d] is %s, not ChunkStorageMetadata", i, pyobj.TypeName(it))
-		}
-		ov, ok1 := c.Attr("offsets")
-		zv, ok2 := c.Attr("sizes")
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("chunks[%d] lacks offsets or sizes", i)
-		}
-		off, err := shape(ov, fmt.Sprintf("chunks[%d].offsets", i))
-		if err != nil {
-			return nil, err
-		}
-		sz, err := shape(zv, fmt.Sprintf("chunks[%d].sizes", i))
-		if err != nil {
-			return nil, err
-		}
+	e.parseProperties(d.Attr("properties"))
+	e.Size = shape(d.Attr("size"))
+	for _, c := range d.Attr("chunks").AsList() {
+		c = c.Object("ChunkStorageMetadata")
+		off := shape(c.Attr("offsets"))
+		sz := shape(c.Attr("sizes"))
 		e.Chunks = append(e.Chunks, Chunk{Offsets: off, Sizes: sz})
 	}
-	return e, nil
+	return e
 }
 
 // shape reads a torch.Size (or a tuple or list of ints) of non-negative dims.
-func shape(v pyobj.Value, what string) ([]int64, error) {
-	s, ok := pyobj.Ints(v)
-	if !ok {
-		return nil, fmt.Errorf("%s is %s, not a torch.Size", what, pyobj.TypeName(v))
-	}
-	for _, d := range s {
-		if d < 0 {
-			return nil, fmt.Errorf("%s %v has a negative dim", what, s)
+func shape(d pyobj.Dec) []int64 {
+	s := d.AsInts()
+	for _, x := range s {
+		if x < 0 {
+			d.Failf("%v has a negative dim", s)
+			return nil
 		}
 	}
 	if s == nil {
 		s = []int64{}
 	}
-	return s, nil
+	return s
 }
 
 // parseProperties reads TensorProperties: its __getstate__ gives the tuple
 // (dtype, layout, requires_grad, memory format encoding, pin_memory); an
-// attribute dict is accepted too.
-func (e *Entry) parseProperties(v pyobj.Value) error {
-	o, ok := v.(*pyobj.Object)
-	if !ok || className(o) != "TensorProperties" {
-		return fmt.Errorf("properties is %s, not TensorProperties", pyobj.TypeName(v))
+// attribute dict (without the memory format) is accepted too. A None
+// layout, requires_grad or pin_memory reads as absent.
+func (e *Entry) parseProperties(d pyobj.Dec) {
+	o := d.AsObject("TensorProperties")
+	if o == nil {
+		return
 	}
 	e.Props.Class = o.Class.String()
-	var dt, layout, rg, enc, pin pyobj.Value
+	var dt, layout, rg, enc, pin pyobj.Dec
 	switch s := o.State.(type) {
 	case pyobj.Tuple:
 		if len(s) != 5 {
-			return fmt.Errorf("TensorProperties state has %d items, want 5", len(s))
+			d.Failf("TensorProperties state has %d items, want 5", len(s))
+			return
 		}
-		dt, layout, rg, enc, pin = s[0], s[1], s[2], s[3], s[4]
+		at := func(i int) pyobj.Dec { return d.At(int64(i), s[i]) }
+		dt, layout, rg, enc, pin = at(0), at(1), at(2), at(3), at(4)
 	case *pyobj.Dict:
-		dt, _ = s.Get("dtype")
-		layout, _ = s.Get("layout")
-		rg, _ = s.Get("requires_grad")
-		pin, _ = s.Get("pin_memory")
-	default:
-		return fmt.Errorf("TensorProperties state is %s", pyobj.TypeName(o.State))
-	}
-	switch d := dt.(type) {
-	case pyobj.DType:
-		e.DType = d.DType
-	case *pyobj.Global:
-		return fmt.Errorf("dtype %s is not supported", d)
-	default:
-		return fmt.Errorf("TensorProperties.dtype is %s, not a torch dtype", pyobj.TypeName(dt))
-	}
-	if o, ok := layout.(*pyobj.Object); ok && len(o.Args) == 1 {
-		if e.Props.Layout, ok = o.Args[0].(string); !ok {
-			return fmt.Errorf("TensorProperties.layout is %s(%s), not a layout name", o.Class, pyobj.Repr(o.Args[0]))
+		at := func(k string) pyobj.Dec {
+			if v, ok := s.Get(k); ok {
+				return d.At(k, v)
+			}
+			return d.At(k, nil) // a missing key reads as None
 		}
+		dt, layout, rg, enc, pin = at("dtype"), at("layout"), at("requires_grad"), d.At("memory_format", nil), at("pin_memory")
+	default:
+		d.Failf("TensorProperties state is %s", pyobj.TypeName(o.State))
+		return
 	}
+	switch x := dt.Value().(type) {
+	case pyobj.DType:
+		e.DType = x.DType
+	case *pyobj.Global:
+		dt.Failf("dtype %s is not supported", x)
+	default:
+		dt.Failf("TensorProperties.dtype is %s, not a torch dtype", pyobj.TypeName(x))
+	}
+	e.Props.Layout = layoutName(layout)
 	if e.Props.Layout != "" && e.Props.Layout != "torch.strided" {
-		return fmt.Errorf("layout %s is not supported (only torch.strided)", e.Props.Layout)
+		layout.Failf("layout %s is not supported (only torch.strided)", e.Props.Layout)
 	}
-	if e.Props.RequiresGrad, ok = rg.(bool); !ok && rg != nil {
-		return fmt.Errorf("TensorProperties.requires_grad is %s, not a bool", pyobj.TypeName(rg))
+	if rg.Value() != nil {
+		e.Props.RequiresGrad = rg.AsBool()
 	}
-	if e.Props.PinMemory, ok = pin.(bool); !ok && pin != nil {
-		return fmt.Errorf("TensorProperties.pin_memory is %s, not a bool", pyobj.TypeName(pin))
+	if pin.Value() != nil {
+		e.Props.PinMemory = pin.AsBool()
 	}
+	e.Props.MemoryFormat = memoryFormat(enc)
+}
+
+// layoutName reads a torch.layout as torch pickles it,
+// torch.serialization._get_layout('torch.strided'): "" when None; a layout
+// pickled as a global (torch.strided) is checked and reads as "".
+func layoutName(d pyobj.Dec) string {
+	switch x := d.Value().(type) {
+	case nil:
+		return ""
+	case *pyobj.Global:
+		if x.String() != "torch.strided" {
+			d.Failf("layout %s is not supported (only torch.strided)", x)
+		}
+		return ""
+	case *pyobj.Object:
+		if len(x.Args) != 1 {
+			d.Failf("TensorProperties.layout is %s with %d arguments, not a layout name", x.Class, len(x.Args))
+			return ""
+		}
+		return d.At(int64(0), x.Args[0]).AsStr()
+	}
+	d.Failf("TensorProperties.layout is %s, not a torch.layout", pyobj.TypeName(d.Value()))
+	return ""
+}
+
+// memoryFormat reads the _MEM_FORMAT_ENCODING of TensorProperties: an
+// enum member by name or by value, or a plain int; None is contiguous.
+func memoryFormat(d pyobj.Dec) int64 {
 	mf := int64(0)
 	known := true
-	switch x := enc.(type) {
+	switch x := d.Value().(type) {
+	case nil:
 	case pyobj.Enum:
 		if x.ByName {
 			mf, known = map[string]int64{"TORCH_CONTIGUOUS_FORMAT": 0, "TORCH_CHANNELS_LAST": 1, "TORCH_PRESERVE_FORMAT": 2}[x.Name]
@@ -446,71 +425,59 @@ func (e *Entry) parseProperties(v pyobj.Value) error {
 			mf, known = pyobj.Int(x.Value)
 		}
 	case *pyobj.Object: // Enum(0) pickled by value: a call of the class
-		if len(x.Args) == 1 {
+		known = len(x.Args) == 1
+		if known {
 			mf, known = pyobj.Int(x.Args[0])
 		}
 	case int64:
 		mf = x
+	default:
+		known = false
 	}
 	if _, ok := memoryFormats[mf]; !ok || !known {
-		return fmt.Errorf("TensorProperties has the unknown memory format %s", pyobj.Repr(enc))
+		d.Failf("TensorProperties has the unknown memory format %s", pyobj.Repr(d.Value()))
 	}
-	e.Props.MemoryFormat = mf
-	return nil
+	return mf
 }
 
-func (m *Metadata) parsePlannerData(v pyobj.Value) error {
-	d, ok := v.(*pyobj.Dict)
-	if !ok {
-		return fmt.Errorf("planner_data is %s, not a dict", pyobj.TypeName(v))
-	}
-	m.PlannerData = make(map[string][]pyobj.Value, d.Len())
-	for i := 0; i < d.Len(); i++ {
-		k, pv := d.Item(i)
-		key, ok := k.(string)
-		if !ok {
-			return fmt.Errorf("planner_data has a key of type %s, not str", pyobj.TypeName(k))
+func (m *Metadata) parsePlannerData(d pyobj.Dec) {
+	items := d.Items()
+	m.PlannerData = make(map[string][]pyobj.Value, len(items))
+	for _, it := range items {
+		elems := it.AsList()
+		if len(elems) == 0 {
+			it.Failf("planner_data[%q] is %s, not a path tuple", it.Key, pyobj.Repr(it.Value()))
+			return
 		}
-		items, ok := pyobj.Seq(pv)
-		if !ok || len(items) == 0 {
-			return fmt.Errorf("planner_data[%q] is %s, not a path tuple", key, pyobj.Repr(pv))
-		}
-		path := make([]pyobj.Value, len(items))
-		for j, it := range items {
-			switch x := it.(type) {
+		path := make([]pyobj.Value, len(elems))
+		for j, el := range elems {
+			switch x := el.Value().(type) {
 			case string:
 				path[j] = x
 			case int64:
 				if x < 0 {
-					return fmt.Errorf("planner_data[%q] has the negative list position %d", key, x)
+					el.Failf("planner_data[%q] has the negative list position %d", it.Key, x)
+					return
 				}
 				path[j] = x
 			default:
-				return fmt.Errorf("planner_data[%q] has a path element of type %s", key, pyobj.TypeName(it))
+				el.Failf("planner_data[%q] has a path element of type %s", it.Key, pyobj.TypeName(x))
+				return
 			}
 		}
-		if _, dup := m.PlannerData[key]; !dup {
-			m.PlannerOrder = append(m.PlannerOrder, key)
+		if _, dup := m.PlannerData[it.Key]; !dup {
+			m.PlannerOrder = append(m.PlannerOrder, it.Key)
 		}
-		m.PlannerData[key] = path
+		m.PlannerData[it.Key] = path
 	}
-	return nil
 }
 
-func (m *Metadata) parseStorage(v pyobj.Value) error {
-	d, ok := v.(*pyobj.Dict)
-	if !ok {
-		return fmt.Errorf("storage_data is %s, not a dict", pyobj.TypeName(v))
-	}
-	for i := 0; i < d.Len(); i++ {
-		k, sv := d.Item(i)
-		idx, err := parseIndex(k)
-		if err != nil {
-			return fmt.Errorf("storage_data key %d: %w", i, err)
-		}
-		info, err := parseStorageInfo(sv)
-		if err != nil {
-			return fmt.Errorf("storage_data[%s]: %w", idx, err)
+func (m *Metadata) parseStorage(d pyobj.Dec) {
+	for _, p := range d.Pairs() {
+		idx := parseIndex(p.Key)
+		info := parseStorageInfo(p.Val)
+		if d.Err() != nil {
+			return
 		}
 		sk := storageKey(idx.FQN, idx.Offset, idx.HasOffset)
 		if j, dup := m.storage[sk]; dup {
@@ -522,7 +489,6 @@ func (m *Metadata) parseStorage(v pyobj.Value) error {
 		m.storage[sk] = len(m.Storage)
 		m.Storage = append(m.Storage, StorageEntry{Index: idx, Info: info})
 	}
-	return nil
 }
 
 func (x MetadataIndex) String() string {
@@ -532,102 +498,67 @@ func (x MetadataIndex) String() string {
 	return fmt.Sprintf("MetadataIndex(%q, %v)", x.FQN, x.Offset)
 }
 
-func parseIndex(v pyobj.Value) (MetadataIndex, error) {
-	o, ok := v.(*pyobj.Object)
-	if !ok || className(o) != "MetadataIndex" {
-		return MetadataIndex{}, fmt.Errorf("is %s, not MetadataIndex", pyobj.TypeName(v))
+func parseIndex(d pyobj.Dec) MetadataIndex {
+	d = d.Object("MetadataIndex")
+	idx := MetadataIndex{Hint: -1, FQN: d.Attr("fqn").AsStr()}
+	if ov, ok := d.OptAttr("offset"); ok {
+		idx.Offset, idx.HasOffset = shape(ov), true
 	}
-	idx := MetadataIndex{Hint: -1}
-	fv, has := o.Attr("fqn")
-	if idx.FQN, ok = fv.(string); !has || !ok {
-		return MetadataIndex{}, fmt.Errorf("MetadataIndex.fqn is %s, not a str", pyobj.TypeName(fv))
+	if hv, ok := d.OptAttr("index"); ok {
+		idx.Hint = hv.AsInt()
 	}
-	if ov, ok := o.Attr("offset"); ok && ov != nil {
-		off, err := shape(ov, "MetadataIndex.offset")
-		if err != nil {
-			return MetadataIndex{}, fmt.Errorf("%q: %w", idx.FQN, err)
-		}
-		idx.Offset, idx.HasOffset = off, true
-	}
-	if hv, ok := o.Attr("index"); ok && hv != nil {
-		h, ok := pyobj.Int(hv)
-		if !ok {
-			return MetadataIndex{}, fmt.Errorf("%q: MetadataIndex.index is %s, not an int", idx.FQN, pyobj.TypeName(hv))
-		}
-		idx.Hint = h
-	}
-	return idx, nil
+	return idx
 }
 
-func parseStorageInfo(v pyobj.Value) (StorageInfo, error) {
-	o, ok := v.(*pyobj.Object)
-	if !ok || className(o) != "_StorageInfo" {
-		return StorageInfo{}, fmt.Errorf("is %s, not _StorageInfo", pyobj.TypeName(v))
-	}
-	var si StorageInfo
-	rp, _ := o.Attr("relative_path")
-	if si.RelativePath, ok = rp.(string); !ok {
-		return StorageInfo{}, fmt.Errorf("relative_path is %s, not a str", pyobj.TypeName(rp))
-	}
+func parseStorageInfo(d pyobj.Dec) StorageInfo {
+	d = d.Object("_StorageInfo")
+	si := StorageInfo{RelativePath: d.Attr("relative_path").AsStr()}
 	for _, f := range []struct {
 		name string
 		dst  *int64
 	}{{"offset", &si.Offset}, {"length", &si.Length}} {
-		fv, _ := o.Attr(f.name)
-		n, ok := pyobj.Int(fv)
-		if !ok {
-			return StorageInfo{}, fmt.Errorf("%s is %s, not an int", f.name, pyobj.TypeName(fv))
-		}
+		fd := d.Attr(f.name)
+		n := fd.AsInt()
 		if n < 0 {
-			return StorageInfo{}, fmt.Errorf("%s %d is negative", f.name, n)
+			fd.Failf("%s %d is negative", f.name, n)
 		}
 		*f.dst = n
 	}
-	if tv, ok := o.Attr("transform_descriptors"); ok && tv != nil {
-		ts, ok := pyobj.Strings(tv)
-		if !ok {
-			return StorageInfo{}, fmt.Errorf("transform_descriptors is %s, not a list of str", pyobj.TypeName(tv))
-		}
-		si.Transforms = ts
+	if tv, ok := d.OptAttr("transform_descriptors"); ok {
+		si.Transforms = tv.AsStrings()
 	}
-	return si, nil
+	return si
 }
 
-func parseStorageMeta(v pyobj.Value) (*StorageMeta, error) {
-	o, ok := v.(*pyobj.Object)
-	if !ok || className(o) != "StorageMeta" {
-		return nil, fmt.Errorf("storage_meta is %s, not StorageMeta", pyobj.TypeName(v))
-	}
+// parseStorageMeta reads StorageMeta; save_id and load_id are Optional[str],
+// modules a list of str.
+func parseStorageMeta(d pyobj.Dec) *StorageMeta {
+	d = d.Object("StorageMeta")
 	sm := &StorageMeta{}
-	if cv, ok := o.Attr("checkpoint_id"); ok {
+	if cv, ok := d.OptAttr("checkpoint_id"); ok {
 		sm.CheckpointID = pathString(cv)
 	}
-	// save_id and load_id are Optional[str].
-	if sv, ok := o.Attr("save_id"); ok && sv != nil {
-		if sm.SaveID, ok = sv.(string); !ok {
-			return nil, fmt.Errorf("storage_meta.save_id is %s, not a str", pyobj.TypeName(sv))
-		}
+	if sv, ok := d.OptAttr("save_id"); ok {
+		sm.SaveID = sv.AsStr()
 	}
-	if lv, ok := o.Attr("load_id"); ok && lv != nil {
-		if sm.LoadID, ok = lv.(string); !ok {
-			return nil, fmt.Errorf("storage_meta.load_id is %s, not a str", pyobj.TypeName(lv))
-		}
+	if lv, ok := d.OptAttr("load_id"); ok {
+		sm.LoadID = lv.AsStr()
 	}
-	if mv, ok := o.Attr("modules"); ok {
-		sm.Modules, _ = pyobj.Strings(mv)
+	if mv, ok := d.OptAttr("modules"); ok {
+		sm.Modules = mv.AsStrings()
 	}
-	return sm, nil
+	return sm
 }
 
 // pathString renders a checkpoint_id: a str, or a pathlib path pickled as
 // PosixPath(*parts).
-func pathString(v pyobj.Value) string {
-	switch x := v.(type) {
+func pathString(d pyobj.Dec) string {
+	switch x := d.Value().(type) {
 	case string:
 		return x
 	case *pyobj.Object:
-		parts, ok := pyobj.Strings(pyobj.Tuple(x.Args))
-		if !ok || len(parts) == 0 {
+		parts := d.At("args", pyobj.Tuple(x.Args)).AsStrings()
+		if len(parts) == 0 {
 			return ""
 		}
 		if parts[0] == "/" {
@@ -635,5 +566,6 @@ func pathString(v pyobj.Value) string {
 		}
 		return strings.Join(parts, "/")
 	}
+	d.Failf("checkpoint_id is %s, not a str or a path", pyobj.TypeName(d.Value()))
 	return ""
 }

@@ -41,6 +41,15 @@ func newProps(enc pyobj.Value) pyobj.Value {
 		false, enc, false})
 }
 
+// propsWith is newProps(0) with item i of the state replaced by v.
+func propsWith(i int, v pyobj.Value) pyobj.Value {
+	p := newProps(int64(0)).(*pyobj.Object)
+	st := append(pyobj.Tuple(nil), p.State.(pyobj.Tuple)...)
+	st[i] = v
+	p.State = st
+	return p
+}
+
 func TestMetadataVariants(t *testing.T) {
 	byValue := &pyobj.Object{Class: &pyobj.Global{Module: "torch.distributed._shard.sharded_tensor.metadata", Name: "MEM_FORMAT_ENCODING"},
 		Via: pyobj.ByReduce, Args: []pyobj.Value{int64(1)}}
@@ -124,12 +133,37 @@ func TestMetadataErrors(t *testing.T) {
 	}{
 		{"a dict", pyobj.DictOf("state_dict_metadata", 1), "not a torch.distributed.checkpoint Metadata"},
 		{"no state_dict_metadata", obj(metaModule, "Metadata", pyobj.DictOf("planner_data", nil)), "no state_dict_metadata"},
-		{"storage_data a list", badChunks, "storage_data is list, not a dict"},
+		{"storage_data a list", badChunks, `["storage_data"]: got list, want dict`},
 		{"negative offset", sample(newProps(int64(0)), pyobj.DictOf("relative_path", "x", "offset", int64(-1), "length", int64(1))), "offset -1 is negative"},
 		{"no dtype", sample(obj(metaModule, "TensorProperties", pyobj.Tuple{nil, nil, false, nil, false}), info), "not a torch dtype"},
 		{"sparse layout", sample(obj(metaModule, "TensorProperties", pyobj.Tuple{pyobj.DType{DType: dtype.Float32},
 			&pyobj.Object{Class: &pyobj.Global{Module: "torch.serialization", Name: "_get_layout"}, Via: pyobj.ByReduce, Args: []pyobj.Value{"torch.sparse_coo"}},
 			false, int64(0), false}), info), "layout torch.sparse_coo is not supported"},
+		// Malformed values that were once read as absent or default.
+		{"modules a str", sample(newProps(int64(0)), info, "storage_meta", obj(metaModule, "StorageMeta", pyobj.DictOf("modules", "m"))),
+			`["storage_meta"].modules: got str, want a list of str`},
+		{"checkpoint_id an int", sample(newProps(int64(0)), info, "storage_meta", obj(metaModule, "StorageMeta", pyobj.DictOf("checkpoint_id", int64(3)))),
+			`["storage_meta"].checkpoint_id: checkpoint_id is int, not a str or a path`},
+		{"checkpoint_id parts not str", sample(newProps(int64(0)), info, "storage_meta", obj(metaModule, "StorageMeta", pyobj.DictOf("checkpoint_id",
+			&pyobj.Object{Class: &pyobj.Global{Module: "pathlib", Name: "PosixPath"}, Via: pyobj.ByReduce, Args: []pyobj.Value{"/", int64(1)}}))),
+			`.checkpoint_id["args"]: got tuple, want a list of str`},
+		{"version an int", sample(newProps(int64(0)), info, "version", int64(1)), `["version"]: got int, want str`},
+		{"layout without a name", sample(propsWith(1, &pyobj.Object{Class: &pyobj.Global{Module: "torch.serialization", Name: "_get_layout"}, Via: pyobj.ByReduce}), info),
+			"_get_layout with 0 arguments, not a layout name"},
+		{"layout an int", sample(propsWith(1, int64(0)), info), "TensorProperties.layout is int, not a torch.layout"},
+		{"layout a sparse global", sample(propsWith(1, &pyobj.Global{Module: "torch", Name: "sparse_csr"}), info), "layout torch.sparse_csr is not supported"},
+		{"requires_grad an int", sample(propsWith(2, int64(1)), info), `.properties[2]: got int, want bool`},
+		{"pin_memory a str", sample(propsWith(4, "no"), info), `.properties[4]: got str, want bool`},
+		{"memory format a str", sample(newProps("contiguous"), info), `unknown memory format "contiguous"`},
+		{"memory format enum of two args", sample(newProps(&pyobj.Object{Class: &pyobj.Global{Module: metaModule, Name: "_MEM_FORMAT_ENCODING"},
+			Via: pyobj.ByReduce, Args: []pyobj.Value{int64(0), int64(1)}}), info), "unknown memory format"},
+		{"transform descriptors of ints", sample(newProps(int64(0)), pyobj.DictOf("relative_path", "x", "offset", int64(0), "length", int64(1),
+			"transform_descriptors", &pyobj.List{Items: []pyobj.Value{int64(1)}})), ".transform_descriptors: got list, want a list of str"},
+		{"relative_path an int", sample(newProps(int64(0)), pyobj.DictOf("relative_path", int64(0), "offset", int64(0), "length", int64(1))),
+			".relative_path: got int, want str"},
+		{"a planner path of floats", sample(newProps(int64(0)), info, "planner_data", pyobj.DictOf("w", pyobj.Tuple{1.5})),
+			`planner_data["w"] has a path element of type float`},
+		{"an attribute named by an int", obj(metaModule, "Metadata", pyobj.DictOf(int64(1), nil)), "key 1 is int, want str"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -89,7 +89,9 @@ func (c *Checkpoint) Table() (*fragment.Table, error) {
 		return nil, fmt.Errorf("%s: %w", c.Dir, err)
 	}
 	t.Extra = extra
-	t.Optimizer = a.optimizer(extra)
+	if t.Optimizer, err = a.optimizer(extra); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.Dir, err)
+	}
 	t.Notes = append(append(a.describe(), c.Notes...), a.notes...)
 	if c.Scratch != "" {
 		t.Scratch = []string{c.Scratch}
@@ -131,15 +133,42 @@ func (a *assembly) describe() []string {
 // layout finds the model and optimizer groups and maps optimizer ids.
 func (a *assembly) layout() error {
 	c := a.c
-	groupsWithTensors := map[string]map[string]*Tensor{} // group -> fqn -> tensor
 	places := map[string]place{}
-	seen := map[string]bool{}
-	var opts []string
 	for _, t := range c.Tensors {
 		places[t.Key] = c.placeOf(t.Key, t.Path)
 	}
-	// A group is an optimizer when it has param_groups or nested state
-	// entries; torchtitan's flattened form always saves param_groups too.
+	a.pickOptimGroup(places)
+	groupsWithTensors := a.placeTensors(places)
+	// Integer ids: every id is a number and none is a model FQN.
+	allIDs := len(a.optIDs) > 0
+	for _, id := range a.optIDs {
+		if !isID(id) {
+			allIDs = false
+		}
+	}
+	for _, fq := range groupsWithTensors {
+		for _, id := range a.optIDs {
+			if fq[id] != nil {
+				allIDs = false
+			}
+		}
+	}
+	a.lay.ByID = allIDs
+	if err := a.pickModelGroup(groupsWithTensors); err != nil {
+		return err
+	}
+	if a.lay.ByID {
+		return a.mapIDs()
+	}
+	return nil
+}
+
+// pickOptimGroup sets the optimizer's group. A group is an optimizer when
+// it has param_groups or nested state entries; torchtitan's flattened form
+// always saves param_groups too.
+func (a *assembly) pickOptimGroup(places map[string]place) {
+	seen := map[string]bool{}
+	var opts []string
 	consider := func(p place) {
 		if !seen[p.group] && isOptimizerEntry(p.rest) {
 			seen[p.group] = true
@@ -149,8 +178,8 @@ func (a *assembly) layout() error {
 	for _, p := range places {
 		consider(p)
 	}
-	for _, v := range c.Values {
-		consider(c.placeOf(v.Key, v.Path))
+	for _, v := range a.c.Values {
+		consider(a.c.placeOf(v.Key, v.Path))
 	}
 	opts = preferred(opts, optimGroups)
 	if len(opts) > 0 {
@@ -159,7 +188,13 @@ func (a *assembly) layout() error {
 			a.notes = append(a.notes, fmt.Sprintf("several optimizer state dicts (%v): only %q is mapped onto parameters", opts, opts[0]))
 		}
 	}
-	for _, t := range c.Tensors {
+}
+
+// placeTensors files the optimizer group's states and steps by parameter
+// id and returns the other tensors by group and path.
+func (a *assembly) placeTensors(places map[string]place) map[string]map[string]*Tensor {
+	groupsWithTensors := map[string]map[string]*Tensor{} // group -> fqn -> tensor
+	for _, t := range a.c.Tensors {
 		p := places[t.Key]
 		if a.lay.OptimGroup != "" && p.group == a.lay.OptimGroup {
 			id, st, ok := optState(p.rest)
@@ -180,32 +215,23 @@ func (a *assembly) layout() error {
 		}
 		groupsWithTensors[p.group][joinPath(p.rest)] = t
 	}
-	for _, v := range c.Values {
-		p := c.placeOf(v.Key, v.Path)
+	for _, v := range a.c.Values {
+		p := a.c.placeOf(v.Key, v.Path)
 		if a.lay.OptimGroup != "" && p.group == a.lay.OptimGroup {
 			if id, st, ok := optState(p.rest); ok && st == fragment.StepState {
 				a.steps[id] = v.V
 			}
-			if f, ok := p.rest[0].(string); ok && len(p.rest) == 1 && strings.HasPrefix(f, "param_groups.") {
+			if f, ok := field(p.rest[0]); ok && len(p.rest) == 1 && strings.HasPrefix(f, "param_groups.") {
 				a.lay.Flattened = true
 			}
 		}
 	}
-	// Integer ids: every id is a number and none is a model FQN.
-	allIDs := len(a.optIDs) > 0
-	for _, id := range a.optIDs {
-		if !isID(id) {
-			allIDs = false
-		}
-	}
-	for _, fq := range groupsWithTensors {
-		for _, id := range a.optIDs {
-			if fq[id] != nil {
-				allIDs = false
-			}
-		}
-	}
-	a.lay.ByID = allIDs
+	return groupsWithTensors
+}
+
+// pickModelGroup sets the model's group: the one holding the optimizer's
+// FQNs, else the preferred one.
+func (a *assembly) pickModelGroup(groupsWithTensors map[string]map[string]*Tensor) error {
 	var groups []string
 	for g := range groupsWithTensors {
 		if a.lay.OptimGroup == "" || g != a.lay.OptimGroup {
@@ -216,7 +242,6 @@ func (a *assembly) layout() error {
 	switch {
 	case len(groups) == 0:
 	case len(a.optIDs) > 0 && !a.lay.ByID:
-		// The model group is the one holding the optimizer's FQNs.
 		best, bestN := -1, 0
 		var tied []string
 		for i, g := range groups {
@@ -247,9 +272,6 @@ func (a *assembly) layout() error {
 		if len(groups) > 1 && !knownModel(groups[0]) {
 			a.notes = append(a.notes, fmt.Sprintf("tensors under several top-level keys %v and none is a known model key: model taken from %q", groups, groups[0]))
 		}
-	}
-	if a.lay.ByID {
-		return a.mapIDs()
 	}
 	return nil
 }
@@ -361,29 +383,19 @@ func (a *assembly) groupIDs() ([]string, error) {
 	if !found {
 		return nil, nil
 	}
-	pgv, _ := root.Get("param_groups")
-	groups, ok := pyobj.Seq(pgv)
-	if !ok {
-		return nil, fmt.Errorf("%q: param_groups is %s, not a list", a.lay.OptimGroup, pyobj.TypeName(pgv))
-	}
+	d := pyobj.NewDec(fmt.Sprintf("%q", a.lay.OptimGroup), root)
 	var out []string
-	for i, g := range groups {
-		d, ok := g.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%q: param_groups[%d] is %s, not a dict", a.lay.OptimGroup, i, pyobj.TypeName(g))
-		}
-		pv, _ := d.Get("params")
-		items, ok := pyobj.Seq(pv)
-		if !ok {
-			return nil, fmt.Errorf("%q: param_groups[%d] has no params list", a.lay.OptimGroup, i)
-		}
-		for _, it := range items {
-			n, ok := pyobj.Int(it)
-			if !ok || n < 0 {
-				return nil, fmt.Errorf("%q: param_groups[%d].params holds %s, not a parameter id", a.lay.OptimGroup, i, pyobj.Repr(it))
+	for _, g := range d.List("param_groups") {
+		for _, it := range g.List("params") {
+			if n := it.AsInt(); n < 0 {
+				it.Failf("%d is not a parameter id", n)
+			} else {
+				out = append(out, fmt.Sprint(n))
 			}
-			out = append(out, fmt.Sprint(n))
 		}
+	}
+	if err := d.Err(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -602,18 +614,19 @@ func (a *assembly) extra() (*pyobj.Dict, error) {
 // optimizer returns zero/optimizer_state.pt's dict: the param groups.
 // torchtitan's flattened groups (param_groups.<fqn>.<name>, one copy per
 // parameter) are folded back into groups of parameters with equal values.
-func (a *assembly) optimizer(extra *pyobj.Dict) *pyobj.Dict {
+func (a *assembly) optimizer(extra *pyobj.Dict) (*pyobj.Dict, error) {
 	if a.lay.OptimGroup == "" {
-		return nil
+		return nil, nil
 	}
-	ov, _ := extra.Get(a.lay.OptimGroup)
-	od, ok := ov.(*pyobj.Dict)
+	x := pyobj.NewDec("extra state", extra)
+	o, ok := x.OptDict(a.lay.OptimGroup)
 	if !ok {
-		return nil
+		return nil, x.Err() // no optimizer values, or not a dict
 	}
-	if pg, ok := od.Get("param_groups"); ok {
-		return pyobj.DictOf("param_groups", pg)
+	if o.Has("param_groups") {
+		return pyobj.DictOf("param_groups", o.Key("param_groups").Value()), nil
 	}
+	od := o.AsDict()
 	type group struct {
 		sig    string
 		values *pyobj.Dict
@@ -626,7 +639,7 @@ func (a *assembly) optimizer(extra *pyobj.Dict) *pyobj.Dict {
 		var sig strings.Builder
 		for i := 0; i < od.Len(); i++ {
 			k, v := od.Item(i)
-			ks, isStr := k.(string)
+			ks, isStr := field(k) // list positions are no group values
 			if name, ok := strings.CutPrefix(ks, prefix); isStr && ok && !strings.Contains(name, ".") {
 				vals.Set(name, v)
 				fmt.Fprintf(&sig, "%s=%s;", name, pyobj.Repr(v))
@@ -642,7 +655,7 @@ func (a *assembly) optimizer(extra *pyobj.Dict) *pyobj.Dict {
 		groups = append(groups, &group{sig: sig.String(), values: vals, params: []pyobj.Value{p.Name}})
 	}
 	if len(groups) == 0 {
-		return nil
+		return nil, nil
 	}
 	list := &pyobj.List{}
 	for _, g := range groups {
@@ -650,7 +663,7 @@ func (a *assembly) optimizer(extra *pyobj.Dict) *pyobj.Dict {
 		d.Set("params", &pyobj.List{Items: g.params})
 		list.Items = append(list.Items, d)
 	}
-	return pyobj.DictOf("param_groups", list)
+	return pyobj.DictOf("param_groups", list), nil
 }
 
 func keysOf[V any](m map[string]V) []string {

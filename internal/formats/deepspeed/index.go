@@ -16,6 +16,7 @@ type Options struct {
 	Tag     string // tag folder to read instead of the one 'latest' names
 	Workers int    // files decoded at once (0: all cores)
 	Scan    *Scan  // the listings of the walk that detected the format (nil: list)
+	Decode  torchfile.Options
 }
 
 // modelState is one mp_rank_XX_model_states.pt.
@@ -85,7 +86,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	for mp := 0; mp < M; mp++ {
 		paths = append(paths, files.Model[mp])
 	}
-	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +129,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			paths = append(paths, files.Optim[[2]int{dp, mp}])
 		}
 	}
-	decoded, err = torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err = opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ type Zero3Options struct {
 	Tag     string
 	Workers int
 	Scan    *Scan // the listings of the walk that detected the format (nil: list)
+	Decode  torchfile.Options
 }
 
 // DetectZero3 reports whether path holds a ZeRO-3 checkpoint: per-rank
@@ -85,7 +86,7 @@ func IndexZero3(ctx context.Context, path string, opt Zero3Options) (*fragment.T
 			paths = append(paths, m, o)
 		}
 	}
-	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}

@@ -102,7 +102,7 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 			keys = append(keys, [2]int{l, e})
 		}
 	}
-	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +160,7 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 		sort.Strings(extra)
 		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel ranks", dir, extra, D)
 	}
-	decoded, err = torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err = opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}

@@ -3,15 +3,12 @@ package megatron
 import (
 	"context"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sync/errgroup"
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
@@ -20,7 +17,6 @@ import (
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
-	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // Megatron-core versions whose torch_dist layout ucp writes (DISTWRITE.md);
@@ -45,16 +41,19 @@ type DistOptions struct {
 	ReshardOptions
 	Core          string // Core015, Core018, Core019 ("": DefaultCore)
 	OptimSharding string // FullyReshardable ("") or DPReshardable
-	Workers       int    // rank files written at once (0: all cores)
+	Workers       int    // chunk ranges written at once, over all rank files (0: all cores)
+	taskBytes     int64  // bytes of one write task (0: taskBytes); tests make it small
 }
 
 // dwChunk is one box of a DCP tensor key: written by rank file, read from
-// the atomic state through shard (zeros where no map places elements).
+// the atomic state through shard from its flat element start on (zeros
+// where no map places elements; all zeros without a param).
 type dwChunk struct {
 	rank          int
 	offsets, size []int64
 	param, state  string
 	shard         fragment.Shard
+	start         int64
 	info          dcp.StorageInfo
 }
 
@@ -113,7 +112,6 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 		o.OptimSharding = FullyReshardable
 	case FullyReshardable:
 	case DPReshardable:
-		return nil, fmt.Errorf("--dist-optim-sharding %s is not written yet: use %s (any Megatron run loads it at any degree)", DPReshardable, FullyReshardable)
 	default:
 		return nil, fmt.Errorf("--dist-optim-sharding %q: give %s or %s", o.OptimSharding, FullyReshardable, DPReshardable)
 	}
@@ -282,7 +280,12 @@ func (w *distWriter) keys() error {
 		}
 		w.tensor = append(w.tensor, mk)
 	}
-	for _, state := range []string{fragment.FP32, fragment.ExpAvg, fragment.ExpAvgSq} {
+	if w.o.OptimSharding == DPReshardable {
+		if err := w.dprsKeys(); err != nil {
+			return err
+		}
+	}
+	for _, state := range w.fullStates() {
 		name := state
 		if state == fragment.FP32 {
 			name = "param"
@@ -389,7 +392,11 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 		return nil, err
 	}
 	opt := ov.(*pyobj.Dict)
-	if w.o.Core != Core015 {
+	if w.o.OptimSharding == DPReshardable {
+		// The optimizer's state_dict items are dp_group_idx_G ShardedObjects.
+		opt = pyobj.NewDict(pyobj.PlainDict)
+	}
+	if w.o.Core != Core015 || w.o.OptimSharding == DPReshardable {
 		opt.Set("param_state_sharding_type", w.o.OptimSharding)
 	}
 	args := p.targetArgs().(*pyobj.Object)
@@ -415,7 +422,7 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 }
 
 // write writes the iteration folder's files into tmp: metadata.json, the
-// common state (common.pt up to core 0.18), every rank file in parallel,
+// common state (common.pt up to core 0.18), the rank files (writeRanks),
 // then .metadata, and reads the folder back.
 func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardStats) error {
 	meta := `{"sharded_backend": "torch_dist", "sharded_backend_version": 1}`
@@ -440,18 +447,8 @@ func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardSt
 		st.Files++
 		st.Bytes += n
 	}
-	ranks := w.o.TP * w.o.PP
-	sizes := make([]int64, ranks)
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(w.o.Workers)
-	for rank := 0; rank < ranks; rank++ {
-		g.Go(func() error {
-			n, err := w.writeRank(gctx, tmp, rank)
-			sizes[rank] = n
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
+	sizes, err := w.writeRanks(ctx, tmp)
+	if err != nil {
 		return err
 	}
 	for _, n := range sizes {
@@ -471,115 +468,6 @@ func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardSt
 	if _, err := IndexDist(ctx, tmp, Options{Workers: w.o.Workers}); err != nil {
 		return fmt.Errorf("the written checkpoint does not read back: %w", err)
 	}
-	return nil
-}
-
-// writeRank writes __<rank>_0.distcp: rank 0's bytes items first, then
-// every chunk the rank saves, each a torch.save stream of one tensor.
-func (w *distWriter) writeRank(ctx context.Context, dir string, rank int) (int64, error) {
-	name := fmt.Sprintf("__%d_0.distcp", rank)
-	path := filepath.Join(dir, name)
-	f, err := os.Create(path)
-	if err != nil {
-		return 0, err
-	}
-	rw := &distRankWriter{r: w.p.r, f: f, name: name}
-	err = func() error {
-		if rank == 0 {
-			for _, k := range w.items {
-				if _, err := f.WriteAt(k.data, rw.at); err != nil {
-					return err
-				}
-				k.info = dcp.StorageInfo{RelativePath: name, Offset: rw.at, Length: int64(len(k.data))}
-				rw.at += int64(len(k.data))
-			}
-		}
-		for _, k := range w.tensor {
-			for _, ch := range k.chunks {
-				if ch.rank != rank {
-					continue
-				}
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				if err := rw.chunk(k.dt, ch); err != nil {
-					return fmt.Errorf("%s: %w", k.key, err)
-				}
-			}
-		}
-		return nil
-	}()
-	if err == nil && !w.o.NoSync {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	return rw.at, nil
-}
-
-type distRankWriter struct {
-	r    *atomic.Reader
-	f    *os.File
-	name string
-	at   int64
-	buf  []byte
-}
-
-// pieceBytes bounds the bytes of one chunk held at once.
-const pieceBytes = 4 << 20
-
-// chunk writes one chunk as a torch.save stream of a contiguous tensor of
-// its size, streaming the atomic state through the chunk's shard.
-func (rw *distRankWriter) chunk(dt dtype.DType, ch *dwChunk) error {
-	l, err := torchfile.NewLayout("archive", &torchfile.Blob{DType: dt, Shape: ch.size})
-	if err != nil {
-		return err
-	}
-	base := rw.at
-	for _, s := range l.Head() {
-		if _, err := rw.f.WriteAt(s.Data, base+s.Off); err != nil {
-			return err
-		}
-	}
-	st, err := rw.r.OpenState(ch.param, ch.state)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	es := int64(dt.Size())
-	n := torchfile.Numel(ch.size)
-	step := max(pieceBytes/es, 1)
-	var crc uint32
-	for done := int64(0); done < n; {
-		m := min(n-done, step)
-		if int64(cap(rw.buf)) < m*es {
-			rw.buf = make([]byte, m*es)
-		}
-		b := rw.buf[:m*es]
-		if _, err := layout.ReadLocalAs(st, ch.shard, done, m, dt, b); err != nil {
-			return err
-		}
-		if err := fsutil.WriteAt(rw.f, b, base+l.BlobOffset(0)+done*es); err != nil {
-			return err
-		}
-		crc = crc32.Update(crc, crc32.IEEETable, b)
-		done += m
-	}
-	tail, err := l.Tail([]uint32{crc})
-	if err != nil {
-		return err
-	}
-	for _, s := range tail {
-		if _, err := rw.f.WriteAt(s.Data, base+s.Off); err != nil {
-			return err
-		}
-	}
-	rw.at += l.Size()
-	ch.info = dcp.StorageInfo{RelativePath: rw.name, Offset: base, Length: l.Size()}
 	return nil
 }
 

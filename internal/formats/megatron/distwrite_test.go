@@ -3,13 +3,18 @@ package megatron
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/formats/dcp"
+	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // distWriteCases are sources (legacy torch fixtures, "dist/<case>" torch_dist
@@ -27,6 +32,14 @@ var distWriteCases = []struct {
 	{"tp1_pp1", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 1}, Core: Core018}},
 	{"tp4_gqa_qkvbias", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}}},
 	{"tp1_pp4_untied", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 3, DP: 1, FirstStageLayers: 2}}},
+	{"dist/core0_19_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 4}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_tp2_dp2_bf16_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 3}, OptimSharding: DPReshardable, Core: Core018}},
+	{"dist/core0_19_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, OptimSharding: DPReshardable}},
+	{"tp2_gqa_swiglu", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2}, OptimSharding: DPReshardable}},
+	{"tp4_gqa_qkvbias", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 3}, OptimSharding: DPReshardable}},
+	// Chunks split over many write tasks (CRCs combined), two workers.
+	{"dist/core0_19_tp2_dp2_bf16_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 1}, Workers: 2, taskBytes: 100}},
+	{"dist/core0_19_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, OptimSharding: DPReshardable, Workers: 3, taskBytes: 64}},
 }
 
 // TestDistWriteRoundTrip: atomic -> torch_dist (ReshardDist) -> atomic
@@ -38,7 +51,7 @@ func TestDistWriteRoundTrip(t *testing.T) {
 		if _, ok := atomics[c.fixture]; !ok {
 			atomics[c.fixture] = convertFixture(t, c.fixture)
 		}
-		t.Run(fmt.Sprintf("%d_%s_tp%d_pp%d_core%s", i, c.fixture, c.o.TP, c.o.PP, c.o.Core), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%d_%s_tp%d_pp%d_dp%d_core%s_%s", i, c.fixture, c.o.TP, c.o.PP, c.o.DP, c.o.Core, c.o.OptimSharding), func(t *testing.T) {
 			a := atomics[c.fixture]
 			save := writeDist(t, a, c.o)
 			tbl := indexDist(t, save, Options{})
@@ -135,5 +148,133 @@ func TestDistWriteTorchDCP(t *testing.T) {
 	out := testkit.Torch2(t, root, filepath.Join(testkit.RepoRoot(), "testdata", "check", "check_megatron_dist_dcp.py"), dirs...)
 	if n := strings.Count(out, "\nok ") + map[bool]int{true: 1}[strings.HasPrefix(out, "ok ")]; n != len(cases) {
 		t.Fatalf("%d of %d cases passed:\n%s", n, len(cases), out)
+	}
+}
+
+// TestDistWriteDPReshardableLayout: written at the source's own degrees,
+// the dp_reshardable optimizer keys of a real-core fp32 fixture (one DDP
+// buffer, as a Float16Module-wrapped run has) come out as megatron-core
+// saved them: the same keys, global sizes and chunks (DDP's bucket layout
+// re-derived, padding pieces included) and the same byte items.
+func TestDistWriteDPReshardableLayout(t *testing.T) {
+	for _, c := range []struct {
+		fixture string
+		core    string
+	}{
+		{"core0_19_tp2_fp32_dprs", Core019},
+		{"core0_18_tp2_fp32_dprs", Core018},
+	} {
+		t.Run(c.fixture, func(t *testing.T) {
+			a := convertFixture(t, "dist/"+c.fixture)
+			save := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1}, Core: c.core, OptimSharding: DPReshardable})
+			want := optimizerEntries(t, filepath.Join(testkit.Fixture("megatron_dist", c.fixture, "checkpoint"), "iter_0000002"))
+			got := optimizerEntries(t, filepath.Join(save, "iter_0000002"))
+			if len(want) == 0 {
+				t.Fatal("the fixture has no optimizer.distributed keys")
+			}
+			for k, w := range want {
+				if g, ok := got[k]; !ok {
+					t.Errorf("%s: not written", k)
+				} else if g != w {
+					t.Errorf("%s:\n got %s\nwant %s", k, g, w)
+				}
+			}
+			for k := range got {
+				if _, ok := want[k]; !ok {
+					t.Errorf("%s: written, not in the fixture", k)
+				}
+			}
+		})
+	}
+}
+
+// optimizerEntries describes the optimizer.distributed entries of a
+// torch_dist folder's .metadata: size and sorted chunks, or "bytes".
+func optimizerEntries(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	md, err := dcp.ReadMetadata(filepath.Join(dir, dcp.MetadataFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range md.Entries {
+		if !strings.HasPrefix(e.Key, "optimizer.distributed.") {
+			continue
+		}
+		if e.Bytes {
+			info, ok := md.Lookup(e.Key, nil, false)
+			if !ok {
+				t.Fatalf("%s: no storage", e.Key)
+			}
+			f, err := os.Open(filepath.Join(dir, info.RelativePath))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tf, err := torchfile.Read(io.NewSectionReader(f, info.Offset, info.Length), info.Length, e.Key)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[e.Key] = deepRepr(tf.Root)
+			continue
+		}
+		var cs []string
+		for _, ch := range e.Chunks {
+			cs = append(cs, fmt.Sprint(ch.Offsets, ch.Sizes))
+		}
+		sort.Strings(cs)
+		out[e.Key] = fmt.Sprintf("%v %v %v", e.DType, e.Size, cs)
+	}
+	return out
+}
+
+// deepRepr renders a decoded value with every container's contents.
+func deepRepr(v pyobj.Value) string {
+	switch x := v.(type) {
+	case *pyobj.List:
+		parts := make([]string, len(x.Items))
+		for i, e := range x.Items {
+			parts[i] = deepRepr(e)
+		}
+		return "[" + strings.Join(parts, ", ") + "]"
+	case pyobj.Tuple:
+		parts := make([]string, len(x))
+		for i, e := range x {
+			parts[i] = deepRepr(e)
+		}
+		return "(" + strings.Join(parts, ", ") + ")"
+	case *pyobj.Dict:
+		parts := make([]string, x.Len())
+		for i := range parts {
+			k, e := x.Item(i)
+			parts[i] = deepRepr(k) + ": " + deepRepr(e)
+		}
+		return "{" + strings.Join(parts, ", ") + "}"
+	}
+	return pyobj.Repr(v)
+}
+
+// TestDistWriteTasksSameBytes: rank files written as many small tasks by
+// several workers (CRCs of ranges combined) are byte for byte the files of
+// one task per chunk.
+func TestDistWriteTasksSameBytes(t *testing.T) {
+	a := convertFixture(t, "dist/core0_19_tp2_dp2_bf16_dprs")
+	for _, sh := range []string{FullyReshardable, DPReshardable} {
+		one := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 2}, OptimSharding: sh, Workers: 1})
+		many := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 2}, OptimSharding: sh, Workers: 4, taskBytes: 40})
+		for r := 0; r < 4; r++ {
+			name := filepath.Join("iter_0000002", fmt.Sprintf("__%d_0.distcp", r))
+			x, err := os.ReadFile(filepath.Join(one, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			y, err := os.ReadFile(filepath.Join(many, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(x) == 0 || string(x) != string(y) {
+				t.Errorf("%s %s: %d bytes with one task per chunk, %d with many, differing", sh, name, len(x), len(y))
+			}
+		}
 	}
 }

@@ -27,6 +27,7 @@ type Options struct {
 	Tag       string // iteration to read: a number, "release" or a folder name
 	Workers   int    // files decoded at once (0: all cores)
 	VocabSize int64  // true vocabulary size when args has no vocab_size
+	Decode    torchfile.Options
 }
 
 // Index builds the fragment table of the Megatron checkpoint at path (a
@@ -46,7 +47,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	for i, rd := range dirs {
 		paths[i] = rd.model
 	}
-	decoded, err := torchfile.DecodeAll(ctx, paths, opt.Workers)
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +202,7 @@ func (b *builder) readOptimizers(ctx context.Context) error {
 		}
 		return nil
 	}
-	decoded, err := torchfile.DecodeAll(ctx, dpaths, b.opt.Workers)
+	decoded, err := b.opt.Decode.DecodeAll(ctx, dpaths, b.opt.Workers)
 	if err != nil {
 		return err
 	}

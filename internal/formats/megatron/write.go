@@ -654,31 +654,15 @@ func blobScalar(b *torchfile.Blob) (float64, error) {
 // numel_unpadded elements, each parameter at its place in Megatron's
 // bucket layout with the bucket-end padding removed, zeros between.
 func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
-	holder := pyobj.NewDict(pyobj.PlainDict)
-	holder.Set("args", p.targetArgs())
-	a, err := parseArgs(path, holder)
+	a, err := p.targetArgsParsed(path)
 	if err != nil {
 		return err
 	}
-	var total int64
-	for _, list := range p.chunks[s] {
-		for _, rp := range list {
-			total += torchfile.Numel(p.shards[t][rp.src].Shape)
-		}
-	}
-	P := p.o.PP
-	V := len(p.chunks[s])
 	root := pyobj.NewDict(pyobj.PlainDict)
 	root.Set("buckets_coalesced", true)
 	var fills []layout.StateFill
 	for v, list := range p.chunks[s] {
-		lps := make([]layoutParam, len(list))
-		for i, rp := range list {
-			first, last := s == 0 && v == 0, s == P-1 && v == V-1
-			shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
-			lps[i] = layoutParam{numel: torchfile.Numel(p.shards[t][rp.src].Shape), shared: shared}
-		}
-		lay := computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
+		lay := p.bufferLayout(a, t, s, v)
 		base := make([]int64, len(lay.unpadded)+1)
 		for i, u := range lay.unpadded {
 			base[i+1] = base[i] + u
@@ -705,10 +689,47 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 		}
 		world.Set("numel_unpadded", nu)
 		buf := pyobj.NewDict(pyobj.PlainDict)
-		buf.Set(pyobj.Tuple{pyobj.DType{DType: p.dt}, pyobj.DType{DType: a.gradDType(p.dt)}}, world)
+		buf.Set(p.bufferDTypes(a), world)
 		root.Set(int64(v), buf)
 	}
 	return p.writeFile(path, root, fills, st)
+}
+
+// targetArgsParsed reads targetArgs as the loading run's Args (bucket
+// size, grad dtype); path names the file being written in errors.
+func (p *rsPlan) targetArgsParsed(path string) (*Args, error) {
+	holder := pyobj.NewDict(pyobj.PlainDict)
+	holder.Set("args", p.targetArgs())
+	return parseArgs(path, holder)
+}
+
+// bufferDTypes is the dtype key of a DDP buffer, (param dtype, grad
+// dtype): a Float16Module-wrapped model holds every parameter in the
+// training dtype, so each model chunk has one buffer.
+func (p *rsPlan) bufferDTypes(a *Args) pyobj.Tuple {
+	return pyobj.Tuple{pyobj.DType{DType: p.dt}, pyobj.DType{DType: a.gradDType(p.dt)}}
+}
+
+// bufferLayout places the parameters of TP rank t's model chunk v of stage
+// s (p.chunks[s][v] order) in DDP's grad buffer as the loading run builds
+// it (distributed/param_and_grad_buffer.py, core >= 0.8 rules: reverse
+// order, 64-element starts, a shared embedding in a bucket of its own).
+func (p *rsPlan) bufferLayout(a *Args, t, s, v int) layoutResult {
+	var total int64
+	for _, list := range p.chunks[s] {
+		for _, rp := range list {
+			total += torchfile.Numel(p.shards[t][rp.src].Shape)
+		}
+	}
+	P, V := p.o.PP, len(p.chunks[s])
+	list := p.chunks[s][v]
+	lps := make([]layoutParam, len(list))
+	for i, rp := range list {
+		first, last := s == 0 && v == 0, s == P-1 && v == V-1
+		shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
+		lps[i] = layoutParam{numel: torchfile.Numel(p.shards[t][rp.src].Shape), shared: shared}
+	}
+	return computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
 }
 
 func (p *rsPlan) hasState(param, state string) bool {
