@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed check-families megatron-fixtures check-megatron
+.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed check-families check-torchtitan megatron-fixtures check-megatron
 
 all: build
 
@@ -106,6 +106,11 @@ dcp-fixtures:
 check-families:
 	@test -n "$(MEGATRON_SRC)" -a -n "$(TRANSFORMERS_SRC)" || { echo "usage: make check-families MEGATRON_SRC=/path/to/megatron-core TRANSFORMERS_SRC=/path/to/transformers-4.57.1"; exit 2; }
 	./scripts/check-families.sh "$(MEGATRON_SRC)" "$(TRANSFORMERS_SRC)"
+
+# torchtitan llama3 -> ucp -> transformers logits (scripts/check-torchtitan.sh).
+check-torchtitan:
+	@test -n "$(TORCHTITAN_SRC)" -a -n "$(TRANSFORMERS_SRC)" || { echo "usage: make check-torchtitan TORCHTITAN_SRC=/path/to/torchtitan-v0.2.0 TRANSFORMERS_SRC=/path/to/transformers-4.57.1"; exit 2; }
+	./scripts/check-torchtitan.sh "$(TORCHTITAN_SRC)" "$(TRANSFORMERS_SRC)"
 
 check-deepspeed: build
 	@test -n "$(DS_SRC)" || { echo "usage: make check-deepspeed DS_SRC=/path/to/DeepSpeed-v0.14.5"; exit 2; }

@@ -33,6 +33,7 @@ type convertOptions struct {
 	CheckReplicas bool
 	Quiet         bool
 	VocabSize     int64
+	ModelConfig   string
 	NumNodes      int
 	NodeRank      int
 	Finalize      bool
@@ -93,6 +94,7 @@ rerun alone.`,
 	f.BoolVar(&opts.CheckReplicas, "check-replicas", true, "require replicated copies to be identical")
 	f.BoolVar(&opts.Quiet, "quiet", false, "no progress bar and no summary")
 	f.Int64Var(&opts.VocabSize, "vocab-size", 0, "true vocabulary size, for checkpoints that do not record it")
+	f.StringVar(&opts.ModelConfig, "model-config", "", "a transformers config.json naming the model family and config of a checkpoint that records none (torchtitan DCP)")
 	f.IntVar(&opts.NumNodes, "num-nodes", 0, "nodes sharing the conversion (default: from the launcher's environment, else 1)")
 	f.IntVar(&opts.NodeRank, "node-rank", -1, "this node's rank, 0-based (default: from the launcher's environment, else 0)")
 	f.Lookup("node-rank").DefValue = "0" // -1 means "not given"; the usage says the default
@@ -143,7 +145,7 @@ func runConvert(ctx context.Context, out, errOut io.Writer, src, dst string, opt
 	}
 	// Keep the garbage collector within the budget as well.
 	debug.SetMemoryLimit(memory + 100<<20)
-	co := convert.Options{From: opts.From, Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize, Node: node, Nodes: nodes,
+	co := convert.Options{From: opts.From, Tag: opts.Tag, Workers: opts.Workers, VocabSize: opts.VocabSize, ModelConfig: opts.ModelConfig, Node: node, Nodes: nodes,
 		Memory: memory, ChunkElems: opts.ChunkElems, DSVersion: opts.DSVersion, Force: opts.Force, Finalize: opts.Finalize,
 		NoSync: opts.NoSync, Resume: opts.Resume, CheckReplicas: opts.CheckReplicas, Report: opts.Report, Tool: versionString(),
 		AfterPhase: stopAfter, NoLatest: opts.NoLatest,

@@ -25,8 +25,9 @@ type Options struct {
 	From, Tag     string // source format ("" detects it) and tag or iteration
 	Workers       int
 	VocabSize     int64
-	Node, Nodes   int   // this node's rank and the node count
-	Memory        int64 // the reducers' memory budget in bytes
+	ModelConfig   string // --model-config: a transformers config.json for a source that records no model
+	Node, Nodes   int    // this node's rank and the node count
+	Memory        int64  // the reducers' memory budget in bytes
 	ChunkElems    int64
 	DSVersion     string // --deepspeed-version: the state-file layout (bareStates)
 	Force         bool
@@ -84,7 +85,7 @@ func (j *Job) Close() error { return j.Table.Close() }
 // CheckSource's answer.
 func Plan(ctx context.Context, src, dst string, deferred bool, o Options) (*Job, error) {
 	start := time.Now()
-	t, err := formats.Index(ctx, src, o.From, formats.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize, Memory: o.Memory})
+	t, err := formats.Index(ctx, src, o.From, formats.Options{Tag: o.Tag, Workers: o.Workers, VocabSize: o.VocabSize, Memory: o.Memory, ModelConfig: o.ModelConfig})
 	if ce := (*formats.CoverageError)(nil); errors.As(err, &ce) {
 		return nil, fmt.Errorf("%s: coverage check failed, nothing written: %w", src, ce.Err)
 	}

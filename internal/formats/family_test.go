@@ -473,3 +473,99 @@ func TestHFRouterDType(t *testing.T) {
 		}
 	}
 }
+
+// TestTorchtitanLlama3: a torchtitan llama3 DCP checkpoint (real
+// torchtitan v0.2.0 model code, real dcp.save; testdata/gen/torchtitan_fixtures.py)
+// with its model named by --model-config exports to HF as torchtitan's own
+// Llama3StateDictAdapter.to_hf writes it (q/k rows out of the complex-RoPE
+// layout), bit for bit; so does its way through Megatron-LM (reshard --to
+// megatron at TP 2 and TP 1 x PP 2, read back by ucp). Without the config
+// the export is refused naming --model-config.
+func TestTorchtitanLlama3(t *testing.T) {
+	dir := testkit.Fixture("torchtitan", "llama3")
+	truth := t.TempDir()
+	if err := os.Link(filepath.Join(dir, "hf_truth.safetensors"), filepath.Join(truth, "model.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	want := hfFolderTensors(t, truth)
+	bare, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), "", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := atomic.OpenReader(testkit.Convert(t, bare, 1), atomic.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hf.Export(context.Background(), rb, filepath.Join(t.TempDir(), "x"), hf.Options{Arch: "llama", NoSync: true}); err == nil ||
+		!bytes.Contains([]byte(err.Error()), []byte("--model-config")) {
+		t.Fatalf("export without a model config: %v", err)
+	}
+	tbl, err := Index(context.Background(), filepath.Join(dir, "checkpoint"), "", Options{ModelConfig: filepath.Join(dir, "config.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tbl.Format != "dcp" || tbl.Model == nil || tbl.Model.Family != "llama" {
+		t.Fatalf("format %s, model %+v", tbl.Format, tbl.Model)
+	}
+	a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(t *testing.T, r *atomic.Reader) {
+		out := filepath.Join(t.TempDir(), "hf")
+		if _, err := hf.Export(context.Background(), r, out, hf.Options{Arch: hf.ArchAuto, DType: dtype.Float32, NoSync: true}); err != nil {
+			t.Fatal(err)
+		}
+		got := hfFolderTensors(t, out)
+		if len(got) != len(want) {
+			t.Errorf("%d tensors, want %d", len(got), len(want))
+		}
+		for n, w := range want {
+			if got[n] != w {
+				t.Errorf("%s differs from torchtitan's to_hf", n)
+			}
+		}
+		wc, gc := readJSON(t, filepath.Join(dir, "config.json")), readJSON(t, filepath.Join(out, "config.json"))
+		if gc["torch_dtype"] != "float32" {
+			t.Errorf("config.json torch_dtype %v", gc["torch_dtype"])
+		}
+		delete(gc, "torch_dtype") // LlamaConfig.save_pretrained of a bare config writes none
+		if !reflect.DeepEqual(wc, gc) {
+			t.Errorf("config.json:\n got %v\nwant %v", gc, wc)
+		}
+	}
+	t.Run("hf", func(t *testing.T) { check(t, a) })
+	tg, err := LookupTarget("megatron")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, deg := range []struct{ tp, pp int }{{2, 1}, {1, 2}} {
+		t.Run(fmt.Sprintf("megatron_tp%d_pp%d", deg.tp, deg.pp), func(t *testing.T) {
+			mg := filepath.Join(t.TempDir(), "megatron")
+			if _, err := tg.Reshard(context.Background(), a, mg, ReshardOptions{TP: deg.tp, PP: deg.pp, DP: 1, Zero: -1, NoSync: true}); err != nil {
+				t.Fatal(err)
+			}
+			tb2, err := Index(context.Background(), mg, "", Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tb2.Model == nil || tb2.Model.Family != "llama" || tb2.Model.RotaryInterleaved {
+				t.Fatalf("read back: model %+v", tb2.Model)
+			}
+			b, err := atomic.OpenReader(testkit.Convert(t, tb2, 2), atomic.ReaderOptions{Verify: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(t.TempDir(), "hf")
+			if _, err := hf.Export(context.Background(), b, out, hf.Options{Arch: hf.ArchAuto, DType: dtype.Float32, NoSync: true}); err != nil {
+				t.Fatal(err)
+			}
+			got := hfFolderTensors(t, out)
+			for n, w := range want {
+				if got[n] != w {
+					t.Errorf("%s differs from torchtitan's to_hf", n)
+				}
+			}
+		})
+	}
+}

@@ -35,6 +35,9 @@ type Options struct {
 	// files decoded at once may take at most its share (below the budget
 	// its size gives, torchfile.Options.MaxBudget).
 	Memory int64
+	// ModelConfig is a transformers config.json describing the model of a
+	// checkpoint that records none (torchtitan): its family and config.
+	ModelConfig string
 }
 
 // decode returns the torchfile options of o's decoders.
@@ -167,6 +170,12 @@ func Index(ctx context.Context, path, name string, o Options) (*fragment.Table, 
 	t, err := index(ctx, path, name, o)
 	if err != nil {
 		return nil, err
+	}
+	if o.ModelConfig != "" {
+		if err := dcp.ApplyModelConfig(t, o.ModelConfig); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("--model-config: %w", err)
+		}
 	}
 	detectFamily(t)
 	return validated(path, t)

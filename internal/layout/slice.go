@@ -173,7 +173,14 @@ func ReadLocalAs(st *atomic.State, sh fragment.Shard, start, n int64, dt dtype.D
 	if int64(len(dst)) < n*es {
 		return 0, fmt.Errorf("buffer of %d bytes for %d %v elements", len(dst), n, dt)
 	}
-	clear(dst[:n*es])
+	// Elements no run covers are padding and must read as zeros; clearing
+	// the whole buffer first would write every byte twice, so only a shard
+	// with padding in the range is cleared.
+	var covered int64
+	sh.Runs(st.Shape, start, n, func(r fragment.Run) { covered += r.N })
+	if covered != n {
+		clear(dst[:n*es])
+	}
 	var read int64
 	var err error
 	sh.Runs(st.Shape, start, n, func(r fragment.Run) {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fragment"
@@ -192,14 +193,28 @@ func IndexHF(ctx context.Context, path string, opt Options) (*fragment.Table, er
 // config.json (hf.ConfigCopy).
 const HFConfigCopy = "hf_config.json"
 
-// hfConfig records config.json: copied as it is, and its family and
-// config when its model_type is a known family whose parameters these are.
+// hfConfig records the config.json beside the weights, when there is one.
 func hfConfig(t *fragment.Table, dir string) error {
 	p := filepath.Join(dir, "config.json")
-	st, err := os.Stat(p)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
+	return applyHFConfig(t, p, false)
+}
+
+// ApplyModelConfig records a transformers config.json the user names for
+// a checkpoint that records no model (a torchtitan DCP checkpoint:
+// 'ucp convert --model-config'): its model_type must be a known family
+// whose parameters the table's are, in any of the family's namings.
+func ApplyModelConfig(t *fragment.Table, path string) error {
+	return applyHFConfig(t, path, true)
+}
+
+// applyHFConfig records the config.json at p: copied as it is, and its
+// family and config when its model_type is a known family whose
+// parameters these are (else an error when must, a note otherwise).
+func applyHFConfig(t *fragment.Table, p string, must bool) error {
+	st, err := os.Stat(p)
 	if err != nil {
 		return err
 	}
@@ -211,7 +226,13 @@ func hfConfig(t *fragment.Table, dir string) error {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return fmt.Errorf("%s: %w", p, err)
 	}
-	t.CopyFiles = append(t.CopyFiles, fragment.CopyFile{Name: HFConfigCopy, Src: p, Size: st.Size()})
+	cf := t.CopyFiles[:0]
+	for _, f := range t.CopyFiles {
+		if f.Name != HFConfigCopy {
+			cf = append(cf, f)
+		}
+	}
+	t.CopyFiles = append(cf, fragment.CopyFile{Name: HFConfigCopy, Src: p, Size: st.Size()})
 	var dt, tdt, mt string
 	for _, f := range []struct {
 		key string
@@ -229,6 +250,9 @@ func hfConfig(t *fragment.Table, dir string) error {
 		t.DType = tdt
 	}
 	if _, err := family.ByHFModelType(mt); err != nil {
+		if must {
+			return fmt.Errorf("%s: model_type %q is no known model family (%s)", p, mt, strings.Join(family.Names(), ", "))
+		}
 		t.Notes = append(t.Notes, fmt.Sprintf("%s: model_type %q is no known model family: exports keep the names (--arch none) or name one with --arch", p, mt))
 		return nil
 	}

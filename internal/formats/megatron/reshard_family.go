@@ -102,8 +102,8 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if src.Layout.Interleaved {
-		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order (torchtitan's complex RoPE or rotary_interleaved): --to megatron writes the rotate-half layout only", r.Dir)
+	if src.Layout.Interleaved && c.RotaryInterleaved {
+		return nil, fmt.Errorf("%s: q/k rows in interleaved RoPE order with rotary_interleaved: --to megatron writes the rotate-half layout only", r.Dir)
 	}
 	div := c.VocabDivisor
 	if div <= 0 {
@@ -268,7 +268,8 @@ func familyArgs(c *family.Config, dt dtype.DType, te bool, div int64) *pyobj.Obj
 	d := pyobj.NewDict(pyobj.PlainDict)
 	for _, k := range keys {
 		v := a[k]
-		if i, ok := v.(int); ok {
+		switch i := v.(type) {
+		case int: // pickled as a Python int
 			v = int64(i)
 		}
 		d.Set(k, v)

@@ -1,0 +1,71 @@
+package layout_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/formats/deepspeed"
+	"github.com/ucp-project/ucp/internal/layout"
+	"github.com/ucp-project/ucp/internal/testkit"
+	"github.com/ucp-project/ucp/internal/torchfile"
+)
+
+// TestReadLocalAsPadding: ReadLocalAs overwrites every byte of its range
+// whatever the buffer held: elements a run covers with the file's values,
+// vocabulary padding with zeros (it clears only when the range has
+// padding, so a buffer of garbage catches a missed clear).
+func TestReadLocalAsPadding(t *testing.T) {
+	tbl, err := deepspeed.Index(context.Background(), testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), deepspeed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	padded := 0
+	for _, p := range r.Params() {
+		st, err := r.OpenState(p.Name, "fp32")
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta, err := layout.ReadMeta(st.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := int64(0)
+		if meta.Vocab {
+			rows = (st.Shape[0]+7)/8*4 + 3 // past the vocabulary on the last rank
+		}
+		for tp := 0; tp < 2; tp++ {
+			sh, err := layout.TPShard(meta, st.Shape, 2, tp, rows)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := torchfile.Numel(sh.Shape)
+			for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+				zero := make([]byte, n*int64(dt.Size()))
+				junk := bytes.Repeat([]byte{0xa5}, len(zero))
+				if _, err := layout.ReadLocalAs(st, sh, 0, n, dt, zero); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := layout.ReadLocalAs(st, sh, 0, n, dt, junk); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(zero, junk) {
+					t.Fatalf("%s tp %d %v: a buffer of garbage reads differently from a zeroed one", p.Name, tp, dt)
+				}
+				if sh.MappedCount() < n {
+					padded++
+				}
+			}
+		}
+		st.Close()
+	}
+	if padded == 0 {
+		t.Fatal("no shard with padding was read")
+	}
+}
