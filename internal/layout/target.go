@@ -43,16 +43,17 @@ func ReadModel(r *atomic.Reader) (Model, error) {
 	if err != nil {
 		return m, err
 	}
-	d, ok := v.(*pyobj.Dict)
+	path := fmt.Sprintf("%s/%s", r.Dir, atomic.ExtraState)
+	d := pyobj.NewDec(path, v)
+	av, ok := d.Opt("args")
 	if !ok {
-		return m, fmt.Errorf("%s/%s: %s, not a dict", r.Dir, atomic.ExtraState, pyobj.TypeName(v))
+		return m, d.Err() // no args: nothing to check against
 	}
-	av, ok := d.Get("args")
-	ns, isObj := av.(*pyobj.Object)
-	if !ok || !isObj {
-		return m, nil // no args: nothing to check against
+	ns := av.AsObject("")
+	if err := d.Err(); err != nil {
+		return m, err
 	}
-	return MegatronModel(Args{Path: fmt.Sprintf("%s/%s", r.Dir, atomic.ExtraState), NS: ns})
+	return MegatronModel(Args{Path: path, NS: ns})
 }
 
 // familyRules fills m.Family from the manifest's model family, when it

@@ -44,6 +44,17 @@ CASES = {
     "groups_frozen_z2_bf16_dp2_to_z3_dp3": ((2, 2, "bf16", False), (3, 3, "bf16", False), "groups"),
     "groups_frozen_z2_fp32_dp3_to_z1_dp2": ((2, 3, "fp32", False), (1, 2, "fp32", False), "groups"),
 }
+# A Hugging Face Llama (HF names, GQA, SwiGLU, RMSNorm; tied or not) written as pytorch_model.bin +
+# config.json, `ucp convert --from hf`, `ucp reshard --to deepspeed` (the family's HF module order, weights
+# only): a plain engine.load_checkpoint at B must give exactly the weights as module and fp32 partitions and
+# a fresh optimizer (no moments), and train. Layout A is unused (no DeepSpeed run writes the source).
+HF_CASES = {
+    "hf_llama_to_z1_fp32_dp2": ((0, 1, "fp32", False), (1, 2, "fp32", False), "hf_llama"),
+    "hf_llama_tied_to_z2_fp32_dp3": ((0, 1, "fp32", False), (2, 3, "fp32", False), "hf_llama_tied"),
+    "hf_llama_to_z3_fp32_dp2": ((0, 1, "fp32", False), (3, 2, "fp32", False), "hf_llama"),
+    "hf_llama_tied_to_z1_bf16_dp2": ((0, 1, "fp32", False), (1, 2, "bf16", False), "hf_llama_tied"),
+}
+CASES.update(HF_CASES)
 # Universal loading (checkpoint.load_universal) of what ucp convert writes, no reshard: ZeRO-3 at a new dp
 # needs --deepspeed-version 0.14 (bare tensors); the default dict layout must fail in v0.14.5 as the issue says.
 UNIVERSAL = {
@@ -227,6 +238,118 @@ def tiny_lm():
     return TinyLM()
 
 
+HF_LLAMA = dict(vocab_size=37, hidden_size=12, intermediate_size=20, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=3, rms_norm_eps=1e-06, rope_theta=10000.0, max_position_embeddings=16)
+
+
+def hf_llama(tied):
+    """A module with LlamaForCausalLM's parameter names, shapes and registration order (transformers
+    v4.57.1 models/llama/modeling_llama.py: model.embed_tokens, model.layers.L.self_attn.{q,k,v,o}_proj,
+    mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm, model.norm, lm_head tied or not),
+    in plain torch 1.13 (transformers 4.57 needs torch 2): the forward is a small causal GQA transformer
+    (no RoPE) that uses every parameter, enough to train a step."""
+    import torch
+    import torch.nn as nn
+    c = HF_LLAMA
+
+    class RMSNorm(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(h))
+
+        def forward(self, x):
+            return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c["rms_norm_eps"])
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h, d, nh, nkv = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+            self.q_proj = nn.Linear(h, nh * d, bias=False)
+            self.k_proj = nn.Linear(h, nkv * d, bias=False)
+            self.v_proj = nn.Linear(h, nkv * d, bias=False)
+            self.o_proj = nn.Linear(nh * d, h, bias=False)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            d, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+            q = self.q_proj(x).view(b, s, nh, d).transpose(1, 2)
+            k = self.k_proj(x).view(b, s, nkv, d).transpose(1, 2).repeat_interleave(nh // nkv, 1)
+            v = self.v_proj(x).view(b, s, nkv, d).transpose(1, 2).repeat_interleave(nh // nkv, 1)
+            a = (q @ k.transpose(-1, -2)) / d ** 0.5
+            a = a.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+            return self.o_proj((a @ v).transpose(1, 2).reshape(b, s, nh * d))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h, f = c["hidden_size"], c["intermediate_size"]
+            self.gate_proj = nn.Linear(h, f, bias=False)
+            self.up_proj = nn.Linear(h, f, bias=False)
+            self.down_proj = nn.Linear(f, h, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = Attn()
+            self.mlp = MLP()
+            self.input_layernorm = RMSNorm(c["hidden_size"])
+            self.post_attention_layernorm = RMSNorm(c["hidden_size"])
+
+        def forward(self, x):
+            x = x + self.self_attn(self.input_layernorm(x))
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Body(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+            self.layers = nn.ModuleList([Layer() for _ in range(c["num_hidden_layers"])])
+            self.norm = RMSNorm(c["hidden_size"])
+
+    class LlamaForCausalLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Body()
+            self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+            if tied:
+                self.lm_head.weight = self.model.embed_tokens.weight
+
+        def forward(self, ids):
+            x = self.model.embed_tokens(ids)
+            for layer in self.model.layers:
+                x = layer(x)
+            logits = self.lm_head(self.model.norm(x)).float()
+            return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                     ids[:, 1:].reshape(-1))
+
+    return LlamaForCausalLM()
+
+
+def write_hf_llama(folder, truth, tied):
+    """The source: a randomly initialised hf_llama as save_pretrained(safe_serialization=False) lays it out
+    (pytorch_model.bin, config.json), and the truth the load phase compares with."""
+    import torch
+    torch.manual_seed(4321)
+    m = hf_llama(tied)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("layernorm.weight") or n.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.1)  # norms off 1: a wrong mapping shows
+    os.makedirs(folder)
+    sd = m.state_dict()
+    torch.save(sd, os.path.join(folder, "pytorch_model.bin"))
+    cfg = dict(HF_LLAMA, architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
+               attention_bias=False, mlp_bias=False, tie_word_embeddings=tied, rope_scaling=None,
+               torch_dtype="float32", pretraining_tp=1)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    weights = {n: p.detach().clone() for n, p in m.named_parameters()}
+    torch.save({"fp32": weights, "lp": weights}, truth)
+
+
 def batch(step, rank, dtype_unused=None):
     import torch
     g = torch.Generator().manual_seed(1000 * step + rank)
@@ -235,6 +358,11 @@ def batch(step, rank, dtype_unused=None):
 
 def engine_for(deepspeed, layout, universal=False, variant=""):
     stage, dp, dtype, bf16opt = layout
+    if variant.startswith("hf_llama"):
+        model = hf_llama(variant == "hf_llama_tied")
+        eng, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                            config=ds_config(stage, dtype, bf16opt, universal))
+        return eng
     model = tiny_lm()
     params = model.parameters()
     if variant == "groups":
@@ -353,11 +481,14 @@ def rank_main(args):
         return
     # load
     truth = torch.load(args.truth)
-    path, _ = eng.load_checkpoint(args.ckpt, tag=args.tag)
+    # An HF source has no scheduler state: the run keeps its own (load_lr_scheduler_states=False).
+    path, _ = eng.load_checkpoint(args.ckpt, tag=args.tag, load_lr_scheduler_states=not args.variant.startswith("hf_llama"))
     assert path is not None, f"load_checkpoint({args.ckpt}, {args.tag}) loaded nothing"
     bad = []
     stage, dp, dtype, bf16opt = layout
     compared = 0
+    if args.variant.startswith("hf_llama"):
+        return hf_load_check(deepspeed, eng, truth, layout, rank)
     for g, (flat, st, names) in enumerate(flat_groups(eng)):
         for key, got in (("fp32", flat), ("exp_avg", st["exp_avg"]), ("exp_avg_sq", st["exp_avg_sq"])):
             want = expected_partition(truth[key], names, stage, dp, rank).contiguous()
@@ -386,6 +517,50 @@ def rank_main(args):
     print(f"rank {rank}: {compared} flat partitions + steps, {3 * len(truth['fp32'])} full states, "
           f"{len(truth['lp'])} module weights compared; step after load: loss {loss.item():.4f}, {moved} parameters "
           f"changed; {'OK' if not bad else 'FAIL'}", flush=True)
+    for b in bad[:20]:
+        print("  " + b, flush=True)
+    dist.barrier()
+    if bad:
+        sys.exit(1)
+
+
+def hf_load_check(deepspeed, eng, truth, layout, rank):
+    """After load_checkpoint of an HF-derived folder: every flat fp32 partition is the HF weights exactly,
+    the optimizer state is empty (a fresh AdamW: no moments, no step), the module holds the weights in the
+    training dtype, DeepSpeed's full fp32 accessor gives them back; one step trains (step 1 afterwards)."""
+    import torch
+    import torch.distributed as dist
+    stage, dp, dtype, _ = layout
+    bad = []
+    groups = flat_groups(eng)
+    for g, (flat, st, names) in enumerate(groups):
+        want = expected_partition(truth["fp32"], names, stage, dp, rank).contiguous()
+        got = flat.detach().float()
+        if got.numel() != want.numel() or not torch.equal(got.view(torch.int32), want.view(torch.int32)):
+            bad.append(f"rank {rank} group {g} fp32: partition of {got.numel()} differs (want {want.numel()})")
+        if len(st) != 0:
+            bad.append(f"rank {rank} group {g}: optimizer state {sorted(st)} loaded, want none (fresh)")
+    from deepspeed.utils import safe_get_full_fp32_param
+    relink(eng)
+    for n, p in eng.module.named_parameters():
+        if not torch.equal(safe_get_full_fp32_param(p).detach().float(), truth["fp32"][n]):
+            bad.append(f"rank {rank} full fp32 of {n} differs")
+    for n, w in lp_weights(deepspeed, eng, stage).items():
+        if not torch.equal(w, truth["lp"][n].to(w.dtype)):
+            bad.append(f"rank {rank} module weight {n} differs")
+    import copy
+    before = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in eng.module.named_parameters()}
+    loss = eng(batch(7, rank) % HF_LLAMA["vocab_size"])
+    eng.backward(loss)
+    eng.step()
+    moved = sum(not torch.equal(safe_get_full_fp32_param(p).detach(), before[n]) for n, p in eng.module.named_parameters())
+    steps = {str(torch.as_tensor(st.get("step", -1)).item()) for _, st, _ in flat_groups(eng)}
+    if not torch.isfinite(loss) or moved == 0 or steps != {"1.0"} and steps != {"1"}:
+        bad.append(f"rank {rank} training step: loss {loss.item()}, {moved} parameters changed, steps {steps}")
+    del copy
+    print(f"rank {rank}: {len(groups)} flat fp32 partitions (fresh optimizer state), {len(truth['fp32'])} full fp32 "
+          f"weights and module weights compared; step after load: loss {loss.item():.4f}, {moved} parameters "
+          f"changed, step {steps}; {'OK' if not bad else 'FAIL'}", flush=True)
     for b in bad[:20]:
         print("  " + b, flush=True)
     dist.barrier()
@@ -496,20 +671,27 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         src, truth, atomic, dst = (os.path.join(d, x) for x in ("source", "truth.pt", "atomic", "resharded"))
-        ok, outs = launch(args, "train", a, src, truth, variant=variant)
+        if variant.startswith("hf_llama"):
+            write_hf_llama(src, truth, variant == "hf_llama_tied")
+            ok, outs = True, []
+        else:
+            ok, outs = launch(args, "train", a, src, truth, variant=variant)
         if not ok:
             print(f"FAIL {name}: training at {a} failed:\n" + "\n".join(o[-3000:] for o in outs))
             failed += 1
             continue
         try:
-            run([args.ucp, "convert", "--quiet", src, atomic] if False else [args.ucp, "convert", src, atomic])
+            run([args.ucp, "convert", src, atomic] + (["--from", "hf"] if variant.startswith("hf_llama") else []))
             stage, dp, dtype, bf16opt = b
             cmd = [args.ucp, "reshard", atomic, os.path.join(dst, "global_step3"), "--to", "deepspeed",
                    "--dp", str(dp), "--zero", str(stage), "--dtype", {"fp32": "float32", "bf16": "bfloat16"}[dtype]]
             if bf16opt:
                 cmd.append("--bf16-optimizer")
-            run(cmd)
+            out = run(cmd)
             print(run([args.ucp, "inspect", dst]).splitlines()[1])
+            for line in out.splitlines():
+                if "note: the module layout" in line:
+                    print("   ", line.strip())
         except RuntimeError as e:
             print(f"FAIL {name}: {e}")
             failed += 1
@@ -528,7 +710,7 @@ def main():
             print("   ", l)
         if not ok:
             failed += 1
-            if not lines:
+            if not any(l.startswith("rank ") for l in lines):
                 print("\n".join(o[-3000:] for o in outs))
     print(f"{len(names) - failed} of {len(names)} cases passed (work folder {work})")
     sys.exit(1 if failed else 0)

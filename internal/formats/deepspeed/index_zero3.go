@@ -125,7 +125,10 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 		return nil, err
 	}
 	r.osd, r.oroot = osd.AsDict(), root.AsDict()
-	zs, _ := r.osd.Get("zero_stage")
+	zs := osd.Key("zero_stage").Value()
+	if err := root.Err(); err != nil {
+		return nil, err
+	}
 	if ZeroStage(zs) != 3 {
 		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
 	}
@@ -157,6 +160,9 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 	}
 	for s := range r.flat {
 		sd, ok := states.OptDict(int64(s))
+		if !ok && freshState(states) {
+			sd, ok = pyobj.NewDec(of.Name, pyobj.NewDict(pyobj.PlainDict)), true // a fresh optimizer (index.go)
+		}
 		if !ok && root.Err() == nil {
 			return nil, fmt.Errorf("%s: optimizer state of sub-group %d is missing (saved before the first optimizer step?)", of.Name, s)
 		}
@@ -315,7 +321,8 @@ func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc 
 }
 
 func stepOf(path string, v pyobj.Value) *fragment.Step {
-	if t, ok := v.(*torchfile.Tensor); ok {
+	switch t := v.(type) {
+	case *torchfile.Tensor:
 		ref := fragment.Ref(path, t, 0)
 		return &fragment.Step{Tensor: &ref}
 	}
@@ -449,7 +456,8 @@ func optimizerState(r *rank) (*pyobj.Dict, error) {
 			continue
 		}
 		v := sd.Key(fragment.StepState).Value()
-		if t, ok := v.(*torchfile.Tensor); ok {
+		switch t := v.(type) {
+		case *torchfile.Tensor: // read lazily, where it is
 			ref := fragment.Ref(r.opath, t, 0)
 			v = &ref
 		}

@@ -126,7 +126,9 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 			sd.Set(k, b)
 			fills = append(fills, fill{Blob: b, Pieces: withState(fps, k)})
 		}
-		states.Set(int64(s), sd)
+		if sd.Len() > 0 { // a fresh optimizer has no entry (writeOptim12)
+			states.Set(int64(s), sd)
+		}
 		flat := &torchfile.Blob{DType: dtype.Float32, Shape: []int64{size}, RequiresGrad: true}
 		flats.Items = append(flats.Items, flat)
 		fills = append(fills, fill{Blob: flat, Pieces: withState(fps, fragment.FP32)})

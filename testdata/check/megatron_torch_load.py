@@ -1,0 +1,151 @@
+"""Real megatron-core loads what `ucp reshard --to megatron` wrote from a Megatron-DeepSpeed source (the
+--ckpt-format torch layout with the non-distributed optimizer) and must give the source's optimizer state
+exactly, then train a step.
+
+    python3 megatron_torch_load.py MEGATRON_SRC CASE_DIR TP
+
+CASE_DIR holds `written/` (ucp's save folder, written with --megatron-spec local --megatron-optimizer adamw)
+and the Megatron-DeepSpeed fixture's `truth.pt` (testdata/fixtures/deepspeed/megatron_llama_tp2_z1_bf16_dp4:
+llama family, hidden 9, 4 heads in 2 query groups of kv_channels 2, SwiGLU ffn 12, 2 layers, vocabulary 43
+padded to 48, untied, bf16, torch AdamW at step 3; full tensors under Megatron-DeepSpeed's names, QKV as
+[Q; K; V]). Each of TP ranks (gloo, one process each) builds megatron-core's GPTModel (local spec, RMSNorm,
+RoPE) wrapped in Float16Module and Megatron's DDP as get_model() does, and get_megatron_optimizer (non-distributed: Float16OptimizerWithFloat16Params over
+torch AdamW, as Megatron runs without TE/Apex), every parameter NaN first, then does what
+megatron/training/checkpointing.py load_checkpoint does with this file: model.load_state_dict(sd['model'],
+strict=True), optimizer.load_state_dict(sd['optimizer']), and reads the scheduler state. Every fp32 main
+parameter, exp_avg and exp_avg_sq of the live optimizer is compared with the truth cut as Megatron-core
+holds it on that rank (QKV regrouped per query group, fc1 as [gate_t; up_t], vocabulary rows padded with
+zeros), bit for bit; every step must be 3, the model weights the truth's fp32 in bf16. Then one training step
+(forward, backward, optimizer step) must succeed and move the weights. Prints "ok ..." and exits 0.
+Run inside the torch 2.6 chroot by scripts/megatron-check.sh.
+"""
+import os
+import sys
+
+src, case_dir, TP = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, src)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import megatron_dist_fixtures as gen
+
+H, HEADS, GROUPS, D, FFN, L, VOCAB, PADDED, STEP = 9, 4, 2, 2, 12, 2, 43, 48, 3
+
+
+def expected(truth, key, name, t):
+    """The truth of megatron-core parameter `name` as TP rank t holds it."""
+    x = truth[key]
+    lp = "language_model.encoder.layers."
+    if name == "embedding.word_embeddings.weight" or name == "output_layer.weight":
+        w = x["language_model.embedding.word_embeddings.weight" if name.startswith("embedding")
+              else "language_model.output_layer.weight"]
+        w = torch.cat([w, torch.zeros(PADDED - VOCAB, H)])
+        return w.chunk(TP)[t]
+    if name == "decoder.final_layernorm.weight":
+        return x["language_model.encoder.final_layernorm.weight"]
+    parts = name.split(".")
+    layer, rest = int(parts[2]), ".".join(parts[3:])
+    pre = f"{lp}{layer}."
+    if rest == "input_layernorm.weight":
+        return x[pre + "input_layernorm.weight"]
+    if rest == "pre_mlp_layernorm.weight":
+        return x[pre + "post_attention_layernorm.weight"]
+    if rest == "self_attention.linear_proj.weight":
+        return x[pre + "self_attention.dense.weight"].chunk(TP, dim=1)[t]
+    if rest == "mlp.linear_fc2.weight":
+        return x[pre + "mlp.dense_4h_to_h.weight"].chunk(TP, dim=1)[t]
+    if rest == "mlp.linear_fc1.weight":
+        w = x[pre + "mlp.dense_h_to_4h.weight"]
+        gate, up = w[:FFN], w[FFN:]
+        return torch.cat([gate.chunk(TP)[t], up.chunk(TP)[t]])
+    if rest == "self_attention.linear_qkv.weight":
+        w = x[pre + "self_attention.query_key_value.weight"]  # [Q; K; V]
+        q, k, v = w[:HEADS * D], w[HEADS * D:(HEADS + GROUPS) * D], w[(HEADS + GROUPS) * D:]
+        per = HEADS // GROUPS
+        groups = [torch.cat([q[g * per * D:(g + 1) * per * D], k[g * D:(g + 1) * D], v[g * D:(g + 1) * D]])
+                  for g in range(GROUPS)]
+        return torch.cat(groups[t * GROUPS // TP:(t + 1) * GROUPS // TP])
+    raise KeyError(name)
+
+
+def worker(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
+    gen.install_shims()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel as DDP, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ps.initialize_model_parallel(TP, 1)
+    dt = torch.bfloat16
+    cfg = TransformerConfig(num_layers=L, hidden_size=H, num_attention_heads=HEADS, num_query_groups=GROUPS,
+                            kv_channels=D, ffn_hidden_size=FFN, gated_linear_unit=True,
+                            activation_func=torch.nn.functional.silu, add_bias_linear=False, normalization="RMSNorm",
+                            layernorm_epsilon=1e-5, tensor_model_parallel_size=TP, use_cpu_initialization=True,
+                            hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=dt, pipeline_dtype=dt)
+    torch.manual_seed(42)
+    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+                     vocab_size=PADDED, max_sequence_length=7, share_embeddings_and_output_weights=False,
+                     position_embedding_type="rope")
+    # As get_model() wraps a bf16 model: Float16Module (every parameter bf16, norms included), then DDP;
+    # load_checkpoint loads into the unwrapped GPTModel.
+    from megatron.core.transformer.module import Float16Module
+    ddp = DDP(config=cfg, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
+              module=Float16Module(cfg, model))
+    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=3e-4, min_lr=1e-5, weight_decay=0.1, bf16=True,
+                                                 params_dtype=dt), [ddp])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    t = ps.get_tensor_model_parallel_rank()
+    path = os.path.join(case_dir, "written", "iter_%07d" % STEP, "mp_rank_%02d" % t, "model_optim_rng.pt")
+    sd = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(sd["model"], strict=True)
+    opt.load_state_dict(sd["optimizer"])
+    sched = sd["opt_param_scheduler"]  # load_checkpoint reads it with the optimizer
+    truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
+    bad, n = [], 0
+    names = {p: nm for nm, p in model.named_parameters()}
+    fopt = getattr(opt, "chained_optimizers", [opt])[0]  # Float16OptimizerWithFloat16Params
+    inner = fopt.optimizer
+    for g, (mains, lps) in enumerate(zip(fopt.fp32_from_float16_groups, fopt.float16_groups)):
+        for main, lp in zip(mains, lps):
+            nm = names[lp]
+            st = inner.state[main]
+            for key, got in (("fp32", main), ("exp_avg", st["exp_avg"]), ("exp_avg_sq", st["exp_avg_sq"])):
+                want = expected(truth, key, nm, t)
+                n += 1
+                if got.shape != want.shape or not torch.equal(got.detach().float(), want.float()):
+                    bad.append(f"rank {rank} {nm} {key} differs")
+            if float(st["step"]) != STEP:
+                bad.append(f"rank {rank} {nm} step {st['step']}")
+            if not torch.equal(lp.detach(), expected(truth, "fp32", nm, t).to(dt)):
+                bad.append(f"rank {rank} {nm} model weight differs")
+    if len(names) != sum(len(x) for x in fopt.float16_groups):
+        bad.append(f"rank {rank}: {len(names)} parameters, {sum(len(x) for x in fopt.float16_groups)} in the optimizer")
+    before = {nm: p.detach().clone() for nm, p in model.named_parameters()}
+    # One optimizer step on seeded gradients (the fixture generator's synthetic_step: main_grad of every
+    # parameter, then Megatron's step; a bf16 forward on CPU needs Megatron's Float16Module casts).
+    gen.synthetic_step(ddp, model, opt, 99)
+    moved = sum(not torch.equal(p.detach(), before[nm]) for nm, p in model.named_parameters())
+    if moved == 0:
+        bad.append(f"rank {rank} training step: {moved} parameters moved")
+    print(f"{'ok' if not bad else 'FAIL'} rank {rank}: core loaded TP {TP}: {n} optimizer tensors and "
+          f"{len(names)} weights compared, step {STEP}, scheduler max_lr {sched['max_lr']}; one step: "
+          f"{moved} parameters moved", flush=True)
+    for b in bad[:20]:
+        print("  " + b, flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if bad:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(TP, 29500 + os.getpid() % 200), nprocs=TP, join=True)
