@@ -21,6 +21,8 @@
 #   BENCH_COMMANDS=1        verify, diff, export --to hf|torch|dcp, reshard --zero 1|2|3 and the Python
 #                           load against their floors (cat, cp of the files read, cp -r, readinto)
 #   BENCH_NODES=0           1: also 4 nodes as 4 processes (output must equal 1 node's)
+#   BENCH_MEGATRON_SRC=DIR  a Megatron-LM release tree (core_v0.19.0 ...): reshard --to megatron --ckpt-format
+#                           torch_dist of the ~120 MB checkpoint its core writes (scripts/megatron-big.sh) vs cp -r
 #   UCP_BENCH_REAL=DIR      a real DeepSpeed checkpoint (save folder or tag folder): the 255M-parameter
 #                           GPT-like ZeRO-2 bf16 DP 2 one written by DeepSpeed's engine with
 #                           /usr/bin/python3 scripts/bench-real.py --ds-src DeepSpeed-v0.14.5 --out DIR
@@ -217,6 +219,26 @@ fi
 if [ -n "${UCP_BENCH_REAL:-}" ]; then
   bench "real DeepSpeed checkpoint" "$UCP_BENCH_REAL"
   [ "${BENCH_COMMANDS:-1}" = 1 ] && commands "real DeepSpeed checkpoint" "$UCP_BENCH_REAL"
+fi
+
+if [ -n "${BENCH_MEGATRON_SRC:-}" ]; then
+  # reshard --to megatron --ckpt-format torch_dist (synced) of a torch_dist checkpoint real megatron-core
+  # wrote (~120 MB, scripts/megatron-big.sh with BENCH_MEGATRON_SRC's core; kept between runs), converted
+  # once, at the source's degrees, against cp -r; sync of that source folder.
+  M=$B/megatron
+  [ -d "$M"/core*_tp2_dp2_bf16_fullrs ] 2>/dev/null || scripts/megatron-big.sh "$BENCH_MEGATRON_SRC" "$M" > /dev/null
+  MS=$(echo "$M"/core*_tp2_dp2_bf16_fullrs/checkpoint)
+  mcore=$(basename "$(dirname "$MS")" | sed 's/^core\([0-9]*\)_\([0-9]*\)_.*/\1.\2/')
+  rm -rf "$B/atomic"
+  "$UCP" convert --quiet "$MS" "$B/atomic"
+  A=$B/atomic
+  warm "$A"; warm "$MS"
+  echo
+  echo "real megatron-core $mcore torch_dist checkpoint ($(mb "$(du -sb "$MS" | cut -f1)")), best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS)"
+  fcpm() { cp -r "$MS" "$B/cmdcp" && sync; }
+  cmdcase "reshard --to megatron torch_dist" fcpm reshard --quiet --force --to megatron --ckpt-format torch_dist \
+    --megatron-core "$mcore" --tp 2 --dp 2 "$A" "$B/cmdout"
+  rm -rf "$B/atomic" "$B/cmdout" "$B/cmdcp"
 fi
 
 if [ "${BENCH_RING:-1}" = 1 ]; then

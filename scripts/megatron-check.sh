@@ -27,7 +27,10 @@ cp -r "$src/megatron" "$work/src/"
 cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_dist_load.py" "$work/"
 core=$(sed -n 's/^MAJOR = \([0-9]*\)/\1/p; s/^MINOR = \([0-9]*\)/\1/p' "$src/megatron/core/package_info.py" | paste -sd.)
 fx=$here/testdata/fixtures/megatron_dist
-# source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable)
+# source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable).
+# legacy:FIXTURE migrates formats: the fixture is first written by ucp as a legacy --ckpt-format torch
+# save (TP 2 x DP 2, distributed optimizer: distrib_optim.pt, a layout real Megatron loads, RESHARD.md),
+# and that legacy checkpoint is the source converted and written as torch_dist.
 cases=(
   "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 1 4"
   "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 2 2"
@@ -38,15 +41,27 @@ cases=(
   "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 1 4 dp_reshardable"
   "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 2 1 1 dp_reshardable"
   "core0_19_tp2_dp2_bf16_dprs tp2_dp2_bf16_dprs 1 2 2 dp_reshardable"
+  "core0_19_tp2_pp2_tied_bf16_dprs_args tp2_pp2_tied_bf16_dprs_args 1 1 1"
+  "core0_19_tp2_pp2_tied_bf16_dprs_args tp2_pp2_tied_bf16_dprs_args 1 1 2 dp_reshardable"
+  "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 1 1 2"
+  "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 2 1 1 dp_reshardable"
 )
 failed=0
 for c in "${cases[@]}"; do
   [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
   read -r fixture gencase tp pp dp sharding <<<"$c"
   sharding=${sharding:-fully_reshardable}
-  dir=$work/$fixture.tp$tp.pp$pp.dp$dp.$sharding
+  tag=; [ "${fixture#legacy:}" != "$fixture" ] && tag=.legacy
+  dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp.$sharding$tag
   mkdir -p "$dir"
-  "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic" --quiet
+  case $fixture in
+  legacy:*)
+    fixture=${fixture#legacy:}
+    "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic0" --quiet
+    "$ucp" reshard "$dir/atomic0" "$dir/legacy" --to megatron --tp 2 --dp 2 --distributed-optimizer --quiet
+    "$ucp" convert "$dir/legacy" "$dir/atomic" --quiet ;;
+  *) "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic" --quiet ;;
+  esac
   "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
     --tp "$tp" --pp "$pp" --dp "$dp" --dist-optim-sharding "$sharding" --quiet
   cp "$fx/$fixture/truth.pt" "$dir/"
@@ -89,20 +104,18 @@ done
 # degrees (the fullrs case at TP 2 x DP 2, where its own core wrote it; UCP_OWN=1 loads Megatron's
 # own). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0, fastest of 3
 # alternating runs. MEGATRON_CHECK_TIME=1 (default) times the stored kilobyte fixture; =big first
-# has MEGATRON_SRC's core write the same model at ~120 MB (UCP_MEGATRON_GEOMETRY below: 2 layers,
-# hidden 512, 8 heads in 4 groups, SwiGLU ffn 1024, vocabulary 4000 padded to 4096; 8.8 M parameters,
-# bf16 weights + fp32 main parameters and Adam moments); =0 skips it.
+# has MEGATRON_SRC's core write the same model at ~120 MB (scripts/megatron-big.sh); =DIR uses that
+# script's earlier output DIR (same core); =0 skips it.
 timing=${MEGATRON_CHECK_TIME:-1}
 own=core${core/./_}_tp2_dp2_bf16_fullrs
 geometry=
+fxt=$fx
 if [ "$timing" = big ]; then
-  geometry=2,512,8,4,64,1024,4000,4096
-  mkdir -p "$work/big"
-  UCP_CASE_TIMEOUT=1200 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_MEGATRON_GEOMETRY=$geometry UCP_CASE_TIMEOUT=1200 \
-    python3 megatron_dist_fixtures.py src big tp2_dp2_bf16_fullrs >"$work/big/log" 2>&1 || { echo "big model: generation failed"; tail -20 "$work/big/log"; }
   fxt=$work/big
-else
-  fxt=$fx
+  geometry=$("$here/scripts/megatron-big.sh" "$src" "$fxt") || echo "big model: generation failed"
+elif [ -f "$timing/geometry" ]; then
+  fxt=$timing # made before by scripts/megatron-big.sh with the same core
+  geometry=$(cat "$timing/geometry")
 fi
 if [ -d "$fxt/$own" ] && [ "$timing" != 0 ]; then
   dir=$work/time && mkdir -p "$dir/own"

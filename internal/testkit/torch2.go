@@ -32,9 +32,9 @@ func Torch2Ready() (bool, string) {
 // Torch2 runs the Python file script with real torch 2.x inside the chroot
 // of scripts/torch2-chroot.sh. dir is mounted at /work and is the working
 // folder, so args name files relative to dir; the script is copied there
-// first. Without the chroot the test is skipped, unless UCP_REQUIRE_TORCH2=1
-// (CI), when it fails. A non-zero exit fails the test with the output; the
-// output is returned.
+// first, with its private modules (_*.py beside it). Without the chroot
+// the test is skipped, unless UCP_REQUIRE_TORCH2=1 (CI), when it fails. A
+// non-zero exit fails the test with the output; the output is returned.
 func Torch2(tb testing.TB, dir, script string, args ...string) string {
 	tb.Helper()
 	if ok, why := Torch2Ready(); !ok {
@@ -50,6 +50,17 @@ func Torch2(tb testing.TB, dir, script string, args ...string) string {
 	name := ".ucp-check-" + filepath.Base(script)
 	if err := os.WriteFile(filepath.Join(dir, name), src, 0o644); err != nil {
 		tb.Fatal(err)
+	}
+	// The script's private modules (_*.py beside it) go with it.
+	mods, _ := filepath.Glob(filepath.Join(filepath.Dir(script), "_*.py"))
+	for _, m := range mods {
+		b, err := os.ReadFile(m)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, filepath.Base(m)), b, 0o644)
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
 	}
 	cmd := exec.Command(Torch2Script(), append([]string{"run", dir, "python3", name}, args...)...)
 	out, err := cmd.CombinedOutput()

@@ -16,55 +16,12 @@ import glob
 import os
 import sys
 
-import importlib.abc
-import importlib.machinery
-import types
-
 import torch
 
-
-class _StubType(type):
-    def __getattr__(cls, attr):  # enum members: AttnBackend.auto
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return cls()
+import _megatron_stub  # testdata/check/_megatron_stub.py: megatron.* without its source
 
 
-class _Stub(metaclass=_StubType):
-    """Stands for a Megatron class pickled in args (enums, configs): not looked at."""
-
-    def __init__(self, *a, **k):
-        pass
-
-    def __setstate__(self, state):
-        pass
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves megatron.* modules whose every attribute is _Stub: no Megatron source needed."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "megatron" or name.startswith("megatron."):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        m = types.ModuleType(spec.name)
-        m.__path__ = []
-        m.__getattr__ = _stub_class
-        return m
-
-    def exec_module(self, module):
-        pass
-
-
-def _stub_class(attr):
-    if attr.startswith("__"):
-        raise AttributeError(attr)
-    return type(attr, (_Stub,), {})
-
-
-sys.meta_path.insert(0, _StubFinder())
+_megatron_stub.install()
 
 
 def check(path, want_step):

@@ -13,11 +13,7 @@ func OptimizerFields(r *Ranks, path, rank string, root *pyobj.Dict) error {
 	field := func(name string, v pyobj.Value) error { return r.Field(path, rank, name, v) }
 	dec := pyobj.NewDec(path, root)
 	osd := dec.Dict("optimizer_state_dict")
-	// get returns d[k], nil when absent (Ranks: absent everywhere agrees).
-	get := func(d pyobj.Dec, k string) pyobj.Value {
-		v, _ := d.AsDict().Get(k)
-		return v
-	}
+	get := raw
 	wrapper := "BF16_Optimizer (no zero_stage)"
 	if zs := get(osd, "zero_stage"); zs != nil {
 		wrapper = fmt.Sprintf("ZeRO stage %d", ZeroStage(zs))
@@ -95,7 +91,8 @@ func OptimizerFields(r *Ranks, path, rank string, root *pyobj.Dict) error {
 }
 
 func dtypeOf(v pyobj.Value) pyobj.Value {
-	if t, ok := v.(*torchfile.Tensor); ok {
+	switch t := v.(type) {
+	case *torchfile.Tensor:
 		return pyobj.DType{DType: t.DType}
 	}
 	return pyobj.TypeName(v)

@@ -11,13 +11,10 @@ func checkRanksZero3(dir string, grid [][]*rank) error {
 	for tp, col := range grid {
 		for dp, rk := range col {
 			label := fmt.Sprintf("rank dp %d mp %d", dp, tp)
-			for _, k := range []string{"ds_config", "ds_version", "dp_world_size", "mp_world_size", "global_steps"} {
-				v, _ := rk.model.AsDict().Get(k)
-				if err := r.Field(rk.mpath, label, k, v); err != nil {
-					return err
-				}
+			if err := sharedModelFields(r, rk.mpath, rk.model, label); err != nil {
+				return err
 			}
-			shapes, _ := rk.model.AsDict().Get("param_shapes")
+			shapes := raw(rk.model, "param_shapes")
 			if err := r.Field(rk.mpath, label, fmt.Sprintf("param_shapes (names and shapes of model-parallel rank %d)", tp), shapes); err != nil {
 				return err
 			}

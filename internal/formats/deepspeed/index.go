@@ -44,6 +44,7 @@ type group struct {
 	fp32     *torchfile.Tensor
 	state    pyobj.Dec   // torch optimizer state of the group's flat parameter (a dict)
 	mappings *pyobj.Dict // param_slice_mappings[g], or nil
+	mapDec   pyobj.Dec   // the same, to decode
 	padding  int64
 	count    int64 // partition count (DP degree of the group)
 	size     int64 // partition size S, padding included
@@ -60,25 +61,9 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err != nil {
 		return nil, err
 	}
-	if len(files.Model) == 0 {
-		if len(files.Zero3) > 0 {
-			return nil, fmt.Errorf("%s: a ZeRO-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt files), not ZeRO-1/2", dir)
-		}
-		return nil, fmt.Errorf("%s: no mp_rank_*_model_states.pt files", dir)
-	}
-	M := len(files.Model)
-	for mp := 0; mp < M; mp++ {
-		if _, ok := files.Model[mp]; !ok {
-			return nil, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (found %d model-state files)", dir, mp, M)
-		}
-	}
-	if len(files.Optim) == 0 {
-		return nil, fmt.Errorf("%s: no ZeRO optimizer files (*zero_pp_rank_*_optim_states.pt); conversion needs ZeRO-1/2 optimizer state", dir)
-	}
-	for k := range files.Optim {
-		if k[1] >= M {
-			return nil, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (optimizer files exist for model-parallel rank %d)", dir, M, k[1])
-		}
+	M, err := modelRanks(dir, files)
+	if err != nil {
+		return nil, err
 	}
 	// Map: decode every pickle, in parallel; model states first, since they
 	// say how many data-parallel ranks to expect.
@@ -106,28 +91,8 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err := models[0].dec.Err(); err != nil {
 		return nil, err
 	}
-	for dp := 0; dp < D; dp++ {
-		for mp := 0; mp < M; mp++ {
-			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
-				return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel x %d model-parallel ranks)", dir, files.OptimName(dp, mp), D, M)
-			}
-		}
-	}
-	var extra []string
-	for k, p := range files.Optim {
-		if k[0] >= D || k[1] >= M {
-			extra = append(extra, filepath.Base(p))
-		}
-	}
-	if len(extra) > 0 {
-		sort.Strings(extra)
-		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel x %d model-parallel ranks", dir, extra, D, M)
-	}
-	paths = paths[:0]
-	for dp := 0; dp < D; dp++ {
-		for mp := 0; mp < M; mp++ {
-			paths = append(paths, files.Optim[[2]int{dp, mp}])
-		}
+	if paths, err = optimFiles(dir, files, D, M); err != nil {
+		return nil, err
 	}
 	decoded, err = opt.Decode.DecodeAll(ctx, paths, opt.Workers)
 	if err != nil {
@@ -178,7 +143,74 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if b.table.Optimizer, err = universalOptimizerState(o00, D); err != nil {
 		return nil, err
 	}
+	if err := b.modelStateFiles(files, r); err != nil {
+		return nil, err
+	}
+	return b.table, nil
+}
+
+// modelRanks checks that the tag folder holds the model states of model-
+// parallel ranks 0..M-1 and ZeRO optimizer files of those ranks only, and
+// returns M.
+func modelRanks(dir string, files *Files) (int, error) {
+	if len(files.Model) == 0 {
+		if len(files.Zero3) > 0 {
+			return 0, fmt.Errorf("%s: a ZeRO-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt files), not ZeRO-1/2", dir)
+		}
+		return 0, fmt.Errorf("%s: no mp_rank_*_model_states.pt files", dir)
+	}
+	M := len(files.Model)
 	for mp := 0; mp < M; mp++ {
+		if _, ok := files.Model[mp]; !ok {
+			return 0, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (found %d model-state files)", dir, mp, M)
+		}
+	}
+	if len(files.Optim) == 0 {
+		return 0, fmt.Errorf("%s: no ZeRO optimizer files (*zero_pp_rank_*_optim_states.pt); conversion needs ZeRO-1/2 optimizer state", dir)
+	}
+	for k := range files.Optim {
+		if k[1] >= M {
+			return 0, fmt.Errorf("%s: missing rank file mp_rank_%02d_model_states.pt (optimizer files exist for model-parallel rank %d)", dir, M, k[1])
+		}
+	}
+	return M, nil
+}
+
+// optimFiles returns the optimizer files of D x M ranks, DP-major, and
+// refuses missing and unexpected ones.
+func optimFiles(dir string, files *Files, D, M int) ([]string, error) {
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			if _, ok := files.Optim[[2]int{dp, mp}]; !ok {
+				return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel x %d model-parallel ranks)", dir, files.OptimName(dp, mp), D, M)
+			}
+		}
+	}
+	var extra []string
+	for k, p := range files.Optim {
+		if k[0] >= D || k[1] >= M {
+			extra = append(extra, filepath.Base(p))
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel x %d model-parallel ranks", dir, extra, D, M)
+	}
+	var paths []string
+	for dp := 0; dp < D; dp++ {
+		for mp := 0; mp < M; mp++ {
+			paths = append(paths, files.Optim[[2]int{dp, mp}])
+		}
+	}
+	return paths, nil
+}
+
+// modelStateFiles carries the model states into the atomic checkpoint
+// (copied, or written again with universal info when they have none) and
+// notes how the universal info was used.
+func (b *builder) modelStateFiles(files *Files, r *Rules) error {
+	models := b.models
+	for mp := range models {
 		name := filepath.Base(files.Model[mp])
 		if !r.Present() {
 			// DeepSpeed's universal loader expects the model states to
@@ -186,7 +218,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 			// gives them: write them again with it, tensors streamed.
 			rv, err := fragment.RefTree(files.Model[mp], models[mp].root, pyobj.DefaultLimits())
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", files.Model[mp], err)
+				return fmt.Errorf("%s: %w", files.Model[mp], err)
 			}
 			root := rv.(*pyobj.Dict).Clone() // a copy only where tensors are: never set keys in the source's tree
 			root.Set("universal_checkpoint_info", pyobj.DictOf("universal_checkpoint_version", 0.2))
@@ -195,7 +227,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		}
 		cf, err := fragment.NewCopyFile(name, files.Model[mp])
 		if err != nil {
-			return nil, err
+			return err
 		}
 		b.table.CopyFiles = append(b.table.CopyFiles, cf)
 	}
@@ -208,7 +240,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if inf := r.Inferred(); len(inf) > 0 {
 		b.table.Notes = append(b.table.Notes, fmt.Sprintf("without universal_checkpoint_info, %d parameters whose shards differ in one dim are concatenated along it: %v", len(inf), inf))
 	}
-	return b.table, nil
+	return nil
 }
 
 func parseModelState(f *torchfile.File) (*modelState, error) {
@@ -297,7 +329,7 @@ func parseOptimState(f *torchfile.File, dp, mp int) (*optimState, error) {
 			gr.padding = paddings[g]
 		}
 		if g < len(mappings) {
-			gr.mappings = mappings[g].AsDict()
+			gr.mappings, gr.mapDec = mappings[g].AsDict(), mappings[g]
 		}
 		gr.size = t.Numel()
 		if !o.bf16opt {
@@ -572,32 +604,46 @@ func checkMapping(o *optimState, gr *group, name string, fs, fe, lo int64) error
 	if gr.mappings == nil {
 		return nil
 	}
-	v, ok := gr.mappings.Get(name)
-	if !ok {
+	if !gr.mapDec.Has(name) {
 		if fs >= fe {
 			return nil
 		}
 		return fmt.Errorf("%s: param_slice_mappings has no fragment for %s, but the partition rules place [%d,%d) of it here", o.path, name, fs-lo, fe-lo)
 	}
-	obj, isObj := v.(*pyobj.Object)
-	if !isObj {
-		return fmt.Errorf("%s: param_slice_mappings[%q] is %s, not a fragment_address", o.path, name, pyobj.TypeName(v))
+	n, s := readFragmentAddr(gr.mapDec.Key(name))
+	if err := gr.mapDec.Err(); err != nil {
+		return err
 	}
-	nv, _ := obj.Attr("numel")
-	sv, _ := obj.Attr("start")
-	n, ok1 := pyobj.Int(nv)
-	s, ok2 := pyobj.Int(sv)
 	if fs >= fe {
-		if !ok1 || n != 0 {
+		if n != 0 {
 			return fmt.Errorf("%s: param_slice_mappings places %s on this rank, but the partition rules do not", o.path, name)
 		}
 		return nil
 	}
-	if !ok1 || !ok2 || n != fe-fs || s != fs-lo {
-		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %s, start %s) but param_shapes and the partition rules give (numel %d, start %d); "+
-			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, pyobj.Repr(nv), pyobj.Repr(sv), fe-fs, fs-lo)
+	if n != fe-fs || s != fs-lo {
+		return fmt.Errorf("%s: param_slice_mappings[%q] = (numel %d, start %d) but param_shapes and the partition rules give (numel %d, start %d); "+
+			"the files are inconsistent (or saved with round_robin_gradients)", o.path, name, n, s, fe-fs, fs-lo)
 	}
 	return nil
+}
+
+// readFragmentAddr reads the fragment_address at d: DeepSpeed's dataclass
+// (numel, start) of a parameter's piece of a flat partition
+// (deepspeed/utils/tensor_fragment.py).
+func readFragmentAddr(d pyobj.Dec) (numel, start int64) {
+	obj := pyobj.As[*pyobj.Object](d, "a fragment_address")
+	if obj == nil {
+		return 0, 0
+	}
+	field := func(k string) int64 {
+		v, has := obj.Attr(k)
+		n, isInt := pyobj.Int(v)
+		if !has || !isInt {
+			d.Failf("fragment_address.%s is %s, want int", k, pyobj.Repr(v))
+		}
+		return n
+	}
+	return field("numel"), field("start")
 }
 
 func (b *builder) addStates(p *fragment.Param, shards []fragment.Shard, o *optimState, g, t int, hp, lp, n int64) error {
@@ -765,8 +811,11 @@ func moduleDType(root pyobj.Dec) string {
 	d := m.AsDict()
 	for i := 0; i < d.Len(); i++ {
 		_, val := d.Item(i)
-		if t, ok := val.(*torchfile.Tensor); ok && t.DType.IsFloat() {
-			return t.DType.String()
+		switch t := val.(type) {
+		case *torchfile.Tensor:
+			if t.DType.IsFloat() {
+				return t.DType.String()
+			}
 		}
 	}
 	return ""

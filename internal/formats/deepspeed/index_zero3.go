@@ -125,7 +125,10 @@ func parseRank(mf, of *torchfile.File, tp, dp, D int) (*rank, error) {
 		return nil, err
 	}
 	r.osd, r.oroot = osd.AsDict(), root.AsDict()
-	zs, _ := r.osd.Get("zero_stage")
+	zs := osd.Key("zero_stage").Value()
+	if err := root.Err(); err != nil {
+		return nil, err
+	}
 	if ZeroStage(zs) != 3 {
 		return nil, fmt.Errorf("%s: zero_stage is %s, not 3", of.Name, pyobj.Repr(zs))
 	}
@@ -318,7 +321,8 @@ func addFragments(p *fragment.Param, shards []fragment.Shard, ranks []*rank, pc 
 }
 
 func stepOf(path string, v pyobj.Value) *fragment.Step {
-	if t, ok := v.(*torchfile.Tensor); ok {
+	switch t := v.(type) {
+	case *torchfile.Tensor:
 		ref := fragment.Ref(path, t, 0)
 		return &fragment.Step{Tensor: &ref}
 	}
@@ -452,7 +456,8 @@ func optimizerState(r *rank) (*pyobj.Dict, error) {
 			continue
 		}
 		v := sd.Key(fragment.StepState).Value()
-		if t, ok := v.(*torchfile.Tensor); ok {
+		switch t := v.(type) {
+		case *torchfile.Tensor: // read lazily, where it is
 			ref := fragment.Ref(r.opath, t, 0)
 			v = &ref
 		}

@@ -60,8 +60,11 @@ func FlatStates(fp32 *torchfile.Tensor, state pyobj.Dec, size int64) ([]string, 
 	srcs := map[string]*torchfile.Tensor{fragment.FP32: fp32}
 	for _, it := range state.Items() {
 		// Other values (a step, an optimizer's scalars) are not flat states.
-		if tt, ok := it.Value().(*torchfile.Tensor); ok && it.Key != fragment.StepState && tt.Numel() == size {
-			srcs[it.Key] = tt
+		switch tt := it.Value().(type) {
+		case *torchfile.Tensor:
+			if it.Key != fragment.StepState && tt.Numel() == size {
+				srcs[it.Key] = tt
+			}
 		}
 	}
 	var names []string

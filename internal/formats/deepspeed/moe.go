@@ -3,7 +3,6 @@ package deepspeed
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -35,12 +34,12 @@ const (
 // isMoE reports whether a decoded mp_rank model state was saved by
 // DeepSpeed's _save_moe_checkpoint (it records num_experts).
 func isMoE(f *torchfile.File) bool {
-	d, ok := f.Root.(*pyobj.Dict)
-	if !ok {
-		return false
+	switch d := f.Root.(type) {
+	case *pyobj.Dict:
+		_, has := d.Get("num_experts")
+		return has
 	}
-	_, ok = d.Get("num_experts")
-	return ok
+	return false
 }
 
 // moeLayer is one deepspeed.moe.layer.MoE module, in module order (the
@@ -61,127 +60,33 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 	if len(files.Model) != 1 {
 		return nil, fmt.Errorf("%s: DeepSpeed-MoE with %d model-parallel ranks (tensor or pipeline parallelism) is not read yet", dir, len(files.Model))
 	}
-	md := pyobj.NewDec(model.Name, model.Root)
-	module := md.Dict("module")
-	nums := md.List("num_experts")
-	D := int(md.Int("dp_world_size"))
-	if err := md.Err(); err != nil {
-		return nil, err
-	}
-	// MoE layers in module order: their gates are non-expert weights of the
-	// module state, saved in module order.
-	var layers []moeLayer
-	for _, it := range module.Items() {
-		if h, ok := strings.CutSuffix(it.Key, moeGate); ok {
-			layers = append(layers, moeLayer{head: h})
-		}
-	}
-	if len(layers) != len(nums) {
-		return nil, fmt.Errorf("%s: num_experts lists %d MoE layers but the module holds %d MoE gates (*%s)", model.Name, len(nums), len(layers), moeGate)
-	}
-	for i := range layers {
-		layers[i].experts = int(nums[i].AsInt())
-	}
-	if err := md.Err(); err != nil {
+	md, module, layers, D, err := moeModel(model)
+	if err != nil {
 		return nil, err
 	}
 	if len(files.Optim) == 0 {
 		return nil, fmt.Errorf("%s: a DeepSpeed-MoE checkpoint without ZeRO optimizer files (its optimizer is in expp_rank_*_optim_states.pt): not read yet; ucp reads DeepSpeed-MoE with ZeRO-1/2", dir)
 	}
-	experts, err := expertFiles(dir, layers)
+	experts, err := expertFiles(opt.Scan, dir, layers)
 	if err != nil {
 		return nil, err
 	}
-
-	// Decode the expert files, then the D optimizer files.
-	var paths []string
-	var keys [][2]int
-	for l, ly := range layers {
-		for e := 0; e < ly.experts; e++ {
-			paths = append(paths, experts[[2]int{l, e}])
-			keys = append(keys, [2]int{l, e})
-		}
-	}
-	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
+	shapes, lp, lpFile, names, err := moeTensors(ctx, model, md, module, layers, experts, opt)
 	if err != nil {
 		return nil, err
 	}
-	shapes := map[string][]int64{} // global name -> shape
-	lp := map[string]*torchfile.Tensor{}
-	lpFile := map[string]string{}
-	var names []string // module order, experts in global order
-	for _, it := range module.Items() {
-		t := pyobj.As[*torchfile.Tensor](it.Dec, "tensor")
-		shapes[it.Key], lp[it.Key], lpFile[it.Key] = t.Shape, t, model.Name
-		names = append(names, it.Key)
-	}
-	if err := md.Err(); err != nil {
-		return nil, err
-	}
-	for i, f := range decoded {
-		l, e := keys[i][0], keys[i][1]
-		prefix := layers[l].head + moeExperts + strconv.Itoa(e) + "."
-		dec := pyobj.NewDec(f.Name, f.Root)
-		items := dec.Items()
-		if err := dec.Err(); err != nil {
-			return nil, err
-		}
-		if len(items) == 0 {
-			return nil, fmt.Errorf("%s: MoE layer %d (%s) expert %d: the expert file holds no tensors", f.Name, l, layers[l].head, e)
-		}
-		for _, it := range items {
-			if !strings.HasPrefix(it.Key, prefix) {
-				return nil, fmt.Errorf("%s: holds %s, not a weight of MoE layer %d (%s) expert %d (%s*)", f.Name, it.Key, l, layers[l].head, e, prefix)
-			}
-			t := pyobj.As[*torchfile.Tensor](it.Dec, "tensor")
-			if err := dec.Err(); err != nil {
-				return nil, err
-			}
-			shapes[it.Key], lp[it.Key], lpFile[it.Key] = t.Shape, t, f.Name
-			names = append(names, it.Key)
-		}
-	}
-
-	paths = paths[:0]
-	for dp := 0; dp < D; dp++ {
-		p, ok := files.Optim[[2]int{dp, 0}]
-		if !ok {
-			return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel ranks)", dir, files.OptimName(dp, 0), D)
-		}
-		paths = append(paths, p)
-	}
-	if len(files.Optim) != D {
-		var extra []string
-		for k, p := range files.Optim {
-			if k[0] >= D || k[1] > 0 {
-				extra = append(extra, filepath.Base(p))
-			}
-		}
-		sort.Strings(extra)
-		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel ranks", dir, extra, D)
-	}
-	decoded, err = opt.Decode.DecodeAll(ctx, paths, opt.Workers)
+	optims, err := moeOptims(ctx, dir, files, D, opt)
 	if err != nil {
-		return nil, err
-	}
-	optims := map[[2]int]*optimState{}
-	for dp, f := range decoded {
-		o, err := parseOptimState(f, dp, 0)
-		if err != nil {
-			return nil, err
-		}
-		if o.bf16opt {
-			return nil, fmt.Errorf("%s: DeepSpeed-MoE with BF16_Optimizer is not read yet", o.path)
-		}
-		optims[[2]int{dp, 0}] = o
-	}
-	if err := checkRanks(dir, nil, optims, D, 1); err != nil {
 		return nil, err
 	}
 	o0 := optims[[2]int{0, 0}]
-	dataFirst := pyobj.NewDec(o0.path, o0.root).Dict("ds_config").OptBool("use_data_before_expert_parallelism", false)
-	groups := pyobj.NewDec(o0.path, o0.base).List("param_groups")
-	if err := pyobj.NewDec(o0.path, o0.root).Err(); err != nil {
+	od, bd := pyobj.NewDec(o0.path, o0.root), pyobj.NewDec(o0.path, o0.base)
+	dataFirst := od.Dict("ds_config").OptBool("use_data_before_expert_parallelism", false)
+	groups := bd.List("param_groups")
+	if err := od.Err(); err != nil {
+		return nil, err
+	}
+	if err := bd.Err(); err != nil {
 		return nil, err
 	}
 	if len(groups) != len(o0.groups) {
@@ -195,39 +100,9 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 	b := &builder{T: 1, P: 1, D: D, optims: optims, rules: r,
 		table: &fragment.Table{Format: "deepspeed", Source: dir, Tag: tag}}
 	params := map[string]*fragment.Param{}
-	EP := 1
-	for g, gv := range groups {
-		moe := gv.OptBool("moe", false)
-		gname := gv.OptStr("name", "")
-		if err := gv.Err(); err != nil {
-			return nil, err
-		}
-		count := int(o0.groups[g].count)
-		sets, ep := []partSet{{ep: -1}}, 1
-		if moe {
-			m := reExpGroup.FindStringSubmatch(gname)
-			if m == nil {
-				return nil, fmt.Errorf("%s: MoE param group %d is named %q, not ep_size_<N> as DeepSpeed names expert groups", o0.path, g, gname)
-			}
-			n, _ := strconv.Atoi(m[1])
-			if n <= 0 || D%n != 0 || D/n != count {
-				return nil, fmt.Errorf("%s: MoE param group %d (%s) is partitioned %d ways; %d data-parallel ranks at expert parallelism %d need %d", o0.path, g, gname, count, D, n, D/max(n, 1))
-			}
-			EP, ep = max(EP, n), n
-			sets = expertSets(D, n, dataFirst)
-		} else {
-			if count != D {
-				return nil, fmt.Errorf("%s: param group %d is partitioned %d ways but there are %d data-parallel ranks", o0.path, g, count, D)
-			}
-			for dp := 0; dp < D; dp++ {
-				sets[0].ranks = append(sets[0].ranks, dp)
-			}
-		}
-		for _, s := range sets {
-			if err := b.moeGroup(g, s, ep, layers, shapes, params); err != nil {
-				return nil, err
-			}
-		}
+	EP, err := b.moeGroups(o0, groups, dataFirst, layers, shapes, params)
+	if err != nil {
+		return nil, err
 	}
 	// Parameters in module order, experts in global order; tensors no
 	// optimizer group holds (frozen parameters, buffers) are kept whole in
@@ -279,10 +154,179 @@ func indexMoE(ctx context.Context, dir, tag string, files *Files, model *torchfi
 	return b.table, nil
 }
 
+// moeGroups places the parameters of every param group: a dense group
+// over all D ranks, an expert group (moe, named ep_size_<N>) over the rank
+// sets of each expert-parallel rank; it returns the expert parallelism.
+func (b *builder) moeGroups(o0 *optimState, groups []pyobj.Dec, dataFirst bool, layers []moeLayer, shapes map[string][]int64, params map[string]*fragment.Param) (int, error) {
+	D := b.D
+	EP := 1
+	for g, gv := range groups {
+		moe := gv.OptBool("moe", false)
+		gname := gv.OptStr("name", "")
+		if err := gv.Err(); err != nil {
+			return 0, err
+		}
+		count := int(o0.groups[g].count)
+		sets, ep := []partSet{{ep: -1}}, 1
+		if moe {
+			m := reExpGroup.FindStringSubmatch(gname)
+			if m == nil {
+				return 0, fmt.Errorf("%s: MoE param group %d is named %q, not ep_size_<N> as DeepSpeed names expert groups", o0.path, g, gname)
+			}
+			n, _ := strconv.Atoi(m[1])
+			if n <= 0 || D%n != 0 || D/n != count {
+				return 0, fmt.Errorf("%s: MoE param group %d (%s) is partitioned %d ways; %d data-parallel ranks at expert parallelism %d need %d", o0.path, g, gname, count, D, n, D/max(n, 1))
+			}
+			EP, ep = max(EP, n), n
+			sets = expertSets(D, n, dataFirst)
+		} else {
+			if count != D {
+				return 0, fmt.Errorf("%s: param group %d is partitioned %d ways but there are %d data-parallel ranks", o0.path, g, count, D)
+			}
+			for dp := 0; dp < D; dp++ {
+				sets[0].ranks = append(sets[0].ranks, dp)
+			}
+		}
+		for _, s := range sets {
+			if err := b.moeGroup(g, s, ep, layers, shapes, params); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return EP, nil
+}
+
+// moeModel reads the model state of a DeepSpeed-MoE checkpoint: its
+// module, its MoE layers in module order (their gates are non-expert
+// weights of the module state, saved in module order) with their expert
+// counts, and the data-parallel size.
+func moeModel(model *torchfile.File) (md, module pyobj.Dec, layers []moeLayer, D int, err error) {
+	md = pyobj.NewDec(model.Name, model.Root)
+	module = md.Dict("module")
+	nums := md.List("num_experts")
+	D = int(md.Int("dp_world_size"))
+	if err := md.Err(); err != nil {
+		return md, module, nil, 0, err
+	}
+	for _, it := range module.Items() {
+		if h, ok := strings.CutSuffix(it.Key, moeGate); ok {
+			layers = append(layers, moeLayer{head: h})
+		}
+	}
+	if len(layers) != len(nums) {
+		return md, module, nil, 0, fmt.Errorf("%s: num_experts lists %d MoE layers but the module holds %d MoE gates (*%s)", model.Name, len(nums), len(layers), moeGate)
+	}
+	for i := range layers {
+		layers[i].experts = int(nums[i].AsInt())
+	}
+	if err := md.Err(); err != nil {
+		return md, module, nil, 0, err
+	}
+	return md, module, layers, D, nil
+}
+
+// moeTensors decodes the expert files and lists every tensor of the model
+// (module order, experts in global order) with its shape, its saved
+// tensor and the file holding it.
+func moeTensors(ctx context.Context, model *torchfile.File, md, module pyobj.Dec, layers []moeLayer, experts map[[2]int]string, opt Options) (
+	shapes map[string][]int64, lp map[string]*torchfile.Tensor, lpFile map[string]string, names []string, err error) {
+	var paths []string
+	var keys [][2]int
+	for l, ly := range layers {
+		for e := 0; e < ly.experts; e++ {
+			paths = append(paths, experts[[2]int{l, e}])
+			keys = append(keys, [2]int{l, e})
+		}
+	}
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	shapes = map[string][]int64{} // global name -> shape
+	lp = map[string]*torchfile.Tensor{}
+	lpFile = map[string]string{}
+	for _, it := range module.Items() {
+		t := pyobj.As[*torchfile.Tensor](it.Dec, "tensor")
+		shapes[it.Key], lp[it.Key], lpFile[it.Key] = t.Shape, t, model.Name
+		names = append(names, it.Key)
+	}
+	if err := md.Err(); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	for i, f := range decoded {
+		l, e := keys[i][0], keys[i][1]
+		prefix := layers[l].head + moeExperts + strconv.Itoa(e) + "."
+		dec := pyobj.NewDec(f.Name, f.Root)
+		items := dec.Items()
+		if err := dec.Err(); err != nil {
+			return nil, nil, nil, nil, err
+		}
+		if len(items) == 0 {
+			return nil, nil, nil, nil, fmt.Errorf("%s: MoE layer %d (%s) expert %d: the expert file holds no tensors", f.Name, l, layers[l].head, e)
+		}
+		for _, it := range items {
+			if !strings.HasPrefix(it.Key, prefix) {
+				return nil, nil, nil, nil, fmt.Errorf("%s: holds %s, not a weight of MoE layer %d (%s) expert %d (%s*)", f.Name, it.Key, l, layers[l].head, e, prefix)
+			}
+			t := pyobj.As[*torchfile.Tensor](it.Dec, "tensor")
+			if err := dec.Err(); err != nil {
+				return nil, nil, nil, nil, err
+			}
+			shapes[it.Key], lp[it.Key], lpFile[it.Key] = t.Shape, t, f.Name
+			names = append(names, it.Key)
+		}
+	}
+
+	return shapes, lp, lpFile, names, nil
+}
+
+// moeOptims decodes the D optimizer files (model-parallel rank 0) and
+// checks that they come from one run.
+func moeOptims(ctx context.Context, dir string, files *Files, D int, opt Options) (map[[2]int]*optimState, error) {
+	var paths []string
+	for dp := 0; dp < D; dp++ {
+		p, ok := files.Optim[[2]int{dp, 0}]
+		if !ok {
+			return nil, fmt.Errorf("%s: missing rank file %s (%d data-parallel ranks)", dir, files.OptimName(dp, 0), D)
+		}
+		paths = append(paths, p)
+	}
+	if len(files.Optim) != D {
+		var extra []string
+		for k, p := range files.Optim {
+			if k[0] >= D || k[1] > 0 {
+				extra = append(extra, filepath.Base(p))
+			}
+		}
+		sort.Strings(extra)
+		return nil, fmt.Errorf("%s: unexpected rank files %v for %d data-parallel ranks", dir, extra, D)
+	}
+	decoded, err := opt.Decode.DecodeAll(ctx, paths, opt.Workers)
+	if err != nil {
+		return nil, err
+	}
+	optims := map[[2]int]*optimState{}
+	for dp, f := range decoded {
+		o, err := parseOptimState(f, dp, 0)
+		if err != nil {
+			return nil, err
+		}
+		if o.bf16opt {
+			return nil, fmt.Errorf("%s: DeepSpeed-MoE with BF16_Optimizer is not read yet", o.path)
+		}
+		optims[[2]int{dp, 0}] = o
+	}
+	if err := checkRanks(dir, nil, optims, D, 1); err != nil {
+		return nil, err
+	}
+	return optims, nil
+}
+
 // expertFiles finds layer_L_expert_E_mp_rank_00_model_states.pt for every
-// expert of every MoE layer, and refuses missing and unexpected ones.
-func expertFiles(dir string, layers []moeLayer) (map[[2]int]string, error) {
-	ents, err := os.ReadDir(dir)
+// expert of every MoE layer, and refuses missing and unexpected ones; it
+// reads the tag folder's one listing (s).
+func expertFiles(s *Scan, dir string, layers []moeLayer) (map[[2]int]string, error) {
+	ents, err := s.readDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -391,17 +435,15 @@ func (b *builder) moeGroup(g int, s partSet, EP int, layers []moeLayer, shapes m
 		if gr.mappings == nil {
 			return fmt.Errorf("%s: no param_slice_mappings: a DeepSpeed-MoE checkpoint records no param_shapes, ucp needs them to place parameters", o.path)
 		}
-		for j := 0; j < gr.mappings.Len(); j++ {
-			k, v := gr.mappings.Item(j)
-			name, ok := k.(string)
-			obj, isObj := v.(*pyobj.Object)
-			if !ok || !isObj {
-				return fmt.Errorf("%s: param_slice_mappings[%d] has %s: %s, not name: fragment_address", o.path, g, pyobj.TypeName(k), pyobj.TypeName(v))
-			}
-			sv, _ := obj.Attr("start")
-			start, ok := pyobj.Int(sv)
-			if !ok {
-				return fmt.Errorf("%s: param_slice_mappings[%d][%q] has no int start", o.path, g, name)
+		items := gr.mapDec.Items()
+		if err := gr.mapDec.Err(); err != nil {
+			return err
+		}
+		for _, it := range items {
+			name := it.Key
+			_, start := readFragmentAddr(it.Dec)
+			if err := gr.mapDec.Err(); err != nil {
+				return err
 			}
 			if e := seen[name]; e != nil {
 				e.first = min(e.first, int64(i)*S+start)

@@ -66,40 +66,36 @@ func TestRealDeepSpeedMoE(t *testing.T) {
 func TestDeepSpeedMoEBadInput(t *testing.T) {
 	src := testkit.Fixture("deepspeed-moe", "moe_ep2_edp2_z2_fp32", "checkpoint")
 	step := "global_step3"
-	tests := []struct {
-		name    string
-		break_  func(dir string) error
-		wantErr string
-	}{
-		{"missing expert file", func(d string) error {
+	tests := []testkit.BrokenCase{
+		{Name: "missing expert file", Break: func(d string) error {
 			return os.Remove(filepath.Join(d, step, "layer_1_expert_4_mp_rank_00_model_states.pt"))
-		}, "MoE layer 1 (blocks.1.moe) expert 4: missing file layer_1_expert_4_mp_rank_00_model_states.pt"},
-		{"expert file of another expert", func(d string) error {
+		}, Want: "MoE layer 1 (blocks.1.moe) expert 4: missing file layer_1_expert_4_mp_rank_00_model_states.pt"},
+		{Name: "expert file of another expert", Break: func(d string) error {
 			b, err := os.ReadFile(filepath.Join(d, step, "layer_1_expert_3_mp_rank_00_model_states.pt"))
 			if err != nil {
 				return err
 			}
 			return os.WriteFile(filepath.Join(d, step, "layer_1_expert_4_mp_rank_00_model_states.pt"), b, 0o644)
-		}, "layer_1_expert_4_mp_rank_00_model_states.pt: holds blocks.1.moe.deepspeed_moe.experts.deepspeed_experts.3.fc1.weight, not a weight of MoE layer 1 (blocks.1.moe) expert 4"},
-		{"extra expert file", func(d string) error {
+		}, Want: "layer_1_expert_4_mp_rank_00_model_states.pt: holds blocks.1.moe.deepspeed_moe.experts.deepspeed_experts.3.fc1.weight, not a weight of MoE layer 1 (blocks.1.moe) expert 4"},
+		{Name: "extra expert file", Break: func(d string) error {
 			b, err := os.ReadFile(filepath.Join(d, step, "layer_1_expert_3_mp_rank_00_model_states.pt"))
 			if err != nil {
 				return err
 			}
 			return os.WriteFile(filepath.Join(d, step, "layer_1_expert_6_mp_rank_00_model_states.pt"), b, 0o644)
-		}, "unexpected expert files [layer_1_expert_6_mp_rank_00_model_states.pt]"},
-		{"truncated expert file", func(d string) error {
+		}, Want: "unexpected expert files [layer_1_expert_6_mp_rank_00_model_states.pt]"},
+		{Name: "truncated expert file", Break: func(d string) error {
 			p := filepath.Join(d, step, "layer_0_expert_5_mp_rank_00_model_states.pt")
 			b, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
 			return os.WriteFile(p, b[:len(b)/2], 0o644)
-		}, "layer_0_expert_5_mp_rank_00_model_states.pt"},
-		{"missing optimizer rank", func(d string) error {
+		}, Want: "layer_0_expert_5_mp_rank_00_model_states.pt"},
+		{Name: "missing optimizer rank", Break: func(d string) error {
 			return os.Remove(filepath.Join(d, step, "zero_pp_rank_3_mp_rank_00_optim_states.pt"))
-		}, "missing rank file zero_pp_rank_3_mp_rank_00_optim_states.pt"},
-		{"ranks swapped", func(d string) error {
+		}, Want: "missing rank file zero_pp_rank_3_mp_rank_00_optim_states.pt"},
+		{Name: "ranks swapped", Break: func(d string) error {
 			// rank 1 holds expert-parallel rank 1's experts; as rank 2 it would be expert-data-parallel rank 1 of EP rank 0.
 			a, b := filepath.Join(d, step, "zero_pp_rank_1_mp_rank_00_optim_states.pt"), filepath.Join(d, step, "zero_pp_rank_2_mp_rank_00_optim_states.pt")
 			tmp := a + ".tmp"
@@ -110,18 +106,10 @@ func TestDeepSpeedMoEBadInput(t *testing.T) {
 				return err
 			}
 			return os.Rename(tmp, b)
-		}, "param_slice_mappings"},
+		}, Want: "param_slice_mappings"},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			d := testkit.CopyTree(t, src)
-			if err := tc.break_(d); err != nil {
-				t.Fatal(err)
-			}
-			_, err := Index(context.Background(), d, Options{})
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
-			}
-		})
-	}
+	testkit.Broken(t, src, tests, func(d string) error {
+		_, err := Index(context.Background(), d, Options{})
+		return err
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/big"
 	"path/filepath"
+	"reflect"
 	"strconv"
 
 	"github.com/ucp-project/ucp/internal/dtype"
@@ -56,7 +57,11 @@ func show(v pyobj.Value, where string) string {
 	if v == nil {
 		return "nothing"
 	}
-	if x, ok := v.(*pyobj.Dict); ok && x.Len() <= 4 {
+	switch x := v.(type) {
+	case *pyobj.Dict:
+		if x.Len() > 4 {
+			break
+		}
 		s := "{"
 		for i := 0; i < x.Len(); i++ {
 			k, e := x.Item(i)
@@ -66,11 +71,9 @@ func show(v pyobj.Value, where string) string {
 			s += pyobj.Repr(k) + ": " + pyobj.Repr(e)
 		}
 		return s + "}"
-	}
-	if x, ok := v.(*pyobj.Object); ok {
+	case *pyobj.Object:
 		return x.Class.String() + " object"
-	}
-	if x, ok := v.(*torchfile.Tensor); ok {
+	case *torchfile.Tensor:
 		return fmt.Sprintf("a %s tensor %v", x.DType, x.Shape)
 	}
 	return pyobj.Repr(v)
@@ -142,12 +145,13 @@ func diff(a, b pyobj.Value, depth int) (string, bool) {
 	if depth > 32 {
 		return "", true // deeper than any config; pickles can nest without end
 	}
+	if reflect.TypeOf(a) != reflect.TypeOf(b) {
+		return "", false // values of two types differ, whatever they hold
+	}
+	// b has a's type from here on: the assertions below cannot fail.
 	switch x := a.(type) {
 	case *pyobj.Dict:
-		y, ok := b.(*pyobj.Dict)
-		if !ok {
-			return "", false
-		}
+		y := b.(*pyobj.Dict)
 		for i := 0; i < x.Len(); i++ {
 			k, xv := x.Item(i)
 			yv, ok := y.Get(k)
@@ -166,37 +170,35 @@ func diff(a, b pyobj.Value, depth int) (string, bool) {
 		}
 		return "", true
 	case *pyobj.Object:
-		y, ok := b.(*pyobj.Object)
-		if !ok || x.Class.String() != y.Class.String() {
+		y := b.(*pyobj.Object)
+		if x.Class.String() != y.Class.String() {
 			return "", false
 		}
 		return diff(x.State, y.State, depth+1)
 	case *torchfile.Tensor:
-		y, ok := b.(*torchfile.Tensor)
-		return "", ok && x.DType == y.DType && torchfile.SameShape(x.Shape, y.Shape)
+		y := b.(*torchfile.Tensor)
+		return "", x.DType == y.DType && torchfile.SameShape(x.Shape, y.Shape)
 	case float64:
-		y, ok := b.(float64)
-		return "", ok && (x == y || math.IsNaN(x) && math.IsNaN(y))
+		y := b.(float64)
+		return "", x == y || math.IsNaN(x) && math.IsNaN(y)
 	case *big.Int:
-		y, ok := b.(*big.Int)
-		return "", ok && x.Cmp(y) == 0
+		return "", x.Cmp(b.(*big.Int)) == 0
 	case pyobj.Enum:
-		y, ok := b.(pyobj.Enum)
-		if !ok || x.Class.String() != y.Class.String() || x.ByName != y.ByName || x.Name != y.Name {
+		y := b.(pyobj.Enum)
+		if x.Class.String() != y.Class.String() || x.ByName != y.ByName || x.Name != y.Name {
 			return "", false
 		}
 		return diff(x.Value, y.Value, depth+1)
 	case *pyobj.Global:
-		y, ok := b.(*pyobj.Global)
-		return "", ok && x.String() == y.String()
+		return "", x.String() == b.(*pyobj.Global).String()
 	case pyobj.DType:
-		y, ok := b.(pyobj.DType)
-		return "", ok && x.DType == y.DType
+		return "", x.DType == b.(pyobj.DType).DType
 	case nil, bool, int64, string:
 		return "", a == b
 	case pyobj.Bytes:
-		y, ok := b.(pyobj.Bytes)
-		return "", ok && string(x) == string(y)
+		return "", string(x) == string(b.(pyobj.Bytes))
+	case pyobj.Size:
+		return "", torchfile.SameShape(x, b.(pyobj.Size))
 	}
 	xs, ok1 := pyobj.Seq(a)
 	ys, ok2 := pyobj.Seq(b)
@@ -211,21 +213,21 @@ func diff(a, b pyobj.Value, depth int) (string, bool) {
 		}
 		return "", true
 	}
-	if s, ok := a.(pyobj.Size); ok {
-		t, ok := b.(pyobj.Size)
-		return "", ok && torchfile.SameShape(s, t)
-	}
 	return "", pyobj.TypeName(a) == pyobj.TypeName(b) && pyobj.Repr(a) == pyobj.Repr(b)
 }
 
 // Step returns an optimizer step as a number: an int or float as it is, a
 // one-element tensor read from the file it was saved in.
 func Step(path string, v pyobj.Value) (pyobj.Value, error) {
-	t, ok := v.(*torchfile.Tensor)
-	if !ok {
-		if f, ok := pyobj.Float(v); ok {
-			return f, nil
-		}
+	var t *torchfile.Tensor
+	switch x := v.(type) {
+	case *torchfile.Tensor:
+		t = x
+	case float64:
+		return x, nil
+	case int64:
+		return float64(x), nil
+	default:
 		return v, nil
 	}
 	if t.Numel() != 1 {

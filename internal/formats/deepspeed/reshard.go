@@ -117,7 +117,8 @@ type plan struct {
 	// paddedVocab is the target's vocabulary rows (0: no vocabulary
 	// parameter), written into Megatron-DeepSpeed's args.
 	paddedVocab int64
-	subs        []subGroup // ZeRO-3 sub-groups
+	subs        []subGroup  // ZeRO-3 sub-groups
+	clip        pyobj.Value // clip_grad written (dsConfig)
 	// A target from a model family (reshard_family.go): synth is the
 	// model-state template built for it (nil: tmpl's files, in tmplDir or
 	// else the atomic checkpoint), virt each tensor's pieces of the atomic
@@ -185,9 +186,9 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ok bool
-	if p.optim, ok = ov.(*pyobj.Dict); !ok {
-		return nil, fmt.Errorf("%s: optimizer_state.pt is %s, not a dict", r.Dir, pyobj.TypeName(ov))
+	od := pyobj.NewDec(p.optimPath(), ov)
+	if p.optim = od.AsDict(); od.Err() != nil {
+		return nil, od.Err()
 	}
 	if err := p.templates(); err != nil {
 		return nil, err
@@ -236,6 +237,12 @@ func (p *plan) templates() error {
 	return nil
 }
 
+// optimPath is the atomic checkpoint's copy of the source's optimizer
+// state (its param groups, loss scaler and clipping).
+func (p *plan) optimPath() string {
+	return filepath.Join(p.r.Dir, atomic.ZeroDir, atomic.OptimizerState)
+}
+
 // openTemplate decodes a template's pickle (tensors are read lazily).
 func (p *plan) openTemplate(t int) (*torchfile.File, *pyobj.Dict, error) {
 	if p.synth != nil {
@@ -250,10 +257,11 @@ func (p *plan) openTemplate(t int) (*torchfile.File, *pyobj.Dict, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	root, ok := f.Root.(*pyobj.Dict)
-	if !ok {
+	d := pyobj.NewDec(path, f.Root)
+	root := d.AsDict()
+	if err := d.Err(); err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("%s: model state is %s, not a dict", path, pyobj.TypeName(f.Root))
+		return nil, nil, err
 	}
 	return f, root, nil
 }
@@ -267,79 +275,30 @@ func (p *plan) readGroups() error {
 		return err
 	}
 	defer f.Close()
-	if bn, ok := root.Get("buffer_names"); ok {
-		names, ok := pyobj.Strings(bn)
-		if !ok {
-			return fmt.Errorf("%s: buffer_names is %s", f.Name, pyobj.TypeName(bn))
-		}
-		for _, n := range names {
+	md := pyobj.NewDec(f.Name, root)
+	if md.Has("buffer_names") {
+		for _, n := range md.Key("buffer_names").AsStrings() {
 			p.buffers[n] = true
 		}
 	}
-	psv, _ := root.Get("param_shapes")
-	shapes, ok := pyobj.Seq(psv)
-	if !ok || len(shapes) == 0 {
+	shapes := md.List("param_shapes")
+	if err := md.Err(); err != nil {
+		return err
+	}
+	if len(shapes) == 0 {
 		return fmt.Errorf("%s: no param_shapes list", f.Name)
 	}
-	pgv, ok := p.optim.Get("param_groups")
-	if !ok {
-		return fmt.Errorf("%s: zero/optimizer_state.pt has no param_groups", p.r.Dir)
+	od := pyobj.NewDec(p.optimPath(), p.optim)
+	pgs := od.List("param_groups")
+	if err := od.Err(); err != nil {
+		return err
 	}
-	pgs, ok := pyobj.Seq(pgv)
-	if !ok || len(pgs) == 0 {
-		return fmt.Errorf("%s: zero/optimizer_state.pt: param_groups is %s", p.r.Dir, pyobj.TypeName(pgv))
+	if len(pgs) == 0 {
+		return fmt.Errorf("%s: param_groups is empty", p.optimPath())
 	}
-	names := func(s int) ([]string, error) {
-		if s < 0 || s >= len(shapes) {
-			return nil, fmt.Errorf("%s: param group names flat group %d of %d", f.Name, s, len(shapes))
-		}
-		d, ok := shapes[s].(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: param_shapes[%d] is %s", f.Name, s, pyobj.TypeName(shapes[s]))
-		}
-		var out []string
-		for _, k := range d.Keys() {
-			n, ok := k.(string)
-			if !ok {
-				return nil, fmt.Errorf("%s: param_shapes[%d] has a key %s", f.Name, s, pyobj.Repr(k))
-			}
-			out = append(out, n)
-		}
-		return out, nil
-	}
-	seen := map[string]bool{}
-	for i, gv := range pgs {
-		hd, ok := gv.(*pyobj.Dict)
-		if !ok {
-			return fmt.Errorf("%s: param_groups[%d] is %s", p.r.Dir, i, pyobj.TypeName(gv))
-		}
-		g := &rgroup{hyper: hd}
-		subs := []int64{int64(i)}
-		if len(pgs) != len(shapes) {
-			// ZeRO-3 sub-groups: the group's params are sub-group indices.
-			pv, _ := hd.Get("params")
-			if subs, ok = pyobj.Ints(pv); !ok {
-				return fmt.Errorf("%s: %d param groups for %d param_shapes groups, and param_groups[%d].params are not sub-group indices", p.r.Dir, len(pgs), len(shapes), i)
-			}
-		}
-		for _, s := range subs {
-			ns, err := names(int(s))
-			if err != nil {
-				return err
-			}
-			for _, n := range ns {
-				e, ok := p.params[n]
-				if !ok || e.Frozen {
-					return fmt.Errorf("%s: parameter %s of param group %d has no optimizer state in the atomic checkpoint", p.r.Dir, n, i)
-				}
-				if seen[n] {
-					return fmt.Errorf("%s: parameter %s is in two param groups", p.r.Dir, n)
-				}
-				seen[n] = true
-				g.names = append(g.names, n)
-			}
-		}
-		p.groups = append(p.groups, g)
+	seen, err := p.groupParams(f.Name, shapes, pgs)
+	if err != nil {
+		return err
 	}
 	for _, e := range p.r.Manifest.Params {
 		switch {
@@ -349,7 +308,56 @@ func (p *plan) readGroups() error {
 			return fmt.Errorf("%s: parameter %s is in no param group of the model states", p.r.Dir, e.Name)
 		}
 	}
-	// Steps: one per group, as the torch optimizer holds it.
+	return p.groupSteps()
+}
+
+// groupParams makes one rgroup per param group, naming its parameters from
+// param_shapes (one dict per flat group, names in order); it returns the
+// parameters seen.
+func (p *plan) groupParams(name string, shapes, pgs []pyobj.Dec) (map[string]bool, error) {
+	seen := map[string]bool{}
+	for i, gd := range pgs {
+		g := &rgroup{hyper: gd.AsDict()}
+		subs := []int64{int64(i)}
+		if len(pgs) != len(shapes) {
+			// ZeRO-3 sub-groups: the group's params are sub-group indices.
+			subs = gd.Key("params").AsInts()
+		}
+		if err := gd.Err(); err != nil {
+			if len(pgs) != len(shapes) {
+				return nil, fmt.Errorf("%w (%d param groups for %d param_shapes groups: want sub-group indices)", err, len(pgs), len(shapes))
+			}
+			return nil, err
+		}
+		for _, s := range subs {
+			if s < 0 || int(s) >= len(shapes) {
+				return nil, fmt.Errorf("%s: param group names flat group %d of %d", name, s, len(shapes))
+			}
+			for _, it := range shapes[s].Items() {
+				n := it.Key
+				e, ok := p.params[n]
+				if !ok || e.Frozen {
+					return nil, fmt.Errorf("%s: parameter %s of param group %d has no optimizer state in the atomic checkpoint", p.r.Dir, n, i)
+				}
+				if seen[n] {
+					return nil, fmt.Errorf("%s: parameter %s is in two param groups", p.r.Dir, n)
+				}
+				seen[n] = true
+				g.names = append(g.names, n)
+			}
+			if err := shapes[s].Err(); err != nil {
+				return nil, err
+			}
+		}
+		p.groups = append(p.groups, g)
+	}
+	return seen, nil
+}
+
+// groupSteps gives each group its step, as the torch optimizer holds one
+// per group: its parameters' (which must agree), else the first state's of
+// the source's optimizer.
+func (p *plan) groupSteps() error {
 	for gi, g := range p.groups {
 		for _, n := range g.names {
 			v, ok, err := p.r.Step(n)
@@ -365,21 +373,28 @@ func (p *plan) readGroups() error {
 				return fmt.Errorf("%s: param group %d holds parameters at different steps (%s: %s, others %s)", p.r.Dir, gi, n, stepRepr(v), stepRepr(g.step))
 			}
 		}
-		if g.step == nil {
-			v, err := pyobj.Path(p.optim, "optimizer_state_dict", "state")
-			if d, ok := v.(*pyobj.Dict); err == nil && ok && d.Len() > 0 {
-				_, s0 := d.Item(0)
-				if sd, ok := s0.(*pyobj.Dict); ok {
-					g.step, _ = sd.Get(fragment.StepState)
+		if g.step != nil {
+			continue
+		}
+		od := pyobj.NewDec(p.optimPath(), p.optim)
+		if osd, ok := od.OptDict("optimizer_state_dict"); ok {
+			if st, ok := osd.OptDict("state"); ok && st.AsDict().Len() > 0 {
+				k0, _ := st.AsDict().Item(0)
+				if s0, ok := st.Dict(k0).Opt(fragment.StepState); ok {
+					g.step = s0.Value()
 				}
 			}
+		}
+		if err := od.Err(); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
 func stepRepr(v pyobj.Value) string {
-	if b, ok := v.(*torchfile.Blob); ok {
+	switch b := v.(type) {
+	case *torchfile.Blob:
 		return fmt.Sprintf("tensor %v %x", b.DType, b.Data)
 	}
 	return pyobj.Repr(v)
@@ -530,19 +545,17 @@ func (p *plan) dsConfig() (*pyobj.Dict, error) {
 	if err := p.setVersion(f.Name, root); err != nil {
 		return nil, err
 	}
+	md := pyobj.NewDec(f.Name, root)
 	cfg := pyobj.NewDict(pyobj.PlainDict)
-	if v, ok := root.Get("ds_config"); ok {
-		if d, ok := v.(*pyobj.Dict); ok {
-			cfg = d.Clone()
-		}
+	if d, ok := md.OptDict("ds_config"); ok {
+		cfg = d.AsDict().Clone()
 	}
+	cd := pyobj.NewDec(f.Name+": ds_config", cfg)
+	// sub is a copy of the config's section key (a new one when absent).
 	sub := func(key string) *pyobj.Dict {
-		v, _ := cfg.Get(key)
-		d, ok := v.(*pyobj.Dict)
-		if ok {
-			d = d.Clone()
-		} else {
-			d = pyobj.NewDict(pyobj.PlainDict)
+		d := pyobj.NewDict(pyobj.PlainDict)
+		if c, ok := cd.OptDict(key); ok {
+			d = c.AsDict().Clone()
 		}
 		cfg.Set(key, d)
 		return d
@@ -571,32 +584,33 @@ func (p *plan) dsConfig() (*pyobj.Dict, error) {
 	}
 	if p.o.Zero < 3 {
 		// Stage-3 settings of a ZeRO-3 source do not describe the target.
-		for _, k := range append([]pyobj.Value(nil), zo.Keys()...) {
-			if ks, ok := k.(string); ok && (strings.HasPrefix(ks, "stage3_") || ks == "offload_param") {
-				zo.Delete(ks)
+		for _, it := range pyobj.NewDec(f.Name+": ds_config", zo).Items() {
+			if strings.HasPrefix(it.Key, "stage3_") || it.Key == "offload_param" {
+				zo.Delete(it.Key)
 			}
 		}
 	}
-	p.batchConfig(cfg)
-	return cfg, nil
+	p.batchConfig(cd, cfg)
+	// The source's gradient clipping: the optimizer state's, else the config's.
+	if v, ok := p.optim.Get("clip_grad"); ok {
+		p.clip = v
+	} else {
+		p.clip = cd.OptFloat("gradient_clipping", 0)
+	}
+	if err := md.Err(); err != nil {
+		return nil, err
+	}
+	return cfg, cd.Err()
 }
 
 // batchConfig keeps the per-rank batch (train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps) and makes train_batch_size their product
 // with the target's DP, as DeepSpeed's config check requires; when the
 // source gives only some of them, nothing is derived.
-func (p *plan) batchConfig(cfg *pyobj.Dict) {
-	get := func(k string) (int64, bool) {
-		v, ok := cfg.Get(k)
-		if !ok {
-			return 0, false
-		}
-		n, ok := pyobj.Int(v)
-		return n, ok && n > 0
-	}
-	micro, ok1 := get("train_micro_batch_size_per_gpu")
-	gas, ok2 := get("gradient_accumulation_steps")
-	if _, ok3 := cfg.Get("train_batch_size"); ok1 && ok2 && ok3 {
+func (p *plan) batchConfig(cd pyobj.Dec, cfg *pyobj.Dict) {
+	micro := cd.OptInt("train_micro_batch_size_per_gpu", 0)
+	gas := cd.OptInt("gradient_accumulation_steps", 0)
+	if micro > 0 && gas > 0 && cd.Has("train_batch_size") {
 		cfg.Set("train_batch_size", micro*gas*int64(p.o.DP))
 	}
 }
@@ -606,10 +620,9 @@ func (p *plan) batchConfig(cfg *pyobj.Dict) {
 func (p *plan) setVersion(name string, tmpl *pyobj.Dict) error {
 	p.version = p.o.Version
 	if p.version == "" {
-		if v, ok := tmpl.Get("ds_version"); ok {
-			if s, ok := v.(string); ok && s != "" {
-				p.version = s
-			}
+		d := pyobj.NewDec(name, tmpl)
+		if p.version = d.OptStr("ds_version", ""); d.Err() != nil {
+			return d.Err()
 		}
 	}
 	if p.version == "" {
@@ -664,18 +677,23 @@ func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool, err error) {
 	if p.dt == dtype.Float16 {
 		want = "DynamicLossScaler"
 	}
-	if v, ok := p.optim.Get("loss_scaler"); ok {
-		if obj, ok := v.(*pyobj.Object); ok && obj.Class != nil && obj.Class.Name == want {
+	od := pyobj.NewDec(p.optimPath(), p.optim)
+	if v, ok := od.Opt("loss_scaler"); ok {
+		obj := pyobj.As[*pyobj.Object](v, "a loss scaler object")
+		if err := od.Err(); err != nil {
+			return nil, false, err
+		}
+		if obj.Class != nil && obj.Class.Name == want {
 			// A dynamic that is not a bool is an error naming the file, not false.
 			d, has := obj.Attr("dynamic")
 			if !has {
 				return obj, false, nil
 			}
-			b, ok := d.(bool)
-			if !ok {
-				return nil, false, fmt.Errorf("%s: loss_scaler.dynamic is %s, not a bool", filepath.Join(p.r.Dir, atomic.ZeroDir, atomic.OptimizerState), pyobj.Repr(d))
+			switch b := d.(type) {
+			case bool:
+				return obj, b, nil
 			}
-			return obj, b, nil
+			return nil, false, fmt.Errorf("%s: loss_scaler.dynamic is %s, not a bool", p.optimPath(), pyobj.Repr(d))
 		}
 	}
 	cls := &pyobj.Global{Module: "deepspeed.runtime.fp16.loss_scaler", Name: want}
@@ -690,19 +708,6 @@ func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool, err error) {
 		p.notes = append(p.notes, "the source has no fp16 loss scaler: a DynamicLossScaler with DeepSpeed's defaults (scale 2^16) is written")
 	}
 	return &pyobj.Object{Class: cls, Via: pyobj.ByNewObj, State: st, Built: true}, want == "DynamicLossScaler", nil
-}
-
-// clipGrad is the source's gradient clipping (optimizer state, else config).
-func (p *plan) clipGrad(cfg *pyobj.Dict) pyobj.Value {
-	if v, ok := p.optim.Get("clip_grad"); ok {
-		return v
-	}
-	if v, ok := cfg.Get("gradient_clipping"); ok {
-		if f, ok := pyobj.Float(v); ok {
-			return f
-		}
-	}
-	return 0.0
 }
 
 // paramGroup is the torch optimizer's state_dict entry of flat group g:
@@ -802,7 +807,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 	base := pyobj.DictOf("state", states, "param_groups", &pgroups)
 	osd := pyobj.NewDict(pyobj.PlainDict)
 	if p.o.BF16Optimizer {
-		osd.Set("clip_grad", p.clipGrad(cfg))
+		osd.Set("clip_grad", p.clip)
 		osd.Set("base_optimizer_state", base)
 		osd.Set("single_partition_of_fp32_groups", &fp32s)
 		osd.Set("group_paddings", &paddings)
@@ -817,7 +822,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		osd.Set("loss_scaler", scaler)
 		osd.Set("dynamic_loss_scale", dynamic)
 		osd.Set("overflow", false)
-		osd.Set("clip_grad", p.clipGrad(cfg))
+		osd.Set("clip_grad", p.clip)
 		osd.Set("base_optimizer_state", base)
 		osd.Set("single_partition_of_fp32_groups", &fp32s)
 		osd.Set("zero_stage", zeroStageEnum(p.o.Zero))
@@ -879,7 +884,8 @@ var parallelDimsFrom = [3]int{0, 19, 5}
 var newerKeys = map[string]bool{checkpointParallelDims: true}
 
 // writeModelStates writes the model-state file of TP rank t (ZeRO-3: of DP
-// rank r too; r < 0 for ZeRO-1/2).
+// rank r too; r < 0 for ZeRO-1/2): the engine's keys in its order, then the
+// template's client state.
 func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
 	f, tmpl, err := p.openTemplate(t)
 	if err != nil {
@@ -887,55 +893,34 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 	}
 	defer f.Close()
 	var fills []fill
-	modv, _ := tmpl.Get("module")
-	tm, ok := modv.(*pyobj.Dict)
-	if !ok {
-		return fmt.Errorf("%s: module is %s, not a state dict", f.Name, pyobj.TypeName(modv))
+	md := pyobj.NewDec(f.Name, tmpl)
+	tm := md.Dict("module")
+	if err := md.Err(); err != nil {
+		return err
 	}
 	lp := map[string]*torchfile.Blob{} // one tensor per parameter, shared by its aliases
-	module, err := p.module(f, tm, "", t, r, lp, &fills)
+	module, err := p.module(f, tm.AsDict(), "", t, r, lp, &fills)
 	if err != nil {
 		return err
 	}
-	state := pyobj.NewDict(pyobj.PlainDict)
+	state := p.engineState(tmpl, module, t, r, cfg, &fills)
+	if err := p.clientState(f, tmpl, state); err != nil {
+		return err
+	}
+	return p.writeFile(path, state, fills, st)
+}
+
+// engineState is the engine's part of a model-state file (engineKeys):
+// the target's module, shapes and degrees, the template's counters.
+func (p *plan) engineState(tmpl, module *pyobj.Dict, t, r int, cfg *pyobj.Dict, fills *[]fill) *pyobj.Dict {
 	get := func(k string, def pyobj.Value) pyobj.Value {
 		if v, ok := tmpl.Get(k); ok {
 			return v
 		}
 		return def
 	}
-	shapes := &pyobj.List{}
-	for gi, g := range p.groups {
-		if p.o.Zero == 3 {
-			break
-		}
-		d := pyobj.NewDict(pyobj.OrderedDict)
-		for _, n := range g.names {
-			d.Set(n, pyobj.Size(p.shards[t][n].Shape))
-		}
-		_ = gi
-		shapes.Items = append(shapes.Items, d)
-	}
-	if p.o.Zero == 3 {
-		shapes = p.zero3Shapes()
-	}
-	var frozenShapes, frozenFrags pyobj.Value
-	if p.o.Zero >= 2 {
-		fs, ff := pyobj.NewDict(pyobj.OrderedDict), pyobj.NewDict(pyobj.OrderedDict)
-		for _, n := range p.frozen {
-			e := p.params[n]
-			sh := p.shards[t][n]
-			fs.Set(n, pyobj.Size(sh.Shape))
-			b, pieces := p.frozenFragment(e, sh, r)
-			ff.Set(n, b)
-			fills = append(fills, fill{Blob: b, Pieces: pieces})
-		}
-		frozenShapes, frozenFrags = fs, ff
-	}
-	shared := pyobj.NewDict(pyobj.PlainDict)
-	if t == 0 && r <= 0 {
-		p.sharedParams(shared)
-	}
+	frozenShapes, frozenFrags := p.frozenState(t, r, fills)
+	state := pyobj.NewDict(pyobj.PlainDict)
 	for _, k := range engineKeys {
 		var v pyobj.Value
 		switch k {
@@ -946,11 +931,11 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 		case "optimizer":
 			v = nil
 		case "param_shapes":
-			v = shapes
+			v = p.paramShapes(t)
 		case "frozen_param_shapes":
 			v = frozenShapes
 		case "shared_params":
-			v = shared
+			v = p.sharedParamsOf(t, r)
 		case "frozen_param_fragments":
 			v = frozenFrags
 		case "sparse_tensor_module_names":
@@ -976,14 +961,71 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 		}
 		state.Set(k, v)
 	}
+	return state
+}
+
+// paramShapes is param_shapes of TP rank t: per flat group, its
+// parameters' shapes (ZeRO-3: per sub-group).
+func (p *plan) paramShapes(t int) *pyobj.List {
+	if p.o.Zero == 3 {
+		return p.zero3Shapes()
+	}
+	shapes := &pyobj.List{}
+	for _, g := range p.groups {
+		d := pyobj.NewDict(pyobj.OrderedDict)
+		for _, n := range g.names {
+			d.Set(n, pyobj.Size(p.shards[t][n].Shape))
+		}
+		shapes.Items = append(shapes.Items, d)
+	}
+	return shapes
+}
+
+// frozenState is frozen_param_shapes and frozen_param_fragments (ZeRO-2
+// and 3; None below), whose tensors it adds to fills.
+func (p *plan) frozenState(t, r int, fills *[]fill) (shapes, frags pyobj.Value) {
+	if p.o.Zero < 2 {
+		return nil, nil
+	}
+	fs, ff := pyobj.NewDict(pyobj.OrderedDict), pyobj.NewDict(pyobj.OrderedDict)
+	for _, n := range p.frozen {
+		e := p.params[n]
+		sh := p.shards[t][n]
+		fs.Set(n, pyobj.Size(sh.Shape))
+		b, pieces := p.frozenFragment(e, sh, r)
+		ff.Set(n, b)
+		*fills = append(*fills, fill{Blob: b, Pieces: pieces})
+	}
+	return fs, ff
+}
+
+// sharedParamsOf is shared_params of TP rank t, DP rank r: the aliases on
+// the first file only (sharedParams).
+func (p *plan) sharedParamsOf(t, r int) *pyobj.Dict {
+	shared := pyobj.NewDict(pyobj.PlainDict)
+	if t == 0 && r <= 0 {
+		p.sharedParams(shared)
+	}
+	return shared
+}
+
+// clientState copies the template's keys that are not the engine's into
+// state (Megatron-DeepSpeed's args updated to the target degrees), with
+// their tensors read.
+func (p *plan) clientState(f *torchfile.File, tmpl, state *pyobj.Dict) error {
 	for i := 0; i < tmpl.Len(); i++ {
 		k, v := tmpl.Item(i)
-		ks, isStr := k.(string) // client keys of other types are copied as they are
-		if _, done := state.Get(k); done || (isStr && newerKeys[ks]) {
+		if _, done := state.Get(k); done {
 			continue
 		}
-		if isStr && ks == "args" {
-			v = p.args(v)
+		switch ks := k.(type) { // client keys of other types are copied as they are
+		case string:
+			if newerKeys[ks] {
+				continue
+			}
+			if ks == "args" {
+				v = p.args(v)
+			}
 		}
 		cv, err := f.WithBytes(v, pyobj.DefaultLimits(), 0)
 		if err != nil {
@@ -991,35 +1033,35 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 		}
 		state.Set(k, cv)
 	}
-	return p.writeFile(path, state, fills, st)
+	return nil
 }
 
-// args updates Megatron-DeepSpeed's saved arguments to the target degrees.
+// args updates Megatron-DeepSpeed's saved arguments to the target degrees;
+// client state of another shape is copied as it is.
 func (p *plan) args(v pyobj.Value) pyobj.Value {
-	o, ok := v.(*pyobj.Object)
-	if !ok {
-		return v
-	}
-	d, ok := o.State.(*pyobj.Dict)
-	if !ok {
-		return v
-	}
-	c := *o
-	nd := d.Clone()
-	set := func(k string, x int64) {
-		if _, ok := nd.Get(k); ok {
-			nd.Set(k, x)
+	switch o := v.(type) {
+	case *pyobj.Object:
+		switch d := o.State.(type) {
+		case *pyobj.Dict: // argparse.Namespace
+			c := *o
+			nd := d.Clone()
+			set := func(k string, x int64) {
+				if _, ok := nd.Get(k); ok {
+					nd.Set(k, x)
+				}
+			}
+			set("tensor_model_parallel_size", int64(p.o.TP))
+			set("data_parallel_size", int64(p.o.DP))
+			set("world_size", int64(p.o.TP*p.o.DP))
+			set("zero_stage", int64(p.o.Zero))
+			if p.paddedVocab > 0 {
+				set("padded_vocab_size", p.paddedVocab)
+			}
+			c.State = nd
+			return &c
 		}
 	}
-	set("tensor_model_parallel_size", int64(p.o.TP))
-	set("data_parallel_size", int64(p.o.DP))
-	set("world_size", int64(p.o.TP*p.o.DP))
-	set("zero_stage", int64(p.o.Zero))
-	if p.paddedVocab > 0 {
-		set("padded_vocab_size", p.paddedVocab)
-	}
-	c.State = nd
-	return &c
+	return v
 }
 
 // module rebuilds a (possibly nested) module state dict for TP rank t:
@@ -1029,13 +1071,14 @@ func (p *plan) args(v pyobj.Value) pyobj.Value {
 func (p *plan) module(f *torchfile.File, d *pyobj.Dict, prefix string, t, r int, lp map[string]*torchfile.Blob, fills *[]fill) (*pyobj.Dict, error) {
 	out := pyobj.NewDict(d.Kind)
 	out.Attrs = d.Attrs
-	for i := 0; i < d.Len(); i++ {
-		k, v := d.Item(i)
-		ks, ok := k.(string)
-		if !ok {
-			return nil, fmt.Errorf("%s: module has a key %s", f.Name, pyobj.Repr(k))
-		}
-		name := prefix + ks
+	dd := pyobj.NewDec(f.Name+": module "+prefix, d)
+	items := dd.Items()
+	if err := dd.Err(); err != nil {
+		return nil, err
+	}
+	for _, it := range items {
+		k, v := it.Key, it.Value()
+		name := prefix + k
 		switch x := v.(type) {
 		case *pyobj.Dict:
 			sub, err := p.module(f, x, name+".", t, r, lp, fills)

@@ -302,37 +302,40 @@ func (p *plan) familyGroups(naming string, names []string, carry bool, steps map
 	if err != nil {
 		return err
 	}
-	od, ok := ov.(*pyobj.Dict)
-	if !ok {
-		return fmt.Errorf("%s is %s, not a dict", path, pyobj.TypeName(ov))
+	od := pyobj.NewDec(path, ov)
+	pgs := od.List("param_groups")
+	if err := od.Err(); err != nil {
+		return err
 	}
-	pgv, _ := od.Get("param_groups")
-	pgs, ok := pyobj.Seq(pgv)
-	if !ok || len(pgs) == 0 {
-		return fmt.Errorf("%s: no param_groups (%s)", path, pyobj.TypeName(pgv))
+	if len(pgs) == 0 {
+		return fmt.Errorf("%s: param_groups is empty", path)
 	}
-	srcGroup := func(noWD bool) (*pyobj.Dict, error) {
-		for i, gv := range pgs {
-			d, ok := gv.(*pyobj.Dict)
-			if !ok {
-				return nil, fmt.Errorf("%s: param_groups[%d] is %s", path, i, pyobj.TypeName(gv))
-			}
-			if e, ok := d.Get("is_expert_parallel"); ok && e == true {
+	srcGroup := func(noWD bool) (pyobj.Dec, error) {
+		for i, gd := range pgs {
+			// A flag that is not a bool is an error naming the file, not false.
+			if gd.OptBool("is_expert_parallel", false) {
 				continue
 			}
-			w, ok := d.Get("wd_mult")
-			if !ok {
-				w, ok = d.Get("weight_decay")
+			if err := gd.Err(); err != nil {
+				return gd, err
 			}
-			f, isNum := pyobj.Float(w)
-			if !ok || !isNum {
-				return nil, fmt.Errorf("%s: param_groups[%d] has neither wd_mult nor weight_decay", path, i)
+			var f float64
+			switch {
+			case gd.Has("wd_mult"):
+				f = gd.Float("wd_mult")
+			case gd.Has("weight_decay"):
+				f = gd.Float("weight_decay")
+			case gd.Err() == nil:
+				return gd, fmt.Errorf("%s: param_groups[%d] has neither wd_mult nor weight_decay", path, i)
+			}
+			if err := gd.Err(); err != nil {
+				return gd, err
 			}
 			if (f == 0) == noWD {
-				return d, nil
+				return gd, nil
 			}
 		}
-		return nil, fmt.Errorf("%s: no param group %s weight decay", path, map[bool]string{true: "without", false: "with"}[noWD])
+		return od, fmt.Errorf("%s: no param group %s weight decay", path, map[bool]string{true: "without", false: "with"}[noWD])
 	}
 	for _, noWD := range []bool{false, true} {
 		var members []string
@@ -344,10 +347,11 @@ func (p *plan) familyGroups(naming string, names []string, carry bool, steps map
 		if len(members) == 0 {
 			continue
 		}
-		src, err := srcGroup(noWD)
+		sd, err := srcGroup(noWD)
 		if err != nil {
 			return err
 		}
+		src := sd.AsDict()
 		h := pyobj.NewDict(pyobj.PlainDict)
 		if naming == namesMegDS {
 			h.Set("name", map[bool]string{false: "wd_no_scale_lr", true: "no_wd_no_scale_lr"}[noWD])
@@ -357,18 +361,20 @@ func (p *plan) familyGroups(naming string, names []string, carry bool, steps map
 				lm = v
 			}
 			h.Set("lr_mult", lm)
-		} else if v, ok := src.Get("lr_mult"); ok {
-			if f, _ := pyobj.Float(v); f != 1 {
+		} else if sd.Has("lr_mult") {
+			if f := sd.Float("lr_mult"); f != 1 && sd.Err() == nil {
 				return fmt.Errorf("%s: lr_mult %v: the Hugging Face module's param groups have no learning-rate multiplier", path, f)
 			}
 		}
-		for i := 0; i < src.Len(); i++ {
-			k, v := src.Item(i)
-			ks, _ := k.(string)
-			if megatronOnly[ks] || ks == "wd_mult" || ks == "lr_mult" {
+		items := sd.Items()
+		if err := sd.Err(); err != nil {
+			return err
+		}
+		for _, it := range items {
+			if megatronOnly[it.Key] || it.Key == "wd_mult" || it.Key == "lr_mult" {
 				continue
 			}
-			h.Set(k, v)
+			h.Set(it.Key, it.Value())
 		}
 		g := &rgroup{names: members, hyper: h}
 		for _, n := range members {
@@ -394,11 +400,10 @@ func (p *plan) familyGroups(naming string, names []string, carry bool, steps map
 // stepTensor is a step as torch AdamW keeps it: a 0-dim float32 tensor
 // (a FusedAdam int or a distributed optimizer's float become one).
 func stepTensor(v pyobj.Value) (pyobj.Value, error) {
-	if b, ok := v.(*torchfile.Blob); ok {
-		return b, nil
-	}
 	var f float64
 	switch x := v.(type) {
+	case *torchfile.Blob:
+		return x, nil
 	case float64:
 		f = x
 	default:
@@ -487,11 +492,8 @@ func (p *plan) megatronExtra() (*pyobj.Dict, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, ok := v.(*pyobj.Dict)
-	if !ok {
-		return nil, fmt.Errorf("%s/%s is %s, not a dict", p.r.Dir, atomic.ExtraState, pyobj.TypeName(v))
-	}
-	return d, nil
+	ed := pyobj.NewDec(p.r.Dir+"/"+atomic.ExtraState, v)
+	return ed.AsDict(), ed.Err()
 }
 
 // megdsArgs are Megatron-DeepSpeed's saved arguments for the family config

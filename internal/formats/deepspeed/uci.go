@@ -346,39 +346,75 @@ func concatPlacement(name string, dim int, shapes [][]int64, pl *Placement) erro
 // shape spec gives the sub-parameter sizes at partition_dim, and
 // sub_param_shard_widths (UCI >= 0.4) each rank's share of each.
 func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int64, pl *Placement) error {
-	T := len(shapes)
 	spec, ok := pyobj.Seq(sp.shape)
 	if !ok || sp.partDim < 0 || sp.partDim >= len(spec) {
 		return fmt.Errorf("parameter %s: sub-parameter shape %s with partition_dim %d is malformed", name, pyobj.Repr(sp.shape), sp.partDim)
 	}
+	sizes, err := subParamSizes(name, sp, spec, shapes)
+	if err != nil {
+		return err
+	}
+	logical, err := subParamLogical(name, sp, spec, sizes, shapes)
+	if err != nil {
+		return err
+	}
+	widths, err := r.subParamWidths(name, sp, sizes, len(shapes))
+	if err != nil {
+		return err
+	}
+	for t, s := range shapes {
+		var local int64
+		for k := range widths {
+			local += widths[k][t]
+		}
+		want := clone(logical)
+		want[sp.partDim] = local
+		if torchfile.Numel(want) != torchfile.Numel(s) {
+			return fmt.Errorf("parameter %s: rank %d holds shape %v, but its sub-parameter widths need %v", name, t, s, want)
+		}
+	}
+	pl.Pattern, pl.Full = fragment.SubParams{Dim: sp.partDim, Widths: widths}, logical
+	pl.Info.CatDim, pl.Info.SubParamWidths = sp.partDim, sizes
+	pl.Info.SubParamShape = subparamShapeObject(sp, sizes)
+	return nil
+}
+
+// subParamSizes returns the sub-parameter sizes at partition_dim: the
+// spec's tuple, or an int count of equal sub-parameters of the shards' rows.
+func subParamSizes(name string, sp *subParamRule, spec []pyobj.Value, shapes [][]int64) ([]int64, error) {
 	var sizes []int64
 	switch x := spec[sp.partDim].(type) {
 	case pyobj.Tuple:
 		s, ok := pyobj.Ints(x)
 		if !ok {
-			return fmt.Errorf("parameter %s: sub-parameter sizes %s are not ints", name, pyobj.Repr(x))
+			return nil, fmt.Errorf("parameter %s: sub-parameter sizes %s are not ints", name, pyobj.Repr(x))
 		}
 		sizes = s
 	default:
 		n, ok := pyobj.Int(x)
 		if !ok || n <= 0 {
-			return fmt.Errorf("parameter %s: sub-parameter count %s is not a positive int", name, pyobj.Repr(x))
+			return nil, fmt.Errorf("parameter %s: sub-parameter count %s is not a positive int", name, pyobj.Repr(x))
 		}
 		var total int64
 		for _, s := range shapes {
 			if sp.partDim >= len(s) {
-				return fmt.Errorf("parameter %s: shard shape %v has no partition dim %d", name, s, sp.partDim)
+				return nil, fmt.Errorf("parameter %s: shard shape %v has no partition dim %d", name, s, sp.partDim)
 			}
 			total += s[sp.partDim]
 		}
 		if total%n != 0 {
-			return fmt.Errorf("parameter %s: %d rows do not hold %d equal sub-parameters", name, total, n)
+			return nil, fmt.Errorf("parameter %s: %d rows do not hold %d equal sub-parameters", name, total, n)
 		}
 		for k := int64(0); k < n; k++ {
 			sizes = append(sizes, total/n)
 		}
 	}
-	// Logical full shape: sums at tuple entries, sizes at partition_dim, one -1 resolved.
+	return sizes, nil
+}
+
+// subParamLogical is the logical full shape: sums at tuple entries, the
+// sizes at partition_dim, one -1 resolved from the shards' numel.
+func subParamLogical(name string, sp *subParamRule, spec []pyobj.Value, sizes []int64, shapes [][]int64) ([]int64, error) {
 	logical := make([]int64, len(spec))
 	neg := -1
 	for d, e := range spec {
@@ -392,7 +428,7 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 		case pyobj.Tuple:
 			ints, ok := pyobj.Ints(x)
 			if !ok {
-				return fmt.Errorf("parameter %s: sub-parameter shape entry %s is not a tuple of ints", name, pyobj.Repr(x))
+				return nil, fmt.Errorf("parameter %s: sub-parameter shape entry %s is not a tuple of ints", name, pyobj.Repr(x))
 			}
 			for _, v := range ints {
 				logical[d] += v
@@ -400,11 +436,11 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 		default:
 			v, ok := pyobj.Int(x)
 			if !ok {
-				return fmt.Errorf("parameter %s: sub-parameter shape entry %s is not an int", name, pyobj.Repr(x))
+				return nil, fmt.Errorf("parameter %s: sub-parameter shape entry %s is not an int", name, pyobj.Repr(x))
 			}
 			if v == -1 {
 				if neg >= 0 {
-					return fmt.Errorf("parameter %s: sub-parameter shape has two -1 entries", name)
+					return nil, fmt.Errorf("parameter %s: sub-parameter shape has two -1 entries", name)
 				}
 				neg = d
 			}
@@ -423,38 +459,44 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 			}
 		}
 		if rest == 0 || total%rest != 0 {
-			return fmt.Errorf("parameter %s: cannot resolve -1 in sub-parameter shape", name)
+			return nil, fmt.Errorf("parameter %s: cannot resolve -1 in sub-parameter shape", name)
 		}
 		logical[neg] = total / rest
 	}
 	if torchfile.Numel(logical) != total {
-		return fmt.Errorf("parameter %s: sub-parameter shape %v holds %d elements but the shards hold %d", name, logical, torchfile.Numel(logical), total)
+		return nil, fmt.Errorf("parameter %s: sub-parameter shape %v holds %d elements but the shards hold %d", name, logical, torchfile.Numel(logical), total)
 	}
+	return logical, nil
+}
+
+// subParamWidths is each rank's width of each sub-parameter: recorded in
+// sub_param_shard_widths, else (before UCI 0.4) an even split over T.
+func (r *Rules) subParamWidths(name string, sp *subParamRule, sizes []int64, T int) ([][]int64, error) {
 	widths := make([][]int64, len(sizes))
 	if ws, ok := r.lookupWidths(sp); ok {
 		if len(ws) != len(sizes) {
-			return fmt.Errorf("parameter %s: sub_param_shard_widths has %d rows for %d sub-parameters", name, len(ws), len(sizes))
+			return nil, fmt.Errorf("parameter %s: sub_param_shard_widths has %d rows for %d sub-parameters", name, len(ws), len(sizes))
 		}
 		for k := range ws {
 			if len(ws[k]) != T {
-				return fmt.Errorf("parameter %s: sub_param_shard_widths row %d has %d ranks, not %d", name, k, len(ws[k]), T)
+				return nil, fmt.Errorf("parameter %s: sub_param_shard_widths row %d has %d ranks, not %d", name, k, len(ws[k]), T)
 			}
 			var s int64
 			for _, w := range ws[k] {
 				s += w
 			}
 			if s != sizes[k] {
-				return fmt.Errorf("parameter %s: shard widths %v of sub-parameter %d add up to %d, not %d", name, ws[k], k, s, sizes[k])
+				return nil, fmt.Errorf("parameter %s: shard widths %v of sub-parameter %d add up to %d, not %d", name, ws[k], k, s, sizes[k])
 			}
 			widths[k] = ws[k]
 		}
 	} else {
 		if r.version >= 0.4 && T > 1 {
-			return fmt.Errorf("parameter %s: universal_checkpoint_version %v needs sub_param_shard_widths for its sub-parameters", name, r.version)
+			return nil, fmt.Errorf("parameter %s: universal_checkpoint_version %v needs sub_param_shard_widths for its sub-parameters", name, r.version)
 		}
 		for k, s := range sizes {
 			if s%int64(T) != 0 {
-				return fmt.Errorf("parameter %s: sub-parameter %d of size %d does not split evenly over %d ranks", name, k, s, T)
+				return nil, fmt.Errorf("parameter %s: sub-parameter %d of size %d does not split evenly over %d ranks", name, k, s, T)
 			}
 			widths[k] = make([]int64, T)
 			for t := range widths[k] {
@@ -462,21 +504,7 @@ func (r *Rules) subParamPlacement(name string, sp *subParamRule, shapes [][]int6
 			}
 		}
 	}
-	for t, s := range shapes {
-		var local int64
-		for k := range widths {
-			local += widths[k][t]
-		}
-		want := clone(logical)
-		want[sp.partDim] = local
-		if torchfile.Numel(want) != torchfile.Numel(s) {
-			return fmt.Errorf("parameter %s: rank %d holds shape %v, but its sub-parameter widths need %v", name, t, s, want)
-		}
-	}
-	pl.Pattern, pl.Full = fragment.SubParams{Dim: sp.partDim, Widths: widths}, logical
-	pl.Info.CatDim, pl.Info.SubParamWidths = sp.partDim, sizes
-	pl.Info.SubParamShape = subparamShapeObject(sp, sizes)
-	return nil
+	return widths, nil
 }
 
 func (r *Rules) lookupWidths(sp *subParamRule) ([][]int64, bool) {

@@ -62,13 +62,13 @@ func (a *Args) boolAttr(name string, def bool) (bool, error) { return a.la.Bool(
 
 // parseArgs reads the arguments of one model_optim_rng.pt root.
 func parseArgs(path string, root *pyobj.Dict) (*Args, error) {
-	v, ok := root.Get("args")
-	if !ok {
+	rd := pyobj.NewDec(path, root)
+	if !rd.Has("args") {
 		return nil, fmt.Errorf("%s: no 'args' (the saved training arguments); ucp needs them for the parallel layout", path)
 	}
-	ns, ok := v.(*pyobj.Object)
-	if !ok {
-		return nil, fmt.Errorf("%s: 'args' is %s, not an argparse.Namespace", path, pyobj.TypeName(v))
+	ns := pyobj.As[*pyobj.Object](rd.Key("args"), "an argparse.Namespace")
+	if err := rd.Err(); err != nil {
+		return nil, err
 	}
 	a := &Args{path: path, ns: ns, la: layout.Args{Path: path, NS: ns}}
 	var err error
@@ -176,13 +176,14 @@ func (a *Args) geometry(needSwiGLU, needVocab bool) error {
 		a.KVChannels = a.Hidden / a.Heads
 	}
 	if needSwiGLU {
-		v, ok := a.attr("swiglu")
-		if !ok {
+		if v, ok := a.attr("swiglu"); !ok {
 			return a.missing("swiglu", "merging fc1 / dense_h_to_4h shards (gated [W; V] halves)")
+		} else if v == nil {
+			return fmt.Errorf("%s: args.swiglu is None, not a bool", a.path)
 		}
-		b, ok := v.(bool)
-		if !ok {
-			return fmt.Errorf("%s: args.swiglu is %s, not a bool", a.path, pyobj.Repr(v))
+		b, err := a.la.Bool("swiglu", false)
+		if err != nil {
+			return err
 		}
 		// --quick-geglu gates fc1 the same way (gated_linear_unit,
 		// core_transformer_config_from_args).

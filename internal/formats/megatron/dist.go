@@ -130,9 +130,13 @@ func (r *distReader) readCommon(ctx context.Context) error {
 	for _, val := range r.c.Values {
 		if val.Key == commonItem {
 			// A ShardedObject item is a list of the local objects (one here).
-			l, ok := val.V.(*pyobj.List)
-			if !ok || len(l.Items) != 1 {
-				return fmt.Errorf("%s: %s (%s) holds %s, not the 1-element list of a ShardedObject", r.dir, commonItem, val.Item, pyobj.TypeName(val.V))
+			ld := pyobj.NewDec(val.Item, val.V)
+			l := pyobj.As[*pyobj.List](ld, "the 1-element list of a ShardedObject")
+			if err := ld.Err(); err != nil {
+				return err
+			}
+			if len(l.Items) != 1 {
+				return fmt.Errorf("%s: %s (%s) holds %d objects, not the 1 of a ShardedObject", r.dir, commonItem, val.Item, len(l.Items))
 			}
 			v, where = l.Items[0], val.Item
 		}
@@ -148,19 +152,12 @@ func (r *distReader) readCommon(ctx context.Context) error {
 		}
 		v, where = fs[0].Root, p
 	}
-	d, ok := v.(*pyobj.Dict)
-	if !ok {
-		return fmt.Errorf("%s: the common state is %s, not a dict", where, pyobj.TypeName(v))
+	cd := pyobj.NewDec(where, v)
+	r.common = cd.AsDict()
+	if a, ok := cd.Opt("args"); ok {
+		r.args = pyobj.As[*pyobj.Object](a, "an argparse.Namespace")
 	}
-	r.common = d
-	if a, ok := d.Get("args"); ok && a != nil {
-		o, ok := a.(*pyobj.Object)
-		if !ok {
-			return fmt.Errorf("%s: args is %s, not an argparse.Namespace", where, pyobj.TypeName(a))
-		}
-		r.args = o
-	}
-	return nil
+	return cd.Err()
 }
 
 // argInt returns an int attribute of args, or def when there are no args

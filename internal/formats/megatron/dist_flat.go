@@ -23,32 +23,13 @@ func (r *distReader) reformulated() (map[string][]int64, error) {
 	if !ok || v == nil {
 		return out, nil
 	}
-	where := filepath.Join(r.dir, dcp.MetadataFile)
-	d, ok := v.(*pyobj.Dict)
-	if !ok {
-		return nil, fmt.Errorf("%s: mcore_data is %s, not a dict", where, pyobj.TypeName(v))
+	md := pyobj.NewDec(filepath.Join(r.dir, dcp.MetadataFile)+": mcore_data", v)
+	for _, it := range md.Items() {
+		if it.Has("nd_reformulated_orig_global_shape") {
+			out[it.Key] = it.Dec.Key("nd_reformulated_orig_global_shape").AsInts()
+		}
 	}
-	for i := 0; i < d.Len(); i++ {
-		k, kv := d.Item(i)
-		key, ok := k.(string)
-		if !ok {
-			return nil, fmt.Errorf("%s: mcore_data has a key %s, not a str", where, pyobj.Repr(k))
-		}
-		m, ok := kv.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: mcore_data[%q] is %s, not a dict", where, key, pyobj.TypeName(kv))
-		}
-		s, has := m.Get("nd_reformulated_orig_global_shape")
-		if !has {
-			continue
-		}
-		shape, ok := pyobj.Ints(s)
-		if !ok {
-			return nil, fmt.Errorf("%s: mcore_data[%q].nd_reformulated_orig_global_shape is %s, not a tuple of ints", where, key, pyobj.Repr(s))
-		}
-		out[key] = shape
-	}
-	return out, nil
+	return out, md.Err()
 }
 
 // flatState places the chunks of key t, saved with flattened_range, as one
@@ -178,24 +159,26 @@ func (r *distReader) swigluBlock(st *fragment.State, tpShards []fragment.Shard, 
 // keys; the step is also each param group's, which ucp reads). Anything
 // else in param_state is an error: ucp would lose it.
 func (r *distReader) withoutParamSteps(v pyobj.Value) (pyobj.Value, error) {
-	d, ok := v.(*pyobj.Dict)
-	if !ok {
-		return v, nil
+	var d *pyobj.Dict
+	switch x := v.(type) {
+	case *pyobj.Dict:
+		d = x
+	default:
+		return v, nil // not one optimizer's dict: nothing to strip
 	}
-	ps, has := d.Get("param_state")
-	if !has {
+	if _, has := d.Get("param_state"); !has {
 		return v, nil
 	}
 	where := r.dir + " common state: optimizer.param_state"
-	pd, ok := ps.(*pyobj.Dict)
-	if !ok {
-		return nil, fmt.Errorf("%s is %s, not a dict", where, pyobj.TypeName(ps))
+	pd := pyobj.NewDec(r.dir+" common state: optimizer", d).Dict("param_state")
+	if err := pd.Err(); err != nil {
+		return nil, err
 	}
-	for i := 0; i < pd.Len(); i++ {
-		k, e := pd.Item(i)
-		ed, ok := e.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s[%s] is %s, not a dict", where, pyobj.Repr(k), pyobj.TypeName(e))
+	for i := 0; i < pd.AsDict().Len(); i++ {
+		k, _ := pd.AsDict().Item(i)
+		ed := pd.Dict(k).AsDict()
+		if err := pd.Err(); err != nil {
+			return nil, err
 		}
 		for _, sk := range ed.Keys() {
 			if sk != "step" {

@@ -46,7 +46,7 @@ func TestDistFlatBadInput(t *testing.T) {
 		}, []string{"iter_0000002", fc2, "nd_reformulated_orig_global_shape [2 8 12]"}},
 		{"not a tuple", func(t *testing.T, md *dcp.Metadata) {
 			setOrig(t, md, "2x12x8")
-		}, []string{".metadata", fc2, "not a tuple of ints"}},
+		}, []string{".metadata", fc2, `["nd_reformulated_orig_global_shape"]: got str, want a list of ints`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,33 +43,29 @@ func optKey(key string) (sub int, rest string, ok bool) {
 // subOptimizers returns the common state's optimizer dicts: one, or one per
 // sub-optimizer of a ChainedOptimizer ({0: {...}, 1: {...}}).
 func (r *distReader) subOptimizers() ([]*pyobj.Dict, error) {
-	o, ok := r.common.Get("optimizer")
-	if !ok || o == nil {
-		return nil, nil
-	}
-	d, ok := o.(*pyobj.Dict)
+	cd := pyobj.NewDec(r.dir+" common state", r.common)
+	od, ok := cd.OptDict("optimizer")
 	if !ok {
-		return nil, fmt.Errorf("%s: the common state's optimizer is %s, not a dict", r.dir, pyobj.TypeName(o))
+		return nil, cd.Err()
 	}
+	d := od.AsDict()
 	if d.Len() == 0 {
 		return []*pyobj.Dict{d}, nil
 	}
-	if k, _ := d.Item(0); k != nil {
-		if _, isInt := k.(int64); !isInt {
-			return []*pyobj.Dict{d}, nil
-		}
+	switch k, _ := d.Item(0); k.(type) {
+	case int64: // a ChainedOptimizer's
+	default:
+		return []*pyobj.Dict{d}, nil
 	}
 	var out []*pyobj.Dict
 	for i := 0; i < d.Len(); i++ {
-		k, v := d.Item(i)
-		n, isInt := k.(int64)
-		sub, isDict := v.(*pyobj.Dict)
-		if !isInt || !isDict || n != int64(i) {
-			return nil, fmt.Errorf("%s: the common state's optimizer has entry %s: %s, not sub-optimizer %d's dict", r.dir, pyobj.Repr(k), pyobj.TypeName(v), i)
+		k, _ := d.Item(i)
+		if k != int64(i) {
+			return nil, fmt.Errorf("%s: the common state's optimizer has entry %s, not sub-optimizer %d's", r.dir, pyobj.Repr(k), i)
 		}
-		out = append(out, sub)
+		out = append(out, od.Dict(k).AsDict())
 	}
-	return out, nil
+	return out, cd.Err()
 }
 
 // stateName maps Megatron's optimizer state names to the atomic ones.
@@ -95,12 +91,12 @@ func (r *distReader) optimizer() (string, error) {
 	}
 	typ := ""
 	for _, d := range subs {
-		if v, ok := d.Get("param_state_sharding_type"); ok {
-			s, ok := v.(string)
-			if !ok {
-				return "", fmt.Errorf("%s: optimizer.param_state_sharding_type is %s, not a str", r.dir, pyobj.Repr(v))
-			}
-			typ = s
+		sd := pyobj.NewDec(r.dir+" common state: optimizer", d)
+		if sd.Has("param_state_sharding_type") {
+			typ = sd.Str("param_state_sharding_type")
+		}
+		if err := sd.Err(); err != nil {
+			return "", err
 		}
 	}
 	switch {
@@ -135,27 +131,18 @@ func (r *distReader) groupsStep(where string, vs ...pyobj.Value) error {
 	var groups []pyobj.Value
 	var step pyobj.Value
 	for _, v := range vs {
-		d, ok := v.(*pyobj.Dict)
-		if !ok {
-			return fmt.Errorf("%s: the optimizer state is %s, not a dict", where, pyobj.TypeName(v))
+		od := pyobj.NewDec(where+": the optimizer state", v)
+		if in, ok := od.OptDict("optimizer"); ok {
+			od = in // fully_reshardable nests torch's state dict
 		}
-		if in, ok := d.Get("optimizer"); ok {
-			if id, ok := in.(*pyobj.Dict); ok {
-				d = id // fully_reshardable nests torch's state dict
-			}
+		items := od.List("param_groups")
+		if err := od.Err(); err != nil {
+			return err
 		}
-		gv, ok := d.Get("param_groups")
-		if !ok {
-			return fmt.Errorf("%s: the optimizer state has no param_groups", where)
-		}
-		items, ok := pyobj.Seq(gv)
-		if !ok {
-			return fmt.Errorf("%s: param_groups is %s, not a list", where, pyobj.TypeName(gv))
-		}
-		for i, it := range items {
-			g, ok := it.(*pyobj.Dict)
-			if !ok {
-				return fmt.Errorf("%s: param_groups[%d] is %s, not a dict", where, i, pyobj.TypeName(it))
+		for _, gd := range items {
+			g := gd.AsDict()
+			if err := gd.Err(); err != nil {
+				return err
 			}
 			if s, ok := g.Get("step"); ok {
 				if step != nil && pyobj.Repr(step) != pyobj.Repr(s) {
@@ -240,8 +227,11 @@ func (r *distReader) fullyReshardable() error {
 
 // unwrapList returns the only element of a ShardedObject's list.
 func unwrapList(v pyobj.Value) pyobj.Value {
-	if l, ok := v.(*pyobj.List); ok && len(l.Items) == 1 {
-		return l.Items[0]
+	switch l := v.(type) {
+	case *pyobj.List:
+		if len(l.Items) == 1 {
+			return l.Items[0]
+		}
 	}
 	return v
 }
@@ -267,89 +257,12 @@ type dpGroup struct {
 // dpReshardable reads the per-bucket flat tensors of the distributed
 // optimizer and re-derives DDP's parameter layout per bucket.
 func (r *distReader) dpReshardable() error {
-	// Sub-optimizer 0 (or the only one) holds the dense parameters, 1 the
-	// expert-parallel ones (MoE with EP > 1), each keyed by its own domains.
-	subs := []map[int]*dpGroup{{}, {}}
-	get := func(sub, i int) *dpGroup {
-		if subs[sub][i] == nil {
-			subs[sub][i] = &dpGroup{sub: sub, idx: i, gbufs: map[int]map[int][]bucketTensor{}, dtypes: map[int]dtype.DType{}, where: map[string]string{}}
-		}
-		return subs[sub][i]
+	subs, err := r.dpGroups()
+	if err != nil {
+		return err
 	}
-	for _, t := range r.c.Tensors {
-		sub, key, _ := optKey(t.Key)
-		if !strings.HasPrefix(key, bucketsPre) {
-			continue
-		}
-		if sub > 1 {
-			return fmt.Errorf("%s: %q: bucketed state of a third sub-optimizer, which ucp does not read", r.dir, t.Key)
-		}
-		m := reBucket.FindStringSubmatch(key)
-		if m == nil {
-			return fmt.Errorf("%s: %q: an optimizer.distributed key ucp does not know", r.dir, t.Key)
-		}
-		nums, err := atois(m[1], m[2], m[4])
-		if err != nil {
-			return fmt.Errorf("%s: %q: %w", r.dir, t.Key, err)
-		}
-		gi, gb, bi := nums[0], nums[1], nums[2]
-		if len(t.Size) != 1 {
-			return fmt.Errorf("%s: %q has shape %v; bucket state is 1-D", r.dir, t.Key, t.Size)
-		}
-		g := get(max(sub, 0), gi)
-		pd, ok := bucketDType(m[3])
-		if !ok {
-			return fmt.Errorf("%s: %q: dtype key %q is not \"(torch.<param dtype>, torch.<grad dtype>)\"", r.dir, t.Key, m[3])
-		}
-		if old, seen := g.dtypes[gb]; seen && old != pd {
-			return fmt.Errorf("%s: %q: gbuf_idx_%d holds %v and %v parameters", r.dir, t.Key, gb, old, pd)
-		}
-		g.dtypes[gb] = pd
-		if g.gbufs[gb] == nil {
-			g.gbufs[gb] = map[int][]bucketTensor{}
-		}
-		g.gbufs[gb][bi] = append(g.gbufs[gb][bi], bucketTensor{t: t, state: m[5]})
-	}
-	for _, v := range r.c.Values {
-		sub, key, _ := optKey(v.Key)
-		m := reGroupV.FindStringSubmatch(key)
-		if m == nil || sub > 1 {
-			continue
-		}
-		nums, err := atois(m[1])
-		if err != nil {
-			return fmt.Errorf("%s: %q: %w", r.dir, v.Key, err)
-		}
-		g := get(max(sub, 0), nums[0])
-		g.where[m[2]] = filepath.Join(r.dir, v.Item) // the file and byte range of the item
-		switch m[2] {
-		case "per_bucket_numel_unpadded":
-			g.unpadded = unwrapList(v.V)
-		case "optimizer":
-			g.optim = unwrapList(v.V)
-		}
-	}
-	n := len(subs[0])
-	if n%r.tp != 0 {
-		return fmt.Errorf("%s: %d dp_group_idx domains do not split over tensor parallel %d", r.dir, n, r.tp)
-	}
-	pp := n / r.tp
-	if r.pp != 0 && r.pp != pp {
-		return fmt.Errorf("%s: args.pipeline_model_parallel_size is %d but the optimizer state has %d = TP %d x PP %d domains", r.dir, r.pp, n, r.tp, pp)
-	}
-	r.pp = pp
-	// Expert domains are the ranks of the TP x EP x PP group.
-	if m := len(subs[1]); m > 0 {
-		if m%(r.tp*pp) != 0 {
-			return fmt.Errorf("%s: %d expert dp_group_idx domains do not split over TP %d x PP %d", r.dir, m, r.tp, pp)
-		}
-		if ep := m / (r.tp * pp); r.ep > 1 && ep != r.ep {
-			return fmt.Errorf("%s: args.expert_model_parallel_size is %d but the expert optimizer state has %d = TP %d x EP %d x PP %d domains", r.dir, r.ep, m, r.tp, ep, pp)
-		} else {
-			r.ep = ep
-		}
-	} else if r.ep > 1 {
-		return fmt.Errorf("%s: args.expert_model_parallel_size is %d but no bucketed state of an expert optimizer (chained_1) is saved", r.dir, r.ep)
+	if err := r.dpDomains(subs); err != nil {
+		return err
 	}
 	var optims []pyobj.Value
 	for sub, groups := range subs {
@@ -383,6 +296,102 @@ func (r *distReader) dpReshardable() error {
 		if p := r.params[name]; len(p.states) == 0 {
 			return fmt.Errorf("%s: no optimizer bucket holds %s", r.dir, name)
 		}
+	}
+	return nil
+}
+
+// dpGroups collects the bucket tensors and the per_bucket_numel_unpadded
+// and optimizer items of every dp_group_idx domain, per sub-optimizer.
+func (r *distReader) dpGroups() ([]map[int]*dpGroup, error) {
+	// Sub-optimizer 0 (or the only one) holds the dense parameters, 1 the
+	// expert-parallel ones (MoE with EP > 1), each keyed by its own domains.
+	subs := []map[int]*dpGroup{{}, {}}
+	get := func(sub, i int) *dpGroup {
+		if subs[sub][i] == nil {
+			subs[sub][i] = &dpGroup{sub: sub, idx: i, gbufs: map[int]map[int][]bucketTensor{}, dtypes: map[int]dtype.DType{}, where: map[string]string{}}
+		}
+		return subs[sub][i]
+	}
+	for _, t := range r.c.Tensors {
+		sub, key, _ := optKey(t.Key)
+		if !strings.HasPrefix(key, bucketsPre) {
+			continue
+		}
+		if sub > 1 {
+			return nil, fmt.Errorf("%s: %q: bucketed state of a third sub-optimizer, which ucp does not read", r.dir, t.Key)
+		}
+		m := reBucket.FindStringSubmatch(key)
+		if m == nil {
+			return nil, fmt.Errorf("%s: %q: an optimizer.distributed key ucp does not know", r.dir, t.Key)
+		}
+		nums, err := atois(m[1], m[2], m[4])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", r.dir, t.Key, err)
+		}
+		gi, gb, bi := nums[0], nums[1], nums[2]
+		if len(t.Size) != 1 {
+			return nil, fmt.Errorf("%s: %q has shape %v; bucket state is 1-D", r.dir, t.Key, t.Size)
+		}
+		g := get(max(sub, 0), gi)
+		pd, ok := bucketDType(m[3])
+		if !ok {
+			return nil, fmt.Errorf("%s: %q: dtype key %q is not \"(torch.<param dtype>, torch.<grad dtype>)\"", r.dir, t.Key, m[3])
+		}
+		if old, seen := g.dtypes[gb]; seen && old != pd {
+			return nil, fmt.Errorf("%s: %q: gbuf_idx_%d holds %v and %v parameters", r.dir, t.Key, gb, old, pd)
+		}
+		g.dtypes[gb] = pd
+		if g.gbufs[gb] == nil {
+			g.gbufs[gb] = map[int][]bucketTensor{}
+		}
+		g.gbufs[gb][bi] = append(g.gbufs[gb][bi], bucketTensor{t: t, state: m[5]})
+	}
+	for _, v := range r.c.Values {
+		sub, key, _ := optKey(v.Key)
+		m := reGroupV.FindStringSubmatch(key)
+		if m == nil || sub > 1 {
+			continue
+		}
+		nums, err := atois(m[1])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", r.dir, v.Key, err)
+		}
+		g := get(max(sub, 0), nums[0])
+		g.where[m[2]] = filepath.Join(r.dir, v.Item) // the file and byte range of the item
+		switch m[2] {
+		case "per_bucket_numel_unpadded":
+			g.unpadded = unwrapList(v.V)
+		case "optimizer":
+			g.optim = unwrapList(v.V)
+		}
+	}
+	return subs, nil
+}
+
+// dpDomains derives PP (and EP) from the number of dp_group_idx domains
+// and checks them against the args.
+func (r *distReader) dpDomains(subs []map[int]*dpGroup) error {
+	n := len(subs[0])
+	if n%r.tp != 0 {
+		return fmt.Errorf("%s: %d dp_group_idx domains do not split over tensor parallel %d", r.dir, n, r.tp)
+	}
+	pp := n / r.tp
+	if r.pp != 0 && r.pp != pp {
+		return fmt.Errorf("%s: args.pipeline_model_parallel_size is %d but the optimizer state has %d = TP %d x PP %d domains", r.dir, r.pp, n, r.tp, pp)
+	}
+	r.pp = pp
+	// Expert domains are the ranks of the TP x EP x PP group.
+	if m := len(subs[1]); m > 0 {
+		if m%(r.tp*pp) != 0 {
+			return fmt.Errorf("%s: %d expert dp_group_idx domains do not split over TP %d x PP %d", r.dir, m, r.tp, pp)
+		}
+		if ep := m / (r.tp * pp); r.ep > 1 && ep != r.ep {
+			return fmt.Errorf("%s: args.expert_model_parallel_size is %d but the expert optimizer state has %d = TP %d x EP %d x PP %d domains", r.dir, r.ep, m, r.tp, ep, pp)
+		} else {
+			r.ep = ep
+		}
+	} else if r.ep > 1 {
+		return fmt.Errorf("%s: args.expert_model_parallel_size is %d but no bucketed state of an expert optimizer (chained_1) is saved", r.dir, r.ep)
 	}
 	return nil
 }
@@ -617,16 +626,15 @@ func bucketDType(s string) (dtype.DType, bool) {
 // bucketSizes reads per_bucket_numel_unpadded of one gbuf:
 // [{(param dtype, grad dtype): [n_0, n_1, ...]}, ...] per gbuf.
 func bucketSizes(v pyobj.Value, gbuf int) ([]int64, bool) {
-	l, ok := pyobj.Seq(v)
-	if !ok || gbuf >= len(l) {
+	d := pyobj.NewDec("", v) // the caller names the file and shows v
+	e := d.Index(gbuf)
+	m := e.AsDict()
+	if m == nil || m.Len() != 1 {
 		return nil, false
 	}
-	d, ok := l[gbuf].(*pyobj.Dict)
-	if !ok || d.Len() != 1 {
-		return nil, false
-	}
-	_, sizes := d.Item(0)
-	return pyobj.Ints(sizes)
+	k, _ := m.Item(0)
+	sizes := e.Key(k).AsInts()
+	return sizes, d.Err() == nil
 }
 
 // layoutFor places the stage's parameters in buckets walking them in
@@ -736,20 +744,9 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 	if len(unpadded) != len(bk) {
 		return fmt.Errorf("%s: dp_group_idx_%d.gbuf_idx_%d has %d buckets saved but per_bucket_numel_unpadded lists %v", where, g.idx, gb, len(bk), unpadded)
 	}
-	// The param state of each bucket (its chunks mark the parameters).
-	ref := make([]*dcp.Tensor, len(bk))
-	for b := range unpadded {
-		for _, bt := range bk[b] {
-			if bt.t.Size[0] != unpadded[b] {
-				return fmt.Errorf("%s: %q has %d elements but per_bucket_numel_unpadded says %d", r.dir, bt.t.Key, bt.t.Size[0], unpadded[b])
-			}
-			if bt.state == "param" {
-				ref[b] = bt.t
-			}
-		}
-		if ref[b] == nil {
-			return fmt.Errorf("%s: dp_group_idx_%d bucket %d has no param (fp32 main parameter) tensor", r.dir, g.idx, b)
-		}
+	ref, err := r.bucketRefs(g, bk, unpadded)
+	if err != nil {
+		return err
 	}
 	type fit struct {
 		lay layoutResult
@@ -797,7 +794,34 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 	if len(fits) > 1 && !sameLayout(fits[0].lay, fits[0].ps, fits[1].lay, fits[1].ps) {
 		return fmt.Errorf("%s: dp_group_idx_%d: the local and Transformer Engine layer orders both fit the buckets but place parameters differently; cannot tell the layer spec", where, g.idx)
 	}
-	lay, ps := fits[0].lay, fits[0].ps
+	r.placeBuckets(g, gb, tp, fits[0].lay, fits[0].ps, bk)
+	return nil
+}
+
+// bucketRefs checks each saved bucket's states against
+// per_bucket_numel_unpadded and returns its param (fp32) tensor, whose
+// chunks mark the parameters.
+func (r *distReader) bucketRefs(g *dpGroup, bk map[int][]bucketTensor, unpadded []int64) ([]*dcp.Tensor, error) {
+	ref := make([]*dcp.Tensor, len(bk))
+	for b := range unpadded {
+		for _, bt := range bk[b] {
+			if bt.t.Size[0] != unpadded[b] {
+				return nil, fmt.Errorf("%s: %q has %d elements but per_bucket_numel_unpadded says %d", r.dir, bt.t.Key, bt.t.Size[0], unpadded[b])
+			}
+			if bt.state == "param" {
+				ref[b] = bt.t
+			}
+		}
+		if ref[b] == nil {
+			return nil, fmt.Errorf("%s: dp_group_idx_%d bucket %d has no param (fp32 main parameter) tensor", r.dir, g.idx, b)
+		}
+	}
+	return ref, nil
+}
+
+// placeBuckets adds the fragments of every parameter of the layout to its
+// states: the pieces of each bucket state's chunks within the parameter.
+func (r *distReader) placeBuckets(g *dpGroup, gb, tp int, lay layoutResult, ps []stageParam, bk map[int][]bucketTensor) {
 	for i, sp := range ps {
 		if sp.p == nil {
 			continue
@@ -831,7 +855,6 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 			}
 		}
 	}
-	return nil
 }
 
 func sameLayout(a layoutResult, ap []stageParam, b layoutResult, bp []stageParam) bool {

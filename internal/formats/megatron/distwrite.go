@@ -226,9 +226,12 @@ func boxes(k kind, full []int64, T, t int) ([][2][]int64, error) {
 // linears and the common state (0.19) as bytes items.
 func (w *distWriter) keys() error {
 	p := w.p
-	if v, ok := p.args.Attr("swiglu"); ok && v == true {
-		w.swiglu = true
+	// A swiglu that is not a bool is an error naming the file, not false.
+	swiglu, err := layout.Args{Path: p.extraPath(), NS: p.args}.Bool("swiglu", false)
+	if err != nil {
+		return err
 	}
+	w.swiglu = swiglu
 	T, L := p.o.TP, p.layers
 	model := map[string]*dwKey{}
 	var order []string
@@ -400,7 +403,8 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 		opt.Set("param_state_sharding_type", w.o.OptimSharding)
 	}
 	args := p.targetArgs().(*pyobj.Object)
-	if ad, ok := args.State.(*pyobj.Dict); ok {
+	switch ad := args.State.(type) {
+	case *pyobj.Dict: // an argparse.Namespace's (readArgs checked it)
 		ad.Set("ckpt_format", "torch_dist")
 		ad.Set("dist_ckpt_optim_fully_reshardable", w.o.OptimSharding == FullyReshardable)
 	}

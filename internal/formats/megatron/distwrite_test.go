@@ -37,6 +37,9 @@ var distWriteCases = []struct {
 	{"dist/core0_19_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, OptimSharding: DPReshardable}},
 	{"tp2_gqa_swiglu", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2}, OptimSharding: DPReshardable}},
 	{"tp4_gqa_qkvbias", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 3}, OptimSharding: DPReshardable}},
+	// A real TP 2 x PP 2 tied source (saved with args) to one rank and to dp_reshardable at DP 2.
+	{"dist/core0_19_tp2_pp2_tied_bf16_dprs_args", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}}},
+	{"dist/core0_19_tp2_pp2_tied_bf16_dprs_args", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 2}, OptimSharding: DPReshardable}},
 	// Chunks split over many write tasks (CRCs combined), two workers.
 	{"dist/core0_19_tp2_dp2_bf16_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 1}, Workers: 2, taskBytes: 100}},
 	{"dist/core0_19_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, OptimSharding: DPReshardable, Workers: 3, taskBytes: 64}},

@@ -160,19 +160,19 @@ type distState struct {
 func parseDistrib(path string, root pyobj.Value) ([]*distState, error) {
 	dec := pyobj.NewDec(path, root)
 	items := []pyobj.Dec{dec}
-	if _, ok := root.(*pyobj.List); ok {
+	switch root.(type) {
+	case *pyobj.List: // one entry per sub-optimizer
 		items = dec.AsList()
 	}
 	var out []*distState
 	for i, ed := range items {
-		it := ed.Value()
-		if it == nil {
+		if ed.Value() == nil {
 			out = append(out, nil)
 			continue
 		}
-		d, ok := it.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: entry %d is %s, not a dict", path, i, pyobj.TypeName(it))
+		d := ed.AsDict()
+		if err := dec.Err(); err != nil {
+			return nil, err
 		}
 		ds := &distState{gbufs: map[int64]*pyobj.Dict{}}
 		for n := 0; n < d.Len(); n++ {
@@ -194,11 +194,7 @@ func parseDistrib(path string, root pyobj.Value) ([]*distState, error) {
 					return nil, fmt.Errorf("%s: entry %d is a %s distributed-optimizer state, which ucp does not read yet", path, i, pyobj.Repr(v))
 				}
 			case int64:
-				gd, ok := v.(*pyobj.Dict)
-				if !ok {
-					return nil, fmt.Errorf("%s: entry %d, buffer %d is %s, not a dict", path, i, kk, pyobj.TypeName(v))
-				}
-				ds.gbufs[kk] = gd
+				ds.gbufs[kk] = ed.Dict(kk).AsDict()
 			}
 		}
 		if err := dec.Err(); err != nil {
@@ -258,7 +254,7 @@ func (f *rankFile) mapDistributed(a *Args, root pyobj.Value, qkWD bool) error {
 				continue
 			}
 			if g := groupOf(flags, flagsOf(lp, qkWD)); g >= 0 {
-				lp.step = stepOf(f.rd.model, nil, groups[g])
+				lp.step = stepOf(f.rd.model, nil, groups[g].AsDict())
 			}
 		}
 		ds := entries[i]
@@ -314,11 +310,12 @@ func (f *rankFile) mapEntry(a *Args, path string, i int, ds *distState, expert b
 		if !ok || pd != b.param || gdt != b.grad {
 			return fmt.Errorf("%s: entry %d buffer %d has dtype key %s but chunk %d's parameters give (%v, %v)", path, i, gi, pyobj.Repr(k), b.chunk, b.param, b.grad)
 		}
-		st, ok := v.(*pyobj.Dict)
-		if !ok {
-			return fmt.Errorf("%s: entry %d buffer %d state is %s", path, i, gi, pyobj.TypeName(v))
-		}
 		where := fmt.Sprintf("%s: entry %d buffer %d (chunk %d)", path, i, gi, b.chunk)
+		sd := pyobj.NewDec(where, v)
+		st := sd.AsDict()
+		if err := sd.Err(); err != nil {
+			return err
+		}
 		if ds.coalesced {
 			err := f.mapCoalesced(where, a, b, st, expert)
 			if err != nil {
@@ -345,21 +342,18 @@ func layoutParams(b *buffer) []layoutParam {
 // 'param' renamed fp32; a key that is not a string is an error.
 func stateTensors(where string, st *pyobj.Dict) (map[string]pyobj.Value, error) {
 	out := map[string]pyobj.Value{}
-	for n := 0; n < st.Len(); n++ {
-		k, v := st.Item(n)
-		ks, ok := k.(string)
-		if !ok {
-			return nil, fmt.Errorf("%s: state key %s is %s, not a str", where, pyobj.Repr(k), pyobj.TypeName(k))
-		}
+	sd := pyobj.NewDec(where, st)
+	for _, it := range sd.Items() {
+		ks := it.Key
 		if ks == "" || ks == "numel_unpadded" {
 			continue
 		}
 		if ks == "param" {
 			ks = fragment.FP32
 		}
-		out[ks] = v
+		out[ks] = it.Value()
 	}
-	return out, nil
+	return out, sd.Err()
 }
 
 // mapCoalesced reads an F3 buffer (core >= 0.7): one flat tensor per state
@@ -401,9 +395,10 @@ func (f *rankFile) mapCoalesced(where string, a *Args, b *buffer, st *pyobj.Dict
 		return err
 	}
 	for name, v := range states {
-		t, ok := v.(*torchfile.Tensor)
-		if !ok {
-			return fmt.Errorf("%s: state %q is %s, not a tensor", where, name, pyobj.TypeName(v))
+		td := pyobj.NewDec(fmt.Sprintf("%s: state %q", where, name), v)
+		t := pyobj.As[*torchfile.Tensor](td, "tensor")
+		if err := td.Err(); err != nil {
+			return err
 		}
 		if t.Numel() != nu || len(t.Shape) != 1 {
 			return fmt.Errorf("%s: state %q has shape %v but numel_unpadded is %d", where, name, t.Shape, nu)
@@ -438,12 +433,12 @@ func (f *rankFile) mapBuckets(where string, a *Args, b *buffer, st *pyobj.Dict, 
 		case *torchfile.Tensor:
 			ts = []*torchfile.Tensor{x}
 		case *pyobj.List:
-			for j, it := range x.Items {
-				t, ok := it.(*torchfile.Tensor)
-				if !ok {
-					return fmt.Errorf("%s: state %q bucket %d is %s, not a tensor", where, name, j, pyobj.TypeName(it))
-				}
-				ts = append(ts, t)
+			ld := pyobj.NewDec(fmt.Sprintf("%s: state %q buckets", where, name), x)
+			for _, it := range ld.AsList() {
+				ts = append(ts, pyobj.As[*torchfile.Tensor](it, "tensor"))
+			}
+			if err := ld.Err(); err != nil {
+				return err
 			}
 		default:
 			return fmt.Errorf("%s: state %q is %s, neither a tensor nor a list of bucket tensors", where, name, pyobj.TypeName(v))
@@ -457,8 +452,14 @@ func (f *rankFile) mapBuckets(where string, a *Args, b *buffer, st *pyobj.Dict, 
 	if per[fragment.FP32] == nil {
 		return fmt.Errorf("%s: no 'param' (fp32 main parameters)", where)
 	}
-	wantUnpadded := bucketList(ds.unpadded, gi)
-	wantPadded := bucketList(ds.perBucket, gi)
+	wantUnpadded, err := bucketList(where, "per_bucket_numel_unpadded", ds.unpadded, gi)
+	if err != nil {
+		return err
+	}
+	wantPadded, err := bucketList(where, "per_bucket_numel", ds.perBucket, gi)
+	if err != nil {
+		return err
+	}
 	D := a.denseDP()
 	if expert {
 		D = a.expertDP()
@@ -470,7 +471,8 @@ func (f *rankFile) mapBuckets(where string, a *Args, b *buffer, st *pyobj.Dict, 
 	for _, r := range []layoutRules{rules06, rules05} {
 		bs := b.bucketSize
 		if nb == 1 && len(per[fragment.FP32]) == 1 {
-			if _, isList := mustGet(st, "param").(*pyobj.List); !isList {
+			switch states[fragment.FP32].(type) {
+			case *torchfile.Tensor:
 				bs = 0 // a bare tensor: the whole buffer, no buckets
 			}
 		}
@@ -499,18 +501,23 @@ func (f *rankFile) mapBuckets(where string, a *Args, b *buffer, st *pyobj.Dict, 
 	return nil
 }
 
-// bucketList reads per_bucket_numel[gi]'s single dtype entry, or nil.
-func bucketList(l *pyobj.List, gi int) []int64 {
+// bucketList reads per_bucket_numel[gi]'s single dtype entry, or nil when
+// the list has none; key names the list in errors.
+func bucketList(where, key string, l *pyobj.List, gi int) ([]int64, error) {
 	if l == nil || gi >= len(l.Items) {
-		return nil
+		return nil, nil
 	}
-	d, ok := l.Items[gi].(*pyobj.Dict)
-	if !ok || d.Len() != 1 {
-		return nil
+	e := pyobj.NewDec(where+": "+key, l).Index(gi)
+	d := e.AsDict()
+	if d != nil && d.Len() != 1 {
+		e.Failf("has %d dtype keys, want 1", d.Len())
 	}
-	_, v := d.Item(0)
-	ints, _ := pyobj.Ints(v)
-	return ints
+	var sizes []int64
+	if d != nil && d.Len() == 1 {
+		k, _ := d.Item(0)
+		sizes = e.Key(k).AsInts()
+	}
+	return sizes, e.Err()
 }
 
 // layoutMismatch checks a computed layout against the bucket tensors and

@@ -1,15 +1,3 @@
-// Package megatron reads and writes Megatron-LM checkpoints. Index reads
-// the legacy torch format (--ckpt-format torch: iter_*/mp_rank_*/
-// model_optim_rng.pt and, with the distributed optimizer,
-// distrib_optim.pt; legacy*.go, NOTES.md) and IndexDist the torch_dist
-// format (megatron-core dist_checkpointing on DCP; dist*.go,
-// DISTFORMAT.md) into a fragment table, parsing pickles only, no tensor
-// bytes. What both share: the saved args (args.go), the merge rules by
-// parameter name (names.go), the tensor-parallel placements
-// (placement.go) and the DDP grad-buffer layout of the distributed
-// optimizer (gradbuffer.go). Reshard writes an atomic checkpoint back as
-// a Megatron-LM checkpoint at new degrees: torch (write.go, RESHARD.md)
-// or torch_dist (distwrite*.go, DISTWRITE.md).
 package megatron
 
 import (
@@ -53,9 +41,10 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	}
 	files := make([]*rankFile, len(dirs))
 	for i, f := range decoded {
-		root, ok := f.Root.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: holds %s, not a dict", f.Name, pyobj.TypeName(f.Root))
+		rd := pyobj.NewDec(f.Name, f.Root)
+		root := rd.AsDict()
+		if err := rd.Err(); err != nil {
+			return nil, err
 		}
 		files[i] = &rankFile{rd: dirs[i], root: root}
 	}
@@ -364,40 +353,8 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 		states = stateNames(srcs)
 	}
 	for _, sn := range states {
-		st := p.AddState(sn)
-		replica := 0
-		for r, ss := range byRank {
-			placed := false
-			for _, s := range ss {
-				ref := srcRef{ref: fragment.Ref(s.f.rd.model, s.lp.t, 0)}
-				if !buffer {
-					var ok bool
-					if ref, ok = s.lp.states[sn]; !ok {
-						if s.lp.states == nil {
-							continue // a distributed-optimizer copy another rank saved
-						}
-						return nil, fmt.Errorf("%s: %s has no optimizer state %q, which other copies have", s.f.rd.model, s.lp.local, sn)
-					}
-				}
-				sh := pl.shards[r]
-				sh.Replica = 0
-				if placed {
-					replica++
-					sh.Replica = replica
-				}
-				placed = true
-				sh.Label = s.f.rd.name
-				st.Shards = append(st.Shards, sh)
-				st.Frags = append(st.Frags, fragment.Fragment{Shard: len(st.Shards) - 1, Len: s.lp.t.Numel(), Src: ref.ref, SrcStart: ref.start})
-			}
-			if !placed {
-				return nil, fmt.Errorf("%s: no folder holds state %q of %s of %s", b.table.Source, sn, rankName(r), name)
-			}
-		}
-		for _, f := range st.Frags {
-			if f.SrcStart+f.Len > f.Src.Numel() {
-				return nil, fmt.Errorf("%s: %s state %q needs elements [%d,%d) of a stored tensor of %d", f.Src.Path, name, sn, f.SrcStart, f.SrcStart+f.Len, f.Src.Numel())
-			}
+		if err := b.placeState(p, sn, byRank, pl.shards, buffer, rankName); err != nil {
+			return nil, err
 		}
 	}
 	if !buffer {
@@ -410,6 +367,48 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 		}
 	}
 	return p, nil
+}
+
+// placeState adds state sn of p: per rank, the first copy placed and the
+// others as replicas; a buffer's state is the model tensor itself.
+func (b *builder) placeState(p *fragment.Param, sn string, byRank [][]source, shards []fragment.Shard, buffer bool, rankName func(int) string) error {
+	name := p.Name
+	st := p.AddState(sn)
+	replica := 0
+	for r, ss := range byRank {
+		placed := false
+		for _, s := range ss {
+			ref := srcRef{ref: fragment.Ref(s.f.rd.model, s.lp.t, 0)}
+			if !buffer {
+				var ok bool
+				if ref, ok = s.lp.states[sn]; !ok {
+					if s.lp.states == nil {
+						continue // a distributed-optimizer copy another rank saved
+					}
+					return fmt.Errorf("%s: %s has no optimizer state %q, which other copies have", s.f.rd.model, s.lp.local, sn)
+				}
+			}
+			sh := shards[r]
+			sh.Replica = 0
+			if placed {
+				replica++
+				sh.Replica = replica
+			}
+			placed = true
+			sh.Label = s.f.rd.name
+			st.Shards = append(st.Shards, sh)
+			st.Frags = append(st.Frags, fragment.Fragment{Shard: len(st.Shards) - 1, Len: s.lp.t.Numel(), Src: ref.ref, SrcStart: ref.start})
+		}
+		if !placed {
+			return fmt.Errorf("%s: no folder holds state %q of %s of %s", b.table.Source, sn, rankName(r), name)
+		}
+	}
+	for _, f := range st.Frags {
+		if f.SrcStart+f.Len > f.Src.Numel() {
+			return fmt.Errorf("%s: %s state %q needs elements [%d,%d) of a stored tensor of %d", f.Src.Path, name, sn, f.SrcStart, f.SrcStart+f.Len, f.Src.Numel())
+		}
+	}
+	return nil
 }
 
 // stateNames lists the optimizer states of a parameter's copies, fp32 first.
@@ -449,12 +448,12 @@ func (b *builder) globals() error {
 		if err != nil {
 			return err
 		}
-		for _, g := range gs {
-			g = g.Clone()
+		for _, gd := range gs {
+			g := gd.AsDict().Clone()
 			g.Delete("params")
 			groups = append(groups, g)
 		}
-		if sv, ok := sub.Get("grad_scaler"); ok {
+		if sv, ok := sub.AsDict().Get("grad_scaler"); ok {
 			if _, done := opt.Get("grad_scaler"); !done {
 				v, err := fragment.RefTree(f0.rd.model, sv, pyobj.DefaultLimits())
 				if err != nil {

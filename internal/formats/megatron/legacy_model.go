@@ -17,7 +17,7 @@ type rankFile struct {
 	root   *pyobj.Dict
 	chunks [][]*localParam // per model chunk: parameters, tied copies and buffers, in state-dict order
 	params []*localParam   // parameters of all chunks (tied copies included), chunk then named order
-	subs   []*pyobj.Dict   // optimizer, one per sub-optimizer (ChainedOptimizer: dense, expert)
+	subs   []pyobj.Dec     // optimizer, one per sub-optimizer (ChainedOptimizer: dense, expert)
 }
 
 // localParam is one tensor of a rank's model state dict.
@@ -81,13 +81,14 @@ func flatten(path string, d *pyobj.Dict, prefix string, depth int, fn func(name 
 	if depth > 16 {
 		return fmt.Errorf("%s: model state dict nests deeper than 16 levels at %q", path, prefix)
 	}
-	for i := 0; i < d.Len(); i++ {
-		k, v := d.Item(i)
-		ks, ok := k.(string)
-		if !ok {
-			return fmt.Errorf("%s: model state dict key %s under %q is not a string", path, pyobj.Repr(k), prefix)
-		}
-		name := prefix + ks
+	dd := pyobj.NewDec(fmt.Sprintf("%s: model state dict under %q", path, prefix), d)
+	items := dd.Items()
+	if err := dd.Err(); err != nil {
+		return err
+	}
+	for _, it := range items {
+		v := it.Value()
+		name := prefix + it.Key
 		if strings.HasSuffix(name, "_extra_state") {
 			continue // TE/FP8 metadata in any form: not a parameter
 		}
@@ -112,10 +113,10 @@ func (f *rankFile) readModel(a *Args) error {
 		return err
 	}
 	for v, cn := range names {
-		mv, _ := f.root.Get(cn)
-		md, ok := mv.(*pyobj.Dict)
-		if !ok {
-			return fmt.Errorf("%s: %q is %s, not a state dict", f.rd.model, cn, pyobj.TypeName(mv))
+		rd := pyobj.NewDec(f.rd.model, f.root)
+		md := rd.Dict(cn).AsDict()
+		if err := rd.Err(); err != nil {
+			return err
 		}
 		var list []*localParam
 		err := flatten(f.rd.model, md, "", 0, func(name string, t *torchfile.Tensor) error {

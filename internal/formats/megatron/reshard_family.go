@@ -198,7 +198,8 @@ func familyArgs(c *family.Config, dt dtype.DType, te bool, div int64) *pyobj.Obj
 	d := pyobj.NewDict(pyobj.PlainDict)
 	for _, k := range keys {
 		v := a[k]
-		if i, ok := v.(int); ok {
+		switch i := v.(type) {
+		case int: // pickled as a Python int
 			v = int64(i)
 		}
 		d.Set(k, v)

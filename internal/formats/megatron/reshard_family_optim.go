@@ -72,7 +72,8 @@ func (p *rsPlan) familyStates(key string, vt virtTensor) error {
 }
 
 func stepKey(v pyobj.Value) string {
-	if b, ok := v.(*torchfile.Blob); ok {
+	switch b := v.(type) {
+	case *torchfile.Blob:
 		return fmt.Sprintf("tensor %v %x", b.DType, b.Data)
 	}
 	return pyobj.Repr(v)
@@ -102,11 +103,7 @@ func (p *rsPlan) familyOptimizer() error {
 	if err != nil {
 		return err
 	}
-	od, ok := ov.(*pyobj.Dict)
-	if !ok {
-		return fmt.Errorf("%s is %s, not a dict", path, pyobj.TypeName(ov))
-	}
-	src, flags, err := readGroups(path, 0, od)
+	src, flags, err := readGroups(path, 0, pyobj.NewDec(path, ov))
 	if err != nil {
 		return err
 	}
@@ -131,16 +128,18 @@ func (p *rsPlan) familyOptimizer() error {
 			return fmt.Errorf("%s: no param group %s weight decay; Megatron puts biases and 1-D parameters in one without and the rest in one with", path, map[bool]string{true: "without", false: "with"}[noWD])
 		}
 		p.groups = append(p.groups, megatronGroup(src[g], noWD, args))
+		if err := src[g].Err(); err != nil {
+			return err
+		}
 		p.flags = append(p.flags, groupFlags{noWD: noWD})
 	}
-	if v, ok := ms.Get("lr_scheduler"); ok {
-		if d, ok := v.(*pyobj.Dict); ok {
-			if _, ok := d.Get("max_lr"); ok {
-				// Megatron-DeepSpeed's OptimizerParamScheduler.state_dict():
-				// the keys Megatron-LM's load_state_dict reads.
-				p.extra.Set("opt_param_scheduler", d)
-			}
-		}
+	if ls, ok := ms.OptDict("lr_scheduler"); ok && ls.Has("max_lr") {
+		// Megatron-DeepSpeed's OptimizerParamScheduler.state_dict():
+		// the keys Megatron-LM's load_state_dict reads.
+		p.extra.Set("opt_param_scheduler", ls.AsDict())
+	}
+	if err := ms.Err(); err != nil {
+		return err
 	}
 	if _, ok := p.extra.Get("opt_param_scheduler"); !ok {
 		return fmt.Errorf("%s: the DeepSpeed model states hold no Megatron learning-rate scheduler (lr_scheduler with max_lr), which Megatron's load_checkpoint reads with the optimizer", r.Dir)
@@ -152,20 +151,18 @@ func (p *rsPlan) familyOptimizer() error {
 // megatronGroup is a param group as megatron-core 0.19 saves it (its
 // _get_param_groups keys, then the torch optimizer's hyper-parameters
 // from the source group).
-func megatronGroup(src *pyobj.Dict, noWD bool, args map[string]any) *pyobj.Dict {
+func megatronGroup(src pyobj.Dec, noWD bool, args map[string]any) *pyobj.Dict {
 	g := pyobj.NewDict(pyobj.PlainDict)
 	wd := 1.0
 	if noWD {
 		wd = 0.0
 	}
-	lrMult := 1.0
-	if v, ok := src.Get("lr_mult"); ok {
-		if f, ok := pyobj.Float(v); ok {
-			lrMult = f
-		}
+	lrMult := src.OptFloat("lr_mult", 1.0)
+	var lr pyobj.Value
+	if v, ok := src.Opt("lr"); ok {
+		lr = v.Value()
 	}
-	lr, _ := src.Get("lr")
-	maxLR, minLR := pyobj.Value(lr), pyobj.Value(0.0)
+	maxLR, minLR := lr, pyobj.Value(0.0)
 	if v, ok := args["lr"].(float64); ok {
 		maxLR = v
 	}
@@ -180,12 +177,9 @@ func megatronGroup(src *pyobj.Dict, noWD bool, args map[string]any) *pyobj.Dict 
 	g.Set("max_lr", maxLR)
 	g.Set("min_lr", minLR)
 	skip := map[string]bool{"params": true, "name": true}
-	for i := 0; i < src.Len(); i++ {
-		k, v := src.Item(i)
-		if ks, ok := k.(string); ok && !skip[ks] {
-			if _, done := g.Get(ks); !done {
-				g.Set(ks, v)
-			}
+	for _, it := range src.Items() {
+		if _, done := g.Get(it.Key); !done && !skip[it.Key] {
+			g.Set(it.Key, it.Value())
 		}
 	}
 	return g
@@ -193,7 +187,7 @@ func megatronGroup(src *pyobj.Dict, noWD bool, args map[string]any) *pyobj.Dict 
 
 // dsModelStates decodes the first DeepSpeed model-state file the atomic
 // checkpoint carries (param_shapes, lr_scheduler).
-func (p *rsPlan) dsModelStates() (*pyobj.Dict, error) {
+func (p *rsPlan) dsModelStates() (pyobj.Dec, error) {
 	for _, f := range p.r.Manifest.Files {
 		if filepath.Base(f.Path) != "mp_rank_00_model_states.pt" && filepath.Base(f.Path) != "zero_pp_rank_0_mp_rank_00_model_states.pt" {
 			continue
@@ -201,34 +195,34 @@ func (p *rsPlan) dsModelStates() (*pyobj.Dict, error) {
 		path := filepath.Join(p.r.Dir, filepath.FromSlash(f.Path))
 		tf, err := torchfile.Open(path)
 		if err != nil {
-			return nil, err
+			return pyobj.Dec{}, err
 		}
 		defer tf.Close()
-		d, ok := tf.Root.(*pyobj.Dict)
-		if !ok {
-			return nil, fmt.Errorf("%s: model state is %s, not a dict", path, pyobj.TypeName(tf.Root))
-		}
-		return d, nil
+		d := pyobj.NewDec(path, tf.Root)
+		d.AsDict()
+		return d, d.Err()
 	}
-	return nil, fmt.Errorf("%s: no DeepSpeed model-state file in the atomic checkpoint (it gives the param groups' members and the scheduler)", p.r.Dir)
+	return pyobj.Dec{}, fmt.Errorf("%s: no DeepSpeed model-state file in the atomic checkpoint (it gives the param groups' members and the scheduler)", p.r.Dir)
 }
 
 // checkDSGroups refuses param groups that Megatron's rule (no weight decay
 // for biases and 1-D parameters) would not rebuild: param_shapes[g] lists
 // group g's parameters.
-func (p *rsPlan) checkDSGroups(ms *pyobj.Dict, flags []groupFlags) error {
-	v, _ := ms.Get("param_shapes")
-	shapes, ok := pyobj.Seq(v)
-	if !ok || len(shapes) != len(flags) {
-		return fmt.Errorf("%s: the model states' param_shapes (%s) do not match the %d param groups", p.r.Dir, pyobj.TypeName(v), len(flags))
+func (p *rsPlan) checkDSGroups(ms pyobj.Dec, flags []groupFlags) error {
+	shapes := ms.List("param_shapes")
+	if err := ms.Err(); err != nil {
+		return err
 	}
-	for g, sv := range shapes {
-		d, ok := sv.(*pyobj.Dict)
-		if !ok {
-			return fmt.Errorf("%s: param_shapes[%d] is %s", p.r.Dir, g, pyobj.TypeName(sv))
+	if len(shapes) != len(flags) {
+		return fmt.Errorf("%s: the model states' %d param_shapes groups do not match the %d param groups", p.r.Dir, len(shapes), len(flags))
+	}
+	for g, sd := range shapes {
+		items := sd.Items()
+		if err := ms.Err(); err != nil {
+			return err
 		}
-		for _, k := range d.Keys() {
-			n, _ := k.(string)
+		for _, it := range items {
+			n := it.Key
 			e, ok := p.r.Param(n)
 			if !ok {
 				continue // an alias or a pipeline name (checked through its canonical name)

@@ -148,74 +148,17 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		return nil, fmt.Errorf("--megatron-spec is for sources not converted from Megatron-LM; this one keeps its own (args.transformer_impl)")
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}}
-	var err error
-	ev, err := r.Load(atomic.ExtraState)
-	if err != nil {
+	if err := p.loadExtra(); err != nil {
 		return nil, err
 	}
-	var ok bool
-	if p.extra, ok = ev.(*pyobj.Dict); !ok {
-		return nil, fmt.Errorf("%s/%s is %s, not a dict", r.Dir, atomic.ExtraState, pyobj.TypeName(ev))
-	}
-	av, _ := p.extra.Get("args")
-	if p.args, ok = av.(*pyobj.Object); !ok {
-		return nil, fmt.Errorf("%s/%s: no args Namespace (%s); the model geometry is unknown (a torch_dist checkpoint saved outside Megatron's training loop has none)", r.Dir, atomic.ExtraState, pyobj.TypeName(av))
-	}
+	var err error
 	if p.dt, err = dtype.Parse(m.Source.DType); err != nil {
 		return nil, fmt.Errorf("%s: source training dtype: %w", r.Dir, err)
 	}
 	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
 		return nil, fmt.Errorf("%s: source training dtype %v: Megatron trains in float32, bfloat16 or float16", r.Dir, p.dt)
 	}
-
-	if _, ok := p.args.State.(*pyobj.Dict); !ok {
-		return nil, fmt.Errorf("%s/%s: args has no attribute dict", r.Dir, atomic.ExtraState)
-	}
-	// One read of extra_state.pt: its args give the writer's settings and
-	// the target geometry (layout.MegatronModel).
-	args := layout.Args{Path: fmt.Sprintf("%s/%s", r.Dir, atomic.ExtraState), NS: p.args}
-	L, err := args.Int("num_layers", 0)
-	if err != nil {
-		return nil, err
-	}
-	if L <= 0 {
-		return nil, fmt.Errorf("%s/%s: args.num_layers is missing", r.Dir, atomic.ExtraState)
-	}
-	p.layers = int(L)
-	if p.modelCP, err = args.Int("context_parallel_size", 1); err != nil {
-		return nil, err
-	}
-	if n, err := args.Int("num_experts", 0); err != nil || n > 0 {
-		if err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%s: a mixture-of-experts model (args.num_experts %d): --to megatron does not write expert layouts yet", r.Dir, n)
-	}
-	// A bool that is not one is an error naming the file, not false.
-	if legacy, err := args.Bool("use_legacy_models", false); err != nil || legacy {
-		if err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%s: a legacy (non-MCore) Megatron model: --to megatron writes MCore state dicts only", r.Dir)
-	}
-	if p.untie, err = args.Bool("untie_embeddings_and_output_weights", false); err != nil {
-		return nil, err
-	}
-	if p.qkWD, err = args.Bool("apply_wd_to_qk_layernorm", false); err != nil {
-		return nil, err
-	}
-	if impl, ok := p.args.Attr("transformer_impl"); ok {
-		p.te = impl == "transformer_engine"
-	}
-	if p.split, err = pipelineSplit(p.layers, o.PP, max(o.VPP, 1), o.FirstStageLayers, o.LastStageLayers); err != nil {
-		return nil, err
-	}
-	if it, ok := p.extra.Get("iteration"); ok {
-		if p.iter, ok = pyobj.Int(it); !ok || p.iter < 0 {
-			return nil, fmt.Errorf("%s/%s: iteration is %s", r.Dir, atomic.ExtraState, pyobj.Repr(it))
-		}
-	}
-	model, err := layout.MegatronModel(args)
+	model, err := p.readArgs()
 	if err != nil {
 		return nil, err
 	}
@@ -230,14 +173,7 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 			}
 		}
 	}
-	ov, err := r.Load(filepath.Join(atomic.ZeroDir, atomic.OptimizerState))
-	if err != nil {
-		return nil, err
-	}
-	if p.optim, ok = ov.(*pyobj.Dict); !ok {
-		return nil, fmt.Errorf("%s: optimizer_state.pt is %s, not a dict", r.Dir, pyobj.TypeName(ov))
-	}
-	if p.groups, p.flags, err = readGroups(filepath.Join(r.Dir, atomic.ZeroDir, atomic.OptimizerState), 0, p.optim); err != nil {
+	if err := p.readOptim(); err != nil {
 		return nil, err
 	}
 	if err := p.slices(model); err != nil {
@@ -247,6 +183,118 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		return nil, err
 	}
 	return p, p.place()
+}
+
+// extraPath is the atomic checkpoint's extra_state.pt (the source's args,
+// iteration and schedulers).
+func (p *rsPlan) extraPath() string { return fmt.Sprintf("%s/%s", p.r.Dir, atomic.ExtraState) }
+
+// loadExtra reads extra_state.pt and its args Namespace, once.
+func (p *rsPlan) loadExtra() error {
+	ev, err := p.r.Load(atomic.ExtraState)
+	if err != nil {
+		return err
+	}
+	ed := pyobj.NewDec(p.extraPath(), ev)
+	p.extra = ed.AsDict()
+	if err := ed.Err(); err != nil {
+		return err
+	}
+	var av pyobj.Value
+	if a, ok := ed.Opt("args"); ok {
+		av = a.Value()
+	}
+	switch ns := av.(type) {
+	case *pyobj.Object:
+		p.args = ns
+		return nil
+	}
+	return fmt.Errorf("%s: no args Namespace (%s); the model geometry is unknown (a torch_dist checkpoint saved outside Megatron's training loop has none)", p.extraPath(), pyobj.TypeName(av))
+}
+
+// readArgs reads the writer's settings from the source's args and returns
+// the target geometry (layout.MegatronModel).
+func (p *rsPlan) readArgs() (layout.Model, error) {
+	r, o := p.r, p.o
+	switch p.args.State.(type) {
+	case *pyobj.Dict:
+	default:
+		return layout.Model{}, fmt.Errorf("%s: args has no attribute dict", p.extraPath())
+	}
+	args := layout.Args{Path: p.extraPath(), NS: p.args}
+	L, err := args.Int("num_layers", 0)
+	if err != nil {
+		return layout.Model{}, err
+	}
+	if L <= 0 {
+		return layout.Model{}, fmt.Errorf("%s: args.num_layers is missing", p.extraPath())
+	}
+	p.layers = int(L)
+	if p.modelCP, err = args.Int("context_parallel_size", 1); err != nil {
+		return layout.Model{}, err
+	}
+	if n, err := args.Int("num_experts", 0); err != nil || n > 0 {
+		if err != nil {
+			return layout.Model{}, err
+		}
+		return layout.Model{}, fmt.Errorf("%s: a mixture-of-experts model (args.num_experts %d): --to megatron does not write expert layouts yet", r.Dir, n)
+	}
+	// A bool that is not one is an error naming the file, not false.
+	if legacy, err := args.Bool("use_legacy_models", false); err != nil || legacy {
+		if err != nil {
+			return layout.Model{}, err
+		}
+		return layout.Model{}, fmt.Errorf("%s: a legacy (non-MCore) Megatron model: --to megatron writes MCore state dicts only", r.Dir)
+	}
+	if p.untie, err = args.Bool("untie_embeddings_and_output_weights", false); err != nil {
+		return layout.Model{}, err
+	}
+	if p.qkWD, err = args.Bool("apply_wd_to_qk_layernorm", false); err != nil {
+		return layout.Model{}, err
+	}
+	ad := pyobj.NewDec(p.extraPath()+": args", p.args.State)
+	p.te = ad.OptStr("transformer_impl", "") == "transformer_engine"
+	if err := ad.Err(); err != nil {
+		return layout.Model{}, err
+	}
+	if p.split, err = pipelineSplit(p.layers, o.PP, max(o.VPP, 1), o.FirstStageLayers, o.LastStageLayers); err != nil {
+		return layout.Model{}, err
+	}
+	ed := pyobj.NewDec(p.extraPath(), p.extra)
+	if ed.Has("iteration") {
+		p.iter = ed.Int("iteration")
+	}
+	if err := ed.Err(); err != nil {
+		return layout.Model{}, err
+	}
+	if p.iter < 0 {
+		return layout.Model{}, fmt.Errorf("%s: iteration is %d", p.extraPath(), p.iter)
+	}
+	return layout.MegatronModel(args)
+}
+
+// readOptim reads the source's optimizer state (param groups, grad scaler)
+// from the atomic checkpoint.
+func (p *rsPlan) readOptim() error {
+	path := filepath.Join(p.r.Dir, atomic.ZeroDir, atomic.OptimizerState)
+	ov, err := p.r.Load(filepath.Join(atomic.ZeroDir, atomic.OptimizerState))
+	if err != nil {
+		return err
+	}
+	od := pyobj.NewDec(path, ov)
+	p.optim = od.AsDict()
+	if err := od.Err(); err != nil {
+		return err
+	}
+	groups, flags, err := readGroups(path, 0, od)
+	if err != nil {
+		return err
+	}
+	p.flags = flags
+	for _, g := range groups {
+		p.groups = append(p.groups, g.AsDict())
+	}
+	return nil
 }
 
 // slices computes every parameter's shard on every target TP rank as
@@ -835,8 +883,11 @@ func (p *rsPlan) stepValue(param string, v pyobj.Value) (pyobj.Value, error) {
 	if p.style == stepFused {
 		return int64(f), nil
 	}
-	if b, ok := v.(*torchfile.Blob); ok && b.DType == dtype.Float32 && len(b.Shape) == 0 {
-		return b, nil
+	switch b := v.(type) {
+	case *torchfile.Blob:
+		if b.DType == dtype.Float32 && len(b.Shape) == 0 {
+			return b, nil // kept as it is
+		}
 	}
 	data := make([]byte, 4)
 	binary.LittleEndian.PutUint32(data, math.Float32bits(float32(f)))

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/atomic"
-	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -34,61 +33,15 @@ func convertFixture(t *testing.T, name string) string {
 // distributed optimizer saves a torch Adam step tensor as a float).
 func sameAtomicStates(t *testing.T, a, b string, stepValue bool) {
 	t.Helper()
-	ma, err := atomic.ReadManifest(a)
-	if err != nil {
-		t.Fatal(err)
+	o := testkit.SameOptions{Ordered: true}
+	if stepValue {
+		o.StepOf = stepString
 	}
-	mb, err := atomic.ReadManifest(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ma.Params) != len(mb.Params) {
-		t.Fatalf("%d parameters after the round trip, want %d", len(mb.Params), len(ma.Params))
-	}
-	for i, pa := range ma.Params {
-		pb := mb.Params[i]
-		if pa.Name != pb.Name || fmt.Sprint(pa.Shape) != fmt.Sprint(pb.Shape) || pa.VocabSize != pb.VocabSize ||
-			strings.Join(pa.Aliases, ",") != strings.Join(pb.Aliases, ",") {
-			t.Errorf("parameter %d: %s %v vocab %d aliases %v, want %s %v %d %v", i, pb.Name, pb.Shape, pb.VocabSize, pb.Aliases,
-				pa.Name, pa.Shape, pa.VocabSize, pa.Aliases)
-			continue
-		}
-		if len(pa.Files) != len(pb.Files) {
-			t.Errorf("%s: states %v, want %v", pa.Name, pb.Files, pa.Files)
-			continue
-		}
-		for k, fa := range pa.Files {
-			fb := pb.Files[k]
-			if fa.State != fb.State {
-				t.Errorf("%s: state %s, want %s", pa.Name, fb.State, fa.State)
-				continue
-			}
-			var va, vb []byte
-			switch {
-			case fa.State == fragment.StepState && stepValue:
-				va, vb = []byte(stepString(t, a, pa.Name)), []byte(stepString(t, b, pa.Name))
-			case fa.State == fragment.StepState:
-				va, vb = readBytes(t, filepath.Join(a, fa.Path)), readBytes(t, filepath.Join(b, fb.Path))
-			default:
-				x, sa, err := testkit.ReadAtomic(filepath.Join(a, fa.Path))
-				if err != nil {
-					t.Fatal(err)
-				}
-				y, sb, err := testkit.ReadAtomic(filepath.Join(b, fb.Path))
-				if err != nil {
-					t.Fatal(err)
-				}
-				va, vb = append(x, fmt.Sprint(sa)...), append(y, fmt.Sprint(sb)...)
-			}
-			if !bytes.Equal(va, vb) {
-				t.Errorf("%s: %s differs after the round trip", pa.Name, fa.State)
-			}
-		}
-	}
+	testkit.SameAtomic(t, a, b, o)
 }
 
 // stepString is a parameter's step as a number.
-func stepString(t *testing.T, dir, param string) string {
+func stepString(t testing.TB, dir, param string) string {
 	t.Helper()
 	r, err := atomic.OpenReader(dir, atomic.ReaderOptions{})
 	if err != nil {
