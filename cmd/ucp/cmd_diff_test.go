@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/diff"
+	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -52,7 +52,7 @@ func patchState(t *testing.T, dir, param, state string, i int64, v float32) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v0, err := diff.StateTensor(f.Root)
+	v0, err := atomic.StateTensor(f.Root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestDiffShapeAndTolerance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tt, err := diff.StateTensor(f.Root)
+	tt, err := atomic.StateTensor(f.Root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestDiffShapeAndTolerance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hw, err := diff.StateTensor(ft.Root)
+	hw, err := atomic.StateTensor(ft.Root)
 	if err != nil {
 		t.Fatal(err)
 	}

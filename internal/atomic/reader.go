@@ -164,7 +164,9 @@ func VerifyFile(path string, e FileEntry) error {
 	}
 	defer f.Close()
 	h := newCRC()
-	n, err := io.Copy(h, f)
+	// 256 KiB reads: 8x fewer system calls than io.Copy's 32 KiB, and the
+	// buffer stays in the CPU's cache between the read and the CRC.
+	n, err := io.CopyBuffer(h, struct{ io.Reader }{f}, make([]byte, 256<<10))
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
@@ -236,20 +238,30 @@ func OpenStateFile(path string, p *ParamEntry) (*torchfile.File, *torchfile.Tens
 	if err != nil {
 		return nil, nil, err
 	}
-	v := f.Root
-	if d, ok := v.(*pyobj.Dict); ok {
-		v, _ = d.Get("param")
-	}
-	t, ok := v.(*torchfile.Tensor)
-	if !ok {
+	t, err := StateTensor(f.Root)
+	if err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("%s: no 'param' tensor", path)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if err := checkHeader(t, want, p.Shape); err != nil {
 		f.Close()
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return f, t, nil
+}
+
+// StateTensor returns the tensor of a state file: the 'param' of
+// DeepSpeed's universal dict, or the file's bare tensor.
+func StateTensor(root pyobj.Value) (*torchfile.Tensor, error) {
+	switch x := root.(type) {
+	case *torchfile.Tensor:
+		return x, nil
+	case *pyobj.Dict:
+		d := pyobj.NewDec("", x)
+		t := pyobj.As[*torchfile.Tensor](d.Key("param"), "tensor")
+		return t, d.Err()
+	}
+	return nil, fmt.Errorf("holds a %s, want a tensor or a dict with 'param'", pyobj.TypeName(root))
 }
 
 func checkHeader(t *torchfile.Tensor, want dtype.DType, shape []int64) error {

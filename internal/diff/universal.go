@@ -148,7 +148,7 @@ func addStateFile(p *fragment.Param, f uniFile, root pyobj.Value, shapes map[str
 		}
 		return false, nil
 	}
-	tt, err := StateTensor(root)
+	tt, err := atomic.StateTensor(root)
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", f.path, err)
 	}
@@ -179,20 +179,6 @@ func stateRank(s string) int {
 		return 2
 	}
 	return 3
-}
-
-// StateTensor returns the tensor of a universal state file: the 'param'
-// of DeepSpeed's dict, or the file's bare tensor.
-func StateTensor(root pyobj.Value) (*torchfile.Tensor, error) {
-	switch x := root.(type) {
-	case *torchfile.Tensor:
-		return x, nil
-	case *pyobj.Dict:
-		d := pyobj.NewDec("", x)
-		t := pyobj.As[*torchfile.Tensor](d.Key("param"), "tensor")
-		return t, d.Err()
-	}
-	return nil, fmt.Errorf("holds a %s, want a tensor or a dict with 'param'", pyobj.TypeName(root))
 }
 
 // paramShapes reads param_shapes (a list of dicts name -> torch.Size, one

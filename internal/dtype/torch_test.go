@@ -86,18 +86,7 @@ func TestToFloat32MatchesTorch(t *testing.T) {
 			if err := ToFloat32(out, c.in, c.dt); err != nil {
 				t.Fatal(err)
 			}
-			sum := sha256.Sum256(out)
-			if hex.EncodeToString(sum[:]) == c.want.SHA256 {
-				return
-			}
-			// Point at the first differing chunk of 4096 elements.
-			for i, want := range c.want.ChunkCRC32 {
-				chunk := out[i*4*4096 : min(len(out), (i+1)*4*4096)]
-				if got := fmt.Sprintf("%08x", crc32.ChecksumIEEE(chunk)); got != want {
-					t.Fatalf("elements [%d, %d) differ from torch's .float()", i*4096, (i+1)*4096)
-				}
-			}
-			t.Fatalf("output differs from torch's .float() (sha256 %x)", sum)
+			checkTorch(t, out, 4, c.want, ".float()")
 		})
 	}
 }
@@ -132,4 +121,21 @@ func TestToFloat32TorchExplicit(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkTorch compares out (elements of es bytes) with torch's output of
+// the fixture, pointing at the first differing chunk of 4096 elements.
+func checkTorch(t *testing.T, out []byte, es int, want torchExpect, op string) {
+	t.Helper()
+	sum := sha256.Sum256(out)
+	if hex.EncodeToString(sum[:]) == want.SHA256 {
+		return
+	}
+	for i, w := range want.ChunkCRC32 {
+		chunk := out[i*es*4096 : min(len(out), (i+1)*es*4096)]
+		if got := fmt.Sprintf("%08x", crc32.ChecksumIEEE(chunk)); got != w {
+			t.Fatalf("elements [%d, %d) differ from torch's %s", i*4096, (i+1)*4096, op)
+		}
+	}
+	t.Fatalf("output differs from torch's %s (sha256 %x)", op, sum)
 }

@@ -450,3 +450,29 @@ func numel(s []int64) int64 {
 	}
 	return n
 }
+
+// TPRules returns the tensor-parallel rule of every source parameter that
+// holds exactly one role, unfused (Hugging Face and torchtitan names): the
+// cut a loader applies to it at tp > 1. Fused tensors (Megatron's QKV and
+// fc1) are left out: their sources record their own layouts.
+func (s *Source) TPRules() map[string]TP {
+	roles := map[string][]string{}
+	for k, n := range s.byRole {
+		roles[n] = append(roles[n], k.role)
+	}
+	out := map[string]TP{}
+	for n, rs := range roles {
+		r, ok := s.F.Role(rs[0])
+		if !ok || s.fused(r) {
+			continue
+		}
+		same := true
+		for _, x := range rs[1:] {
+			same = same && x == rs[0]
+		}
+		if same {
+			out[n] = r.TP
+		}
+	}
+	return out
+}

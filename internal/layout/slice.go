@@ -38,7 +38,9 @@ func ReadMeta(path string) (Meta, error) {
 	if err != nil {
 		return m, err
 	}
-	if _, ok := f.Root.(*pyobj.Dict); !ok {
+	switch f.Root.(type) {
+	case *pyobj.Dict:
+	default:
 		return m, nil // a bare tensor (DeepSpeed ZeRO-3 style): no keys
 	}
 	d := pyobj.NewDec(path, f.Root)
@@ -49,24 +51,22 @@ func ReadMeta(path string) (Meta, error) {
 		return m, err
 	}
 	if v, ok := d.Opt("sub_param_shape"); ok {
-		o, ok := v.Value().(*pyobj.Object)
-		if !ok {
-			return m, fmt.Errorf("%s: sub_param_shape is %s", path, pyobj.TypeName(v.Value()))
+		v = v.Object("")
+		pd := v.Attr("partition_dim").AsInt()
+		spec := v.Attr("shape").AsList()
+		if err := d.Err(); err != nil {
+			return m, err
 		}
-		pdv, _ := o.Attr("partition_dim")
-		pd, ok := pyobj.Int(pdv)
-		shv, _ := o.Attr("shape")
-		spec, ok2 := pyobj.Seq(shv)
-		if !ok || !ok2 || int(pd) >= len(spec) || pd < 0 {
-			return m, fmt.Errorf("%s: malformed sub_param_shape", path)
+		if int(pd) >= len(spec) || pd < 0 {
+			return m, fmt.Errorf("%s: malformed sub_param_shape: partition_dim %d of %d dims", path, pd, len(spec))
 		}
-		sizes, ok := pyobj.Ints(spec[pd])
-		if !ok {
-			n, ok := pyobj.Int(spec[pd])
-			if !ok {
-				return m, fmt.Errorf("%s: sub_param_shape has no sizes at partition_dim", path)
+		// Sizes at partition_dim, or a single width, as the generic loader reads an int.
+		sizes, isList := pyobj.Ints(spec[pd].Value())
+		if !isList {
+			sizes = []int64{spec[pd].AsInt()}
+			if err := d.Err(); err != nil {
+				return m, err
 			}
-			sizes = []int64{n} // a single width, as the generic loader reads an int
 		}
 		m.PartDim, m.SubSizes, m.CatDim = int(pd), sizes, int(pd)
 	}

@@ -23,23 +23,16 @@ func SetStep(tb testing.TB, path string, step float32, keys ...string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	v, err := pyobj.Path(f.Root, keys...)
-	if err != nil {
+	d := pyobj.NewDec(path, f.Root)
+	for _, k := range keys {
+		d = d.Key(k)
+	}
+	tt := pyobj.As[*torchfile.Tensor](d.Key(int64(0)).Key("step"), "a tensor")
+	if err := d.Err(); err != nil {
 		tb.Fatal(err)
 	}
-	st, ok := v.(*pyobj.Dict)
-	if !ok {
-		tb.Fatalf("%s: %v is %s", path, keys, pyobj.TypeName(v))
-	}
-	sv, _ := st.Get(int64(0))
-	sd, ok := sv.(*pyobj.Dict)
-	if !ok {
-		tb.Fatalf("%s: state of group 0 is %s", path, pyobj.TypeName(sv))
-	}
-	tv, _ := sd.Get("step")
-	tt, ok := tv.(*torchfile.Tensor)
-	if !ok || tt.DType.Size() != 4 {
-		tb.Fatalf("%s: step is %s", path, pyobj.TypeName(tv))
+	if tt.DType.Size() != 4 {
+		tb.Fatalf("%s: step is %v, want 4-byte elements", path, tt.DType)
 	}
 	w, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {

@@ -45,10 +45,11 @@ func Load(path string) (*Truth, error) {
 	if err != nil {
 		return nil, err
 	}
-	root, ok := f.Root.(*pyobj.Dict)
-	if !ok {
+	d := pyobj.NewDec(path, f.Root)
+	root := d.AsDict()
+	if err := d.Err(); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: truth is %s, not a dict", path, pyobj.TypeName(f.Root))
+		return nil, err
 	}
 	return &Truth{Path: path, File: f, Root: root}, nil
 }
@@ -69,9 +70,12 @@ func (t *Truth) Tensors(state string) map[string]*torchfile.Tensor {
 	}
 	for i := 0; i < d.Len(); i++ {
 		k, val := d.Item(i)
-		name, _ := k.(string)
-		if tt, ok := val.(*torchfile.Tensor); ok {
-			out[name] = tt
+		name, isStr := k.(string)
+		switch tt := val.(type) {
+		case *torchfile.Tensor: // other values are no tensors to compare
+			if isStr {
+				out[name] = tt
+			}
 		}
 	}
 	return out
@@ -176,13 +180,9 @@ func ReadAtomicRaw(path string) ([]byte, dtype.DType, []int64, error) {
 		return nil, dtype.Invalid, nil, err
 	}
 	defer f.Close()
-	v := f.Root
-	if d, ok := v.(*pyobj.Dict); ok {
-		v, _ = d.Get("param")
-	}
-	t, ok := v.(*torchfile.Tensor)
-	if !ok {
-		return nil, dtype.Invalid, nil, fmt.Errorf("%s: no param tensor", path)
+	t, err := atomic.StateTensor(f.Root)
+	if err != nil {
+		return nil, dtype.Invalid, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	b, err := f.ReadTensor(t)
 	return b, t.DType, t.Shape, err
