@@ -36,5 +36,24 @@ for c in $cases; do
   "$ucp" convert --quiet --from hf "$o/hf_src" "$o/atomic_hf" >/dev/null
   "$ucp" export "$o/atomic_hf" "$o/hf_back" --to hf >/dev/null
   py hfback "$c" || fail=1
+  # Import into Megatron at new degrees (TP EP expert-TP DP): real megatron-core loads each rank's file.
+  degs="1 2 1 2,2 2 1 1"
+  [ "$c" = mixtral ] && degs="$degs,2 2 2 2"
+  IFS=, read -ra dl <<<"$degs"
+  for d in "${dl[@]}"; do
+    read -r tp ep etp dp <<<"$d"
+    tag=mg_tp${tp}_ep${ep}_etp${etp}
+    "$ucp" reshard --quiet "$o/atomic_hf" "$o/$tag" --to megatron --tp "$tp" --ep "$ep" --expert-tp "$etp" --dp "$dp" --megatron-spec local
+    if [ "$etp" = "$tp" ]; then
+      py import "$c" "$tag" "$tp" "$ep" "$etp" "$dp" || fail=1
+      continue
+    fi
+    # Expert TP != TP: Megatron's save_checkpoint also writes the loaded model (a real Megatron checkpoint at
+    # these degrees); ucp reads it back to transformers' tensors bit for bit.
+    py import "$c" "$tag" "$tp" "$ep" "$etp" "$dp" "${tag}_saved" || { fail=1; continue; }
+    "$ucp" convert --quiet "$o/${tag}_saved" "$o/atomic_${tag}_saved" >/dev/null
+    "$ucp" export --quiet "$o/atomic_${tag}_saved" "$o/hf_${tag}_saved" --to hf >/dev/null
+    py samehf "$c" "hf_${tag}_saved" || fail=1
+  done
 done
 exit $fail

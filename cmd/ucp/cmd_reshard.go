@@ -87,6 +87,8 @@ written as DST.partial and renamed when complete.`,
 	f.IntVar(&opts.TP, "tp", 1, "tensor-parallel size of the target run")
 	f.IntVar(&opts.PP, "pp", 1, "pipeline-parallel size of the target run (megatron)")
 	f.IntVar(&opts.VPP, "vpp", 0, "model chunks per pipeline stage, virtual pipeline parallelism (megatron; 0: none)")
+	f.IntVar(&opts.EP, "ep", 0, "megatron: expert-parallel size of a mixture-of-experts target (--expert-model-parallel-size; default 1)")
+	f.IntVar(&opts.ETP, "expert-tp", 0, "megatron: expert tensor-parallel size (--expert-tensor-parallel-size; default --tp)")
 	f.BoolVar(&opts.DistOptimizer, "distributed-optimizer", false, "Megatron distributed optimizer files (distrib_optim.pt)")
 	f.StringVar(&opts.MegatronSpec, "megatron-spec", "", "--to megatron from a non-Megatron source (Hugging Face, DeepSpeed, DCP) of a known model family: the layer spec of the loading run, te (Transformer Engine, the default) or local")
 	f.StringVar(&opts.MegatronOptimizer, "megatron-optimizer", "", "the Adam of the loading Megatron run, which decides where the step is written: adamw (torch.optim.AdamW, Megatron without TE/Apex) or fused (TE/Apex FusedAdam); default: the source's")
@@ -156,7 +158,7 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 		return nil
 	}
 	if tg.Name == "megatron" {
-		fmt.Fprintf(out, "resharded %s -> %s (%s: TP %d, PP %d, VPP %d, DP %d)\n", src, dst, tg.Name, opts.TP, opts.PP, opts.VPP, opts.DP)
+		fmt.Fprintf(out, "resharded %s -> %s (%s: TP %d, PP %d, VPP %d, DP %d%s)\n", src, dst, tg.Name, opts.TP, opts.PP, opts.VPP, opts.DP, expertDegrees(opts.ReshardOptions))
 		fmt.Fprintf(out, "  %d files, %s in %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
 	} else {
 		fmt.Fprintf(out, "resharded %s -> %s (%s: DP %d, TP %d, ZeRO-%d)\n", src, dst, tg.Name, opts.DP, opts.TP, opts.Zero)
@@ -167,4 +169,16 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 		fmt.Fprintln(out, "  note:", n)
 	}
 	return nil
+}
+
+// expertDegrees describes the expert layout asked for ("" when none).
+func expertDegrees(o formats.ReshardOptions) string {
+	if o.EP == 0 && o.ETP == 0 {
+		return ""
+	}
+	etp := o.ETP
+	if etp == 0 {
+		etp = o.TP
+	}
+	return fmt.Sprintf(", EP %d, expert TP %d", max(o.EP, 1), etp)
 }

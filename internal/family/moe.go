@@ -97,6 +97,14 @@ func (c *Config) ffnOf(r Role) int64 {
 	return c.FFN
 }
 
+// WithFFNOf is c with FFN the size of role r's gate/up (FusedRows of an
+// expert's or the shared expert's fc1).
+func (c *Config) WithFFNOf(r Role) *Config {
+	cc := *c
+	cc.FFN = c.ffnOf(r)
+	return &cc
+}
+
 // moeCheck refuses what every MoE row here shares.
 func moeCheck(f *Family, c *Config) error {
 	switch {
@@ -359,8 +367,9 @@ func (c *Config) moeMegatronArgs(a map[string]any) {
 	a["moe_router_pre_softmax"] = !c.NormTopK
 	a["moe_router_score_function"] = "softmax"
 	a["moe_layer_freq"] = int64(1)
+	a["moe_shared_expert_intermediate_size"] = nil // Megatron's default: no shared expert
+	a["moe_shared_expert_gate"] = c.SharedGate
 	if c.SharedFFN > 0 {
 		a["moe_shared_expert_intermediate_size"] = c.SharedFFN
-		a["moe_shared_expert_gate"] = c.SharedGate
 	}
 }

@@ -281,6 +281,7 @@ type Tensor struct {
 	Name   string
 	Role   string
 	Layer  int
+	Expert int // -1 outside the experts
 	Shape  []int64
 	Pieces []Piece
 	AddOne bool
@@ -354,7 +355,7 @@ func (s *Source) unfusedTensor(r Role, l, e int, target Naming, wantInter bool) 
 	}
 	src, _ := s.ExpertParam(r.Name, l, e)
 	p := s.params[src]
-	t := Tensor{Name: name, Role: r.Name, Layer: l, AddOne: r.Norm && s.C.LayerNorm1p}
+	t := Tensor{Name: name, Role: r.Name, Layer: l, Expert: e, AddOne: r.Norm && s.C.LayerNorm1p}
 	cols := int64(1)
 	if len(p.Shape) == 2 {
 		cols = p.Shape[1]
@@ -448,4 +449,30 @@ func numel(s []int64) int64 {
 		n *= d
 	}
 	return n
+}
+
+// TPRules returns the tensor-parallel rule of every source parameter that
+// holds exactly one role, unfused (Hugging Face and torchtitan names): the
+// cut a loader applies to it at tp > 1. Fused tensors (Megatron's QKV and
+// fc1) are left out: their sources record their own layouts.
+func (s *Source) TPRules() map[string]TP {
+	roles := map[string][]string{}
+	for k, n := range s.byRole {
+		roles[n] = append(roles[n], k.role)
+	}
+	out := map[string]TP{}
+	for n, rs := range roles {
+		r, ok := s.F.Role(rs[0])
+		if !ok || s.fused(r) {
+			continue
+		}
+		same := true
+		for _, x := range rs[1:] {
+			same = same && x == rs[0]
+		}
+		if same {
+			out[n] = r.TP
+		}
+	}
+	return out
 }

@@ -3,11 +3,13 @@ package formats
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/atomic"
@@ -144,7 +146,10 @@ func TestHFFamilyBadConfig(t *testing.T) {
 
 // TestHFMegatronRoundTrip: each transformers-written folder goes HF ->
 // atomic -> Megatron-LM (reshard --to megatron at TP 2, TP 1 x PP 2 and
-// TP 2 x PP 2; local and TE names) ->
+// TP 2 x PP 2; local and TE names; the MoE families also at EP 2 with
+// TP 1 and TP 2 x PP 2, and at expert TP 1 with TP 2 x EP 4 x DP 2 and
+// TP 2 x PP 2 x EP 2: every expert once, in the files Megatron's ranks
+// load) ->
 // atomic (ucp's Megatron reader, family detected from the written args)
 // -> HF, and must come back bit for bit with the same family config.
 func TestHFMegatronRoundTrip(t *testing.T) {
@@ -162,18 +167,45 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f := a.Manifest.Source.Model.Family; f != "llama" && f != "mistral" && f != "qwen2" && f != "qwen3" {
-			continue // MoE families: their own round trips (issue 25)
-		}
 		want := hfFolderTensors(t, src)
-		for _, deg := range []struct {
-			tp, pp int
-			spec   string
-		}{{2, 1, "local"}, {1, 2, "te"}, {2, 2, "te"}} {
-			t.Run(fmt.Sprintf("%s/tp%d_pp%d_%s", name, deg.tp, deg.pp, deg.spec), func(t *testing.T) {
+		type degrees struct {
+			tp, pp, ep, etp, dp int
+			spec                string
+		}
+		degs := []degrees{{2, 1, 0, 0, 1, "local"}, {1, 2, 0, 0, 1, "te"}, {2, 2, 0, 0, 1, "te"}}
+		if a.Manifest.Source.Model.Experts > 0 {
+			degs = append(degs, degrees{1, 1, 2, 0, 2, "local"}, degrees{2, 2, 2, 0, 2, "te"}, degrees{2, 1, 4, 1, 2, "local"},
+				degrees{2, 2, 2, 1, 1, "te"})
+		}
+		for _, deg := range degs {
+			t.Run(fmt.Sprintf("%s/tp%d_pp%d_ep%d_etp%d_%s", name, deg.tp, deg.pp, deg.ep, deg.etp, deg.spec), func(t *testing.T) {
 				mg := filepath.Join(t.TempDir(), "megatron")
-				if _, err := tg.Reshard(context.Background(), a, mg, ReshardOptions{TP: deg.tp, PP: deg.pp, DP: 1, Zero: -1, MegatronSpec: deg.spec, NoSync: true}); err != nil {
+				o := ReshardOptions{TP: deg.tp, PP: deg.pp, EP: deg.ep, ETP: deg.etp, DP: deg.dp, Zero: -1, MegatronSpec: deg.spec, NoSync: true}
+				if _, err := tg.Reshard(context.Background(), a, mg, o); err != nil {
 					t.Fatal(err)
+				}
+				if o.EP == 4 {
+					// Rank r of TP 2 x DP 2 loads TP rank r%2, EP rank r%4:
+					// four of the eight (TP, EP) files (make check-moe loads
+					// such files in megatron-core); read back below.
+					got, err := filepath.Glob(filepath.Join(mg, "release", "mp_rank_*"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range got {
+						got[i] = filepath.Base(got[i])
+					}
+					if w := []string{"mp_rank_00_000", "mp_rank_00_002", "mp_rank_01_001", "mp_rank_01_003"}; !reflect.DeepEqual(got, w) {
+						t.Fatalf("rank files %v, want %v", got, w)
+					}
+					// One EP rank's file missing: refused, naming it.
+					cp := testkit.CopyTree(t, mg)
+					if err := os.RemoveAll(filepath.Join(cp, "release", "mp_rank_01_003")); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := Index(context.Background(), cp, "", Options{}); err == nil || !strings.Contains(err.Error(), "missing folder mp_rank_01_003") {
+						t.Fatalf("without mp_rank_01_003: %v", err)
+					}
 				}
 				tb2, err := Index(context.Background(), mg, "", Options{})
 				if err != nil {
@@ -218,6 +250,51 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestHFMegatronMoERefused: expert layouts Megatron cannot build are
+// refused before anything is written, naming the option.
+func TestHFMegatronMoERefused(t *testing.T) {
+	tg, err := LookupTarget("megatron")
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(name string) *atomic.Reader {
+		tbl, err := Index(context.Background(), testkit.Fixture("hf_family", name), "", Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	moe, dense := open("mixtral_bf16_sharded"), open("qwen3_fp32")
+	for _, c := range []struct {
+		name string
+		r    *atomic.Reader
+		o    ReshardOptions
+		want string
+	}{
+		{"ep not dividing experts", moe, ReshardOptions{TP: 1, EP: 3, DP: 3}, "--ep 3 does not divide the 4 experts"},
+		{"expert tp not dividing ffn", moe, ReshardOptions{TP: 1, EP: 1, ETP: 5, DP: 5}, "--expert-tp 5 does not divide the 24 expert FFN size"},
+		{"ranks", moe, ReshardOptions{TP: 1, EP: 2, DP: 1}, "does not divide the 1 ranks of a pipeline stage"},
+		{"dense", dense, ReshardOptions{TP: 1, EP: 2, DP: 2}, "has no experts"},
+		{"torch_dist", moe, ReshardOptions{TP: 1, DP: 1, CkptFormat: "torch_dist"}, "writes its weights only"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dst := filepath.Join(t.TempDir(), "mg")
+			c.o.PP, c.o.Zero, c.o.NoSync = 1, -1, true
+			_, err := tg.Reshard(context.Background(), c.r, dst, c.o)
+			if err == nil || !bytes.Contains([]byte(err.Error()), []byte(c.want)) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+			if _, err := os.Stat(dst); !os.IsNotExist(err) {
+				t.Fatalf("%s written (%v)", dst, err)
+			}
+		})
 	}
 }
 
@@ -321,6 +398,79 @@ func TestHFBinBroken(t *testing.T) {
 				t.Fatalf("error %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestHFRouterDType: a MoE folder whose routers are stored in float32
+// beside bfloat16 weights (as DeepSeek-V3 keeps its router and correction
+// bias) converts and exports back with each tensor in its own dtype,
+// bit for bit.
+func TestHFRouterDType(t *testing.T) {
+	dir := testkit.CopyTree(t, testkit.Fixture("hf_family", "qwen3_moe_bf16"))
+	fn := filepath.Join(dir, "model.safetensors")
+	f, err := safetensors.Open(fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type entry struct {
+		DType   string  `json:"dtype"`
+		Shape   []int64 `json:"shape"`
+		Offsets [2]int  `json:"data_offsets"`
+	}
+	header := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
+	var data []byte
+	routers := 0
+	for _, n := range f.Names() {
+		tt, _ := f.Tensor(n)
+		b, err := f.ReadTensor(tt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dt := "BF16"
+		if strings.HasSuffix(n, ".mlp.gate.weight") {
+			// bfloat16 -> float32 is exact: the high half of the float32 bits.
+			wide := make([]byte, 2*len(b))
+			for i := 0; i+1 < len(b); i += 2 {
+				wide[2*i+2], wide[2*i+3] = b[i], b[i+1]
+			}
+			b, dt = wide, "F32"
+			routers++
+		}
+		header[n] = entry{dt, tt.Shape, [2]int{len(data), len(data) + len(b)}}
+		data = append(data, b...)
+	}
+	f.Close()
+	if routers == 0 {
+		t.Fatal("no router in the fixture")
+	}
+	h := must(json.Marshal(header))
+	for len(h)%8 != 0 {
+		h = append(h, ' ')
+	}
+	out := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
+	if err := os.WriteFile(fn, append(append(out, h...), data...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := Index(context.Background(), dir, "", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := filepath.Join(t.TempDir(), "hf")
+	if _, err := hf.Export(context.Background(), r, exp, hf.Options{Arch: hf.ArchAuto, NoSync: true}); err != nil {
+		t.Fatal(err)
+	}
+	want, got := hfFolderTensors(t, dir), hfFolderTensors(t, exp)
+	if len(got) != len(want) {
+		t.Errorf("%d tensors, want %d", len(got), len(want))
+	}
+	for n, w := range want {
+		if g := got[n]; g != w {
+			t.Errorf("%s: dtype, shape or bytes differ (got %.12q, want %.12q)", n, g, w)
+		}
 	}
 }
 

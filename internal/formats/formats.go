@@ -270,6 +270,7 @@ func partlyClaimed(s *deepspeed.Scan, path string) []string {
 // writer rejects what its framework cannot take.
 type ReshardOptions struct {
 	DP, TP, PP, VPP int
+	EP, ETP         int         // Megatron expert parallel and expert tensor parallel sizes (0: 1 and TP)
 	Zero            int         // DeepSpeed ZeRO stage
 	DType           dtype.DType // training dtype (Invalid: the source's)
 	BF16Optimizer   bool        // DeepSpeed BF16_Optimizer
@@ -383,9 +384,9 @@ func Targets() []Target {
 			Name: "deepspeed",
 			Help: "a DeepSpeed " + deepspeed.WriteVersion + " tag folder (ZeRO-1/2/3, BF16_Optimizer) and 'latest' beside it",
 			Reshard: func(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions) (*ReshardStats, error) {
-				if o.PP > 1 || o.VPP > 0 || o.DistOptimizer || o.MegatronOptimizer != "" || o.FirstStageLayers != 0 || o.LastStageLayers != 0 ||
+				if o.PP > 1 || o.VPP > 0 || o.EP > 0 || o.ETP > 0 || o.DistOptimizer || o.MegatronOptimizer != "" || o.FirstStageLayers != 0 || o.LastStageLayers != 0 ||
 					o.CkptFormat != "" || o.MegatronCore != "" || o.DistOptimSharding != "" {
-					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers, --ckpt-format, --megatron-core, --dist-optim-sharding)")
+					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --ep, --expert-tp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers, --ckpt-format, --megatron-core, --dist-optim-sharding)")
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
 					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync, NoLatest: o.NoLatest, Version: o.DSVersion})
@@ -402,7 +403,7 @@ func Targets() []Target {
 				if o.Zero >= 0 || o.BF16Optimizer || o.DType != dtype.Invalid || o.DSVersion != "" {
 					return nil, fmt.Errorf("--to megatron takes no DeepSpeed options (--zero, --bf16-optimizer, --deepspeed-version) and keeps the source's training dtype (--dtype)")
 				}
-				mo := megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP,
+				mo := megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP, EP: o.EP, ETP: o.ETP,
 					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers, Spec: o.MegatronSpec,
 					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync}
 				var st *megatron.ReshardStats

@@ -30,8 +30,8 @@ type FamilySlicer struct {
 }
 
 type roleAt struct {
-	role  string
-	layer int
+	role          string
+	layer, expert int
 }
 
 // NewFamilySlicer resolves r's parameters to the roles of config c.
@@ -50,7 +50,7 @@ func NewFamilySlicer(r *atomic.Reader, c *family.Config) (*FamilySlicer, *family
 	}
 	s := &FamilySlicer{r: r, c: c, views: map[roleAt]family.Tensor{}, list: hf}
 	for _, x := range hf {
-		s.views[roleAt{x.Role, x.Layer}] = x
+		s.views[roleAt{x.Role, x.Layer, x.Expert}] = x
 	}
 	return s, src, nil
 }
@@ -61,7 +61,7 @@ func (s *FamilySlicer) Views() []family.Tensor { return s.list }
 
 // View is a role at a layer (-1: global) as Hugging Face holds it.
 func (s *FamilySlicer) View(role string, layer int) (family.Tensor, bool) {
-	v, ok := s.views[roleAt{role, layer}]
+	v, ok := s.views[roleAt{role, layer, -1}]
 	return v, ok
 }
 
@@ -71,16 +71,22 @@ func (s *FamilySlicer) View(role string, layer int) (family.Tensor, bool) {
 // column-parallel rows, row-parallel columns, vocabulary rows of
 // paddedVocab (zero beyond the source's), replicated roles whole.
 func (s *FamilySlicer) Slice(parts []family.Role, layer, T, t int, stacked bool, paddedVocab int64) (FamilyTensor, error) {
+	return s.SliceExpert(parts, layer, -1, T, t, stacked, paddedVocab)
+}
+
+// SliceExpert is Slice of a routed expert's roles (expert -1: none); an
+// expert's or the shared expert's gate/up fuse at their own FFN size.
+func (s *FamilySlicer) SliceExpert(parts []family.Role, layer, expert, T, t int, stacked bool, paddedVocab int64) (FamilyTensor, error) {
 	r0 := parts[0]
 	view := func(r family.Role) (family.Tensor, error) {
-		v, ok := s.views[roleAt{r.Name, layer}]
+		v, ok := s.views[roleAt{r.Name, layer, expert}]
 		if !ok {
 			return v, fmt.Errorf("no %s", r.Name)
 		}
 		return v, nil
 	}
 	if r0.Fuse != family.NoFuse {
-		spans, err := family.FusedRows(s.c, r0.Fuse, stacked, false, T, t)
+		spans, err := family.FusedRows(s.c.WithFFNOf(r0), r0.Fuse, stacked, false, T, t)
 		if err != nil {
 			return FamilyTensor{}, err
 		}

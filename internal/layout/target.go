@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 )
@@ -17,6 +18,17 @@ type Model struct {
 	Heads        int64 // num_attention_heads
 	QueryGroups  int64 // num_query_groups with GQA, else Heads
 	VocabDivisor int64 // make_vocab_size_divisible_by
+	// Family is the cut of each parameter the model family's table gives
+	// (family.Source.TPRules), for a checkpoint whose manifest records a
+	// family but whose source recorded no TP layout (Hugging Face,
+	// torchtitan): a parameter without tp_layout is cut by its role.
+	// A pointer, so that Models stay comparable.
+	Family *FamilyCuts `json:"-"`
+}
+
+// FamilyCuts are the cuts of the parameters of a model family's roles.
+type FamilyCuts struct {
+	Params map[string]Meta
 }
 
 // ReadModel reads the target geometry of an atomic checkpoint.
@@ -24,7 +36,8 @@ func ReadModel(r *atomic.Reader) (Model, error) {
 	var m Model
 	// Megatron-LM's torch and torch_dist formats both keep args there.
 	if f := r.Manifest.Source.Format; (f != "megatron" && f != "torch_dist") || !r.HasFile(atomic.ExtraState) {
-		return argsModel(r.Manifest.Source.Args), nil
+		m = argsModel(r.Manifest.Source.Args)
+		return m, m.familyRules(r)
 	}
 	v, err := r.Load(atomic.ExtraState)
 	if err != nil {
@@ -41,6 +54,53 @@ func ReadModel(r *atomic.Reader) (Model, error) {
 		return m, err
 	}
 	return MegatronModel(Args{Path: path, NS: ns})
+}
+
+// familyRules fills m.Family from the manifest's model family, when it
+// records one and the parameters resolve to its roles: each unfused role's parameter gets its role's cut (column:
+// dim 0, row: dim 1, vocabulary: dim 0 padded, replicated: whole), and the
+// heads and query groups a cut must respect.
+func (m *Model) familyRules(r *atomic.Reader) error {
+	c := r.Manifest.Source.Model
+	if c == nil {
+		return nil
+	}
+	var ps []family.Param
+	for _, e := range r.Manifest.Params {
+		ps = append(ps, family.Param{Name: e.Name, Shape: e.Shape})
+	}
+	src, err := family.Resolve(c, ps, r.Manifest.Source.Format)
+	if err != nil {
+		// Not the family's parameters after all (a manifest edited by
+		// hand?): no rule applies, and a parameter without a recorded
+		// cut is refused at tp > 1 as before.
+		return nil
+	}
+	if m.Heads == 0 {
+		m.Heads, m.QueryGroups = c.Heads, c.QueryGroups
+	}
+	m.Family = &FamilyCuts{Params: map[string]Meta{}}
+	for n, tp := range src.TPRules() {
+		meta := Meta{CatDim: -1}
+		switch tp {
+		case family.Column:
+			meta.CatDim = 0
+		case family.Row:
+			meta.CatDim = 1
+		case family.Vocab:
+			meta.CatDim, meta.Vocab = 0, true
+		}
+		m.Family.Params[n] = meta
+	}
+	return nil
+}
+
+func (m Model) familyCut(name string) (Meta, bool) {
+	if m.Family == nil {
+		return Meta{}, false
+	}
+	c, ok := m.Family.Params[name]
+	return c, ok
 }
 
 // argsModel is the geometry in the scalar args the manifest carries
@@ -103,6 +163,13 @@ func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int6
 	if T < 1 || t < 0 || t >= T {
 		return fragment.Shard{}, fmt.Errorf("%s: tensor-parallel rank %d of %d", p.Name, t, T)
 	}
+	if fm, ok := m.familyCut(p.Name); ok && p.TPLayout == "" {
+		// The source recorded no cut: the role's rule gives it.
+		meta = fm
+		fp := *p
+		fp.TPLayout = atomic.TPFromFamily
+		p = &fp
+	}
 	var local int64
 	if meta.Vocab && len(p.Shape) > 0 {
 		pv, err := m.PaddedVocab(p.Name, p.Shape[0], T, paddedVocab)
@@ -111,7 +178,7 @@ func (m Model) Slice(p *atomic.ParamEntry, meta Meta, T, t int, paddedVocab int6
 		}
 		local = pv / int64(T)
 	}
-	if m.Megatron && T > 1 {
+	if (m.Megatron || m.Family != nil) && T > 1 {
 		// megatron.core divides the heads and the query groups by TP for every layer.
 		for _, c := range []struct {
 			what string

@@ -2,6 +2,7 @@ package layout_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -122,4 +123,58 @@ func readMeta(t *testing.T, r *atomic.Reader, p *atomic.ParamEntry) layout.Meta 
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestSliceFamilyRules: a Hugging Face source records no TP layout, but
+// its manifest records the model family; at tp 2 the loader's Slice cuts
+// each parameter by its role's rule (internal/family): q/k/v and
+// gate/up on dim 0, o/down on dim 1, the embedding and lm_head as a
+// padded vocabulary, norms (and qwen3's q/k norms) whole; a tp that does
+// not divide the query groups is refused.
+func TestSliceFamilyRules(t *testing.T) {
+	for _, name := range []string{"qwen3_fp32", "llama31_untied_fp32"} {
+		t.Run(name, func(t *testing.T) {
+			r := convertFixture(t, func() (*fragment.Table, error) {
+				return dcp.IndexHF(context.Background(), testkit.Fixture("hf_family", name), dcp.Options{})
+			})
+			model, err := layout.ReadModel(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := r.Manifest.Source.Model
+			cut := map[string]int{}
+			for i := range r.Manifest.Params {
+				p := &r.Manifest.Params[i]
+				if p.TPLayout != "" {
+					t.Fatalf("%s: tp_layout %q; the test wants a source that records none", p.Name, p.TPLayout)
+				}
+				sh, err := model.Slice(p, readMeta(t, r, p), 2, 1, 0)
+				if err != nil {
+					t.Fatalf("%s: %v", p.Name, err)
+				}
+				want := append([]int64(nil), p.Shape...)
+				dim := -1
+				switch n := p.Name; {
+				case strings.HasSuffix(n, "norm.weight"):
+				case strings.Contains(n, "embed_tokens") || strings.HasPrefix(n, "lm_head"):
+					want[0], dim = (p.Shape[0]+1)/2, 0
+				case strings.Contains(n, "o_proj") || strings.Contains(n, "down_proj"):
+					want[1], dim = p.Shape[1]/2, 1
+				default:
+					want[0], dim = p.Shape[0]/2, 0
+				}
+				if !torchfile.SameShape(sh.Shape, want) {
+					t.Errorf("%s %v at tp 2: shard %v, want %v", p.Name, p.Shape, sh.Shape, want)
+				}
+				cut[fmt.Sprint(dim)]++
+			}
+			if cut["0"] == 0 || cut["1"] == 0 || cut["-1"] == 0 {
+				t.Errorf("cuts %v: want some of each", cut)
+			}
+			p, _ := r.Param("model.layers.0.self_attn.k_proj.weight")
+			if _, err := model.Slice(p, readMeta(t, r, p), int(c.QueryGroups)*2, 0, 0); err == nil || !strings.Contains(err.Error(), "does not divide") {
+				t.Errorf("tp %d with %d query groups: %v", c.QueryGroups*2, c.QueryGroups, err)
+			}
+		})
+	}
 }

@@ -16,6 +16,16 @@ testdata/gen/megatron_dist_fixtures.py (its CPU shims for megatron-core). Phases
                   or mismatched keys; logits equal Megatron's (fp32, max |diff| <= 1e-4, same argmax).
   hfsave CASE     real transformers writes its own random model (save_pretrained) and its logits.
   hfback CASE     that folder after ucp convert --from hf + ucp export --to hf: the same logits.
+  import CASE DIR TP EP ETP DP [SAVE]
+                  the other way: that folder after ucp convert --from hf + ucp reshard --to megatron at TP x EP x
+                  expert-TP with DP data-parallel ranks (legacy torch format, local spec) in out/CASE/DIR; real
+                  megatron-core builds the model at those degrees in TP x DP processes (gloo), each rank opens
+                  the file Megatron's own get_checkpoint_name names for it, checks the model arguments ucp wrote
+                  against Megatron's parse_args of the same command line, loads it with a strict
+                  load_state_dict and computes the logits: equal to transformers' (fp32, <= 1e-4, same argmax).
+                  With SAVE, Megatron's own save_checkpoint then writes that model as a legacy torch checkpoint
+                  in out/CASE/SAVE (weights only, no rng): a real Megatron checkpoint at those degrees.
+  samehf CASE DIR the safetensors in out/CASE/DIR hold exactly hf_src's tensors (names, dtypes, bytes).
 """
 import json
 import os
@@ -236,7 +246,115 @@ def hfback(case, out):
     sys.exit(0 if ok else 1)
 
 
+# Model arguments ucp's args must give as Megatron parses them.
+MODEL_ARGS = ["num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "num_experts",
+              "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax", "moe_shared_expert_intermediate_size",
+              "moe_shared_expert_gate", "qk_layernorm", "add_qkv_bias", "add_bias_linear", "swiglu", "normalization",
+              "untie_embeddings_and_output_weights", "tensor_model_parallel_size", "expert_model_parallel_size",
+              "expert_tensor_parallel_size", "position_embedding_type"]
+
+
+def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
+    sys.path.insert(0, "src")
+    sys.path.insert(0, ".")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo",
+                      RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), CUDA_DEVICE_MAX_CONNECTIONS="1")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    import megatron_dist_fixtures as mdf
+    mdf.install_shims()
+    import megatron.core.tensor_parallel.random as mrandom
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    import megatron.training.arguments as marguments
+    from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
+    from megatron.training.checkpointing import get_checkpoint_name
+    marguments.get_device_arch_version = lambda: 9  # no GPU to ask: only picks which TP performance note applies
+    ps.initialize_model_parallel(tp, 1, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+    model_parallel_cuda_manual_seed(1234)
+    extra, _ = CASES[case]
+    deg = ["--tensor-model-parallel-size", str(tp), "--expert-model-parallel-size", str(ep),
+           "--expert-tensor-parallel-size", str(etp)]
+    # No --sequence-parallel: the local spec's torch norms refuse it, and MoELayer asks for it only in
+    # training (moe_layer.py forward); evaluation computes the same logits without it.
+    sys.argv = ["pretrain_gpt.py"] + COMMON + extra + deg
+    args = parse_args()
+    args.rank, args.world_size = rank, world
+    validate_args(args, {})
+    # The file each rank loads, named by Megatron (tensor, expert ranks).
+    path = get_checkpoint_name(mg, 0, release=True)
+    sd = torch.load(path, weights_only=False)
+    wa = sd["args"]
+    bad = {k: (getattr(wa, k, "absent"), getattr(args, k)) for k in MODEL_ARGS if getattr(wa, k, "absent") != getattr(args, k)}
+    if bad:
+        sys.exit(f"{path}: args ucp wrote differ from Megatron's parse (written, parsed): {bad}")
+    args.padded_vocab_size = wa.padded_vocab_size
+    cfg = core_transformer_config_from_args(args)
+    spec = get_gpt_layer_local_spec(args.num_experts, False, args.qk_layernorm, normalization=args.normalization)
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=wa.padded_vocab_size, max_sequence_length=SEQ,
+                     pre_process=True, post_process=True, share_embeddings_and_output_weights=False,
+                     position_embedding_type="rope", rotary_percent=1.0, rotary_base=args.rotary_base)
+    model.load_state_dict(sd["model"], strict=True)
+    model.eval()
+    ids = torch.load(os.path.join("out", case, "hf_src.pt"))["ids"]
+    pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, -1)
+    with torch.no_grad():
+        out = model(ids, pos, None).float()  # [b, s, V/TP]
+    g = ps.get_tensor_model_parallel_group()
+    parts = [torch.empty_like(out) for _ in range(tp)]
+    torch.distributed.all_gather(parts, out.contiguous(), group=g)
+    if rank == 0:
+        torch.save(torch.cat(parts, dim=-1)[..., :VOCAB], os.path.join(mg, "logits.pt"))
+        print(f"  rank files loaded (strict): {sorted(os.listdir(os.path.join(mg, 'release')))}", flush=True)
+    if save:
+        # Megatron's own save_checkpoint writes the loaded model in the legacy torch format (the
+        # files of its ranks at these degrees): a real Megatron checkpoint for ucp to read back.
+        from megatron.training.global_vars import set_args
+        from megatron.training.checkpointing import save_checkpoint
+        args.save, args.ckpt_format, args.use_dist_ckpt, args.async_save = save, "torch", False, False
+        args.no_save_optim, args.no_save_rng = True, True
+        set_args(args)
+        save_checkpoint(1, [model], None, None, 0)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def import_(case, out):
+    d, tp, ep, etp, dp = sys.argv[3], *map(int, sys.argv[4:8])
+    mg = os.path.join(out, d)
+    save = os.path.abspath(os.path.join(out, sys.argv[8])) if len(sys.argv) > 8 else None
+    import torch.multiprocessing as mp
+    port = 29600 + os.getpid() % 300
+    mp.spawn(import_worker, args=(tp * dp, case, mg, tp, ep, etp, port, save), nprocs=tp * dp, join=True)
+    want = torch.load(os.path.join(out, "hf_src.pt"))["logits"]
+    ok = compare(f"{case}: transformers save_pretrained -> ucp convert --from hf -> ucp reshard --to megatron "
+                 f"--tp {tp} --ep {ep} --expert-tp {etp} --dp {dp} -> megatron-core ({tp * dp} ranks)",
+                 torch.load(os.path.join(mg, "logits.pt")), want)
+    sys.exit(0 if ok else 1)
+
+
+def samehf(case, out):
+    from safetensors.torch import load_file
+    def tensors(d):
+        got = {}
+        for f in sorted(os.listdir(d)):
+            if f.endswith(".safetensors"):
+                got.update(load_file(os.path.join(d, f)))
+        return got
+    want, got = tensors(os.path.join(out, "hf_src")), tensors(os.path.join(out, sys.argv[3]))
+    bad = sorted(set(want) ^ set(got)) + [n for n in want if n in got and (want[n].dtype != got[n].dtype or not torch.equal(want[n], got[n]))]
+    ok = not bad
+    print(f"{'ok  ' if ok else 'FAIL'} {case}: {sys.argv[3]} holds transformers' {len(want)} tensors bit for bit"
+          + ("" if ok else f"; differ: {bad[:5]}"), flush=True)
+    sys.exit(0 if ok else 1)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     phase, case = sys.argv[1], sys.argv[2]
-    {"megatron": megatron, "export": export, "hfsave": hfsave, "hfback": hfback}[phase](case, os.path.join("out", case))
+    {"megatron": megatron, "export": export, "hfsave": hfsave, "hfback": hfback,
+     "import": import_, "samehf": samehf}[phase](case, os.path.join("out", case))

@@ -218,3 +218,32 @@ func FuzzMetadata(f *testing.F) {
 		}
 	})
 }
+
+// TestMetadataBudget: a .metadata is decoded within the budget of the
+// checkpoint it describes (it and the .distcp files beside it), not of
+// its own size: 3 MB of dense pickle is past the 256 MiB floor alone,
+// and within the budget of a checkpoint of 300 MB of data.
+func TestMetadataBudget(t *testing.T) {
+	dir := t.TempDir()
+	md := filepath.Join(dir, MetadataFile)
+	if err := os.WriteFile(md, []byte("\x80\x02"+strings.Repeat("N0", 1_500_000)+"N."), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadMetadata(md); err == nil || !strings.HasPrefix(err.Error(), md+": ") ||
+		!strings.Contains(err.Error(), "more than its memory budget of 256 MiB") {
+		t.Fatalf("alone: %v", err)
+	}
+	// A sparse 300 MB data file: the budget grows to 16 times the checkpoint.
+	f, err := os.Create(filepath.Join(dir, "__0_0.distcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(300 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := ReadMetadata(md); err == nil || strings.Contains(err.Error(), "budget") ||
+		!strings.Contains(err.Error(), "not a torch.distributed.checkpoint Metadata") {
+		t.Fatalf("beside 300 MB of data: %v", err)
+	}
+}

@@ -35,11 +35,6 @@ type ReshardOptions struct {
 	// Version is the DeepSpeed release the target runs ("0.19.5"), written
 	// as ds_version; "" takes the source's ds_version.
 	Version string
-	// Like is a DeepSpeed checkpoint (save folder or tag folder) whose
-	// module layout, parameter order and param groups the target takes
-	// (reshard_family.go); "" takes them from the source, or for a source
-	// not converted from DeepSpeed from its model family.
-	Like string
 }
 
 // ReshardStats tell what was written.
@@ -137,7 +132,7 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	m := r.Manifest
 	src := m.Source
 	fromDS := src.Format == "deepspeed" || src.Format == "deepspeed-zero3"
-	if fromDS && o.Like == "" && src.Degrees.PP > 1 {
+	if fromDS && src.Degrees.PP > 1 {
 		return nil, fmt.Errorf("%s: converted from a pipeline-parallel checkpoint (PP %d); writing DeepSpeed pipeline layer files is not supported", r.Dir, src.Degrees.PP)
 	}
 	switch o.Zero {
@@ -169,9 +164,9 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	if p.dt != dtype.Float32 && p.dt != dtype.BFloat16 && p.dt != dtype.Float16 {
 		return nil, fmt.Errorf("training dtype %v: DeepSpeed trains in float32, bfloat16 or float16", p.dt)
 	}
-	if !fromDS || o.Like != "" {
+	if !fromDS {
 		// Another framework's module layout: the target's names and
-		// order from the model family or a --like checkpoint.
+		// order from the model family.
 		return p, p.planFamily()
 	}
 	if o.BF16Optimizer && (p.dt != dtype.BFloat16 || o.Zero != 1) {

@@ -65,18 +65,16 @@ func (p *plan) sharedParams(d *pyobj.Dict) {
 }
 
 // planFamily plans a target whose module layout ucp did not read from a
-// DeepSpeed checkpoint: the source's model family gives the tensors, and
+// DeepSpeed checkpoint (taking it from another one, the issue's --like,
+// is not written yet): the source's model family gives the tensors, and
 // the names, order and param groups come from the family's Hugging Face
 // module (Hugging Face, DCP sources) or Megatron-DeepSpeed's GPTModel
 // (Megatron-LM sources).
 func (p *plan) planFamily() error {
 	r := p.r
-	if p.o.Like != "" {
-		return fmt.Errorf("--like is not supported yet")
-	}
 	c, err := r.Model()
 	if err != nil {
-		return fmt.Errorf("--to deepspeed from a %s source needs the target's module layout and parameter order: from the source's model family (%v; convert records it from Megatron or Megatron-DeepSpeed args and Hugging Face config.json) or from a DeepSpeed checkpoint of the same model given with --like", r.Manifest.Source.Format, err)
+		return fmt.Errorf("--to deepspeed from a %s source needs the target's module layout and parameter order: from the source's model family (%v; convert records it from Megatron or Megatron-DeepSpeed args and Hugging Face config.json) taking it from another DeepSpeed checkpoint of the model (--like) is not supported yet", r.Manifest.Source.Format, err)
 	}
 	if c.Experts > 0 {
 		return fmt.Errorf("%s: a mixture-of-experts model (%s): --to deepspeed from it is not written yet", r.Dir, c.Family)
@@ -176,7 +174,7 @@ func (p *plan) planFamily() error {
 	if carry {
 		what = "with the source's fp32 main parameters, Adam moments, step and param groups"
 	}
-	p.notes = append(p.notes, fmt.Sprintf("the module layout and parameter order are the %s family's %s module (ucp's choice for a %s source; --like takes another checkpoint's); written %s",
+	p.notes = append(p.notes, fmt.Sprintf("the module layout and parameter order are the %s family's %s module (ucp's choice for a %s source); written %s",
 		c.Family, naming, r.Manifest.Source.Format, what))
 	if p.o.Zero <= 2 {
 		return p.checkZero12()

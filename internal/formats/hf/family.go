@@ -31,13 +31,13 @@ const ConfigCopy = "hf_config.json"
 // model. The error names --arch and the families.
 func ModelConfig(r *atomic.Reader, arch string) (*family.Config, error) {
 	how := fmt.Sprintf("name one with --arch (%s) or keep the source names with --arch none", strings.Join(family.Names(), ", "))
-	if src := r.Manifest.Source; src.Model == nil && src.Args == nil {
-		if arch != ArchAuto && arch != ArchNone {
-			// --arch names the family; the geometry (heads, groups, RoPE
-			// ...) must still come from the checkpoint.
-			how = fmt.Sprintf("--arch %s names the family, but its config (heads, query groups, RoPE, norms) must come with the checkpoint", arch)
-		}
-		how += "; a checkpoint that records none (torchtitan DCP) takes a transformers config.json at convert: ucp convert --model-config config.json (or keep the source names with --arch none)"
+	if arch != ArchAuto {
+		// --arch names the family only; the geometry (heads, groups,
+		// RoPE ...) must still come from the checkpoint.
+		how = fmt.Sprintf("--arch %s names the family only: its config (heads, query groups, RoPE, norms) comes from the checkpoint's training arguments; --arch none keeps the source names", arch)
+	}
+	if src := r.Manifest.Source; src.Model == nil && src.Args == nil || arch != ArchAuto {
+		how += "; a checkpoint that records no usable config (torchtitan DCP, args without the model's geometry) takes a transformers config.json of the model at convert: ucp convert --model-config config.json"
 	}
 	c, err := r.Model()
 	if err != nil {

@@ -34,6 +34,7 @@ type rankDir struct {
 	tp      int
 	pp      int
 	ep      int
+	etp     int // the expert tensor-parallel rank of its experts (tp when ETP = TP)
 }
 
 // resolveIter finds the iteration folder: path itself when it holds
@@ -173,14 +174,26 @@ func listRankDirs(dir string) ([]*rankDir, error) {
 // assignRanks splits each folder name into tp, pp and ep ranks with the
 // degrees from args: _PPP is present iff PP > 1 and _EEE iff EP > 1, so
 // mp_rank_00_001 is ambiguous without them. It checks that the folders
-// form the full TP x PP x EP grid.
-func assignRanks(dir string, dirs []*rankDir, T, P, E int) error {
+// form the full TP x PP x EP grid; with expert TP U != TP, the (TP, EP)
+// files some rank of TP x D saves (expertFiles), each holding its experts
+// at that rank's expert-TP rank.
+func assignRanks(dir string, dirs []*rankDir, T, P, E, U, D int) error {
 	want := 1
 	if P > 1 {
 		want++
 	}
 	if E > 1 {
 		want++
+	}
+	etp := map[[2]int]int{}
+	if U != T {
+		fs, err := expertFiles(T, D, E, U)
+		if err != nil {
+			return fmt.Errorf("%s: args: %w", dir, err)
+		}
+		for _, f := range fs {
+			etp[[2]int{f.t, f.e}] = f.u
+		}
 	}
 	seen := map[[3]int]string{}
 	for _, rd := range dirs {
@@ -200,6 +213,14 @@ func assignRanks(dir string, dirs []*rankDir, T, P, E int) error {
 		if rd.tp >= T || rd.pp >= P || rd.ep >= E {
 			return fmt.Errorf("%s: folder %s is outside tensor parallel %d x pipeline parallel %d x expert parallel %d (args)", dir, rd.name, T, P, E)
 		}
+		rd.etp = rd.tp
+		if U != T {
+			u, ok := etp[[2]int{rd.tp, rd.ep}]
+			if !ok {
+				return fmt.Errorf("%s: folder %s: no rank of tensor parallel %d x data parallel %d loads TP rank %d with EP rank %d (expert tensor parallel %d, args)", dir, rd.name, T, D, rd.tp, rd.ep, U)
+			}
+			rd.etp = u
+		}
 		k := [3]int{rd.tp, rd.pp, rd.ep}
 		if prev, dup := seen[k]; dup {
 			return fmt.Errorf("%s: folders %s and %s are the same rank", dir, prev, rd.name)
@@ -209,6 +230,9 @@ func assignRanks(dir string, dirs []*rankDir, T, P, E int) error {
 	for p := 0; p < P; p++ {
 		for e := 0; e < E; e++ {
 			for t := 0; t < T; t++ {
+				if _, ok := etp[[2]int{t, e}]; U != T && !ok {
+					continue // no rank saves this pair
+				}
 				if _, ok := seen[[3]int{t, p, e}]; !ok {
 					return fmt.Errorf("%s: missing folder %s (tensor parallel %d x pipeline parallel %d x expert parallel %d)",
 						dir, rankDirName(t, p, e, P, E), T, P, E)

@@ -65,7 +65,11 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 		}
 	}
 	if a.NumExperts > 0 && a.ETP != a.TP {
-		return nil, fmt.Errorf("%s: expert_tensor_parallel_size %d differs from tensor_model_parallel_size %d, which ucp does not read yet", a.path, a.ETP, a.TP)
+		for _, f := range files {
+			if f.rd.distrib != "" {
+				return nil, fmt.Errorf("%s: expert_tensor_parallel_size %d differs from tensor_model_parallel_size %d with the distributed optimizer (%s), which ucp does not read yet", a.path, a.ETP, a.TP, f.rd.distrib)
+			}
+		}
 	}
 	if a.NumExperts > 0 && a.MoEExtendedTP {
 		// core 0.8-0.9 --moe-extended-tp: every rank holds all experts, their
@@ -75,7 +79,7 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if a.NumExperts > 0 && a.NumExperts%a.EP != 0 {
 		return nil, fmt.Errorf("%s: %d experts do not split over expert parallel %d", a.path, a.NumExperts, a.EP)
 	}
-	if err := assignRanks(dir, dirs, a.TP, a.PP, a.EP); err != nil {
+	if err := assignRanks(dir, dirs, a.TP, a.PP, a.EP, a.ETP, max(a.DP, 1)); err != nil {
 		return nil, err
 	}
 	b := &builder{a: a, files: files, opt: opt,
@@ -289,9 +293,14 @@ func (b *builder) build() error {
 	return nil
 }
 
-// tpRank is the tensor-parallel shard a file holds (ETP = TP is required
-// for experts).
-func tpRank(s source) int { return s.f.rd.tp }
+// tpRank is the tensor-parallel shard a file holds of a parameter: its
+// expert-TP rank for routed experts.
+func tpRank(s source, expert bool) int {
+	if expert {
+		return s.f.rd.etp
+	}
+	return s.f.rd.tp
+}
 
 // param builds one atomic parameter from all its copies.
 func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
@@ -306,6 +315,13 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	buffer := first.lp.buffer
 	T := a.TP
 	k := splitKind(first.lp.local, a.SwiGLU)
+	expert := isExpert(name) && a.ETP != a.TP
+	if expert {
+		if k == kindGrouped1 || k == kindGrouped2 {
+			return nil, fmt.Errorf("%s: %s: GroupedMLP with expert_tensor_parallel_size %d different from tensor_model_parallel_size %d, which ucp does not read yet", first.f.rd.model, first.lp.local, a.ETP, a.TP)
+		}
+		T = a.ETP // routed experts are cut over the expert-TP ranks
+	}
 	if buffer {
 		k = kindRep
 	}
@@ -330,9 +346,9 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 		r := 0
 		switch {
 		case pl.byEP:
-			r = s.f.rd.ep*T + tpRank(s)
+			r = s.f.rd.ep*T + tpRank(s, expert)
 		case len(byRank) > 1:
-			r = tpRank(s)
+			r = tpRank(s, expert)
 		}
 		byRank[r] = append(byRank[r], s)
 	}
@@ -374,9 +390,10 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 func (b *builder) placeState(p *fragment.Param, sn string, byRank [][]source, shards []fragment.Shard, buffer bool, rankName func(int) string) error {
 	name := p.Name
 	st := p.AddState(sn)
-	replica := 0
 	for r, ss := range byRank {
-		placed := false
+		// Replica k is the k-th copy of every shard (a whole copy: TP x EP
+		// files hold each dense shard once per EP rank).
+		placed, replica := false, 0
 		for _, s := range ss {
 			ref := srcRef{ref: fragment.Ref(s.f.rd.model, s.lp.t, 0)}
 			if !buffer {

@@ -37,20 +37,48 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if o.Spec != "" && o.Spec != "te" && o.Spec != "local" {
 		return nil, fmt.Errorf("--megatron-spec %q: te or local", o.Spec)
 	}
-	T := o.TP
-	for _, x := range []struct {
+	T, EP, ETP := o.TP, max(o.EP, 1), o.ETP
+	if ETP == 0 {
+		ETP = T
+	}
+	type divides struct {
 		what string
 		n    int64
-	}{{"attention heads", c.Heads}, {"query groups", c.QueryGroups}, {"FFN size", c.FFN}} {
-		if x.n%int64(T) != 0 {
-			return nil, fmt.Errorf("--tp %d does not divide the %d %s of the model", T, x.n, x.what)
+		by   int
+		flag string
+	}
+	checks := []divides{{"attention heads", c.Heads, T, "--tp"}, {"query groups", c.QueryGroups, T, "--tp"}}
+	switch {
+	case c.Experts > 0:
+		// Every layer is MoE: no dense MLP is built, ffn_hidden_size unused.
+		checks = append(checks, divides{"experts", c.Experts, EP, "--ep"}, divides{"expert FFN size", c.MoEFFN, ETP, "--expert-tp"})
+		if c.SharedFFN > 0 {
+			checks = append(checks, divides{"shared expert FFN size", c.SharedFFN, T, "--tp"})
+		}
+	case EP > 1 || o.ETP > 0 && o.ETP != T:
+		return nil, fmt.Errorf("%s: --ep %d, --expert-tp %d: the %s model has no experts", r.Dir, EP, o.ETP, c.Family)
+	default:
+		checks = append(checks, divides{"FFN size", c.FFN, T, "--tp"})
+	}
+	for _, x := range checks {
+		if x.n%int64(x.by) != 0 {
+			return nil, fmt.Errorf("%s %d does not divide the %d %s of the model", x.flag, x.by, x.n, x.what)
 		}
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, release: true,
-		virt: map[string][]virtTensor{}, layers: int(c.Layers), untie: !c.Tied, te: o.Spec != "local"}
+		virt: map[string][]virtTensor{}, layers: int(c.Layers), untie: !c.Tied, te: o.Spec != "local",
+		ep: EP, etp: ETP, experts: int(c.Experts)}
 	carry, err := carriesOptimizer(r)
 	if err != nil {
 		return nil, err
+	}
+	if c.Experts > 0 {
+		if carry {
+			return nil, fmt.Errorf("%s: a mixture-of-experts %s source with optimizer state: --to megatron writes the optimizer of a model without experts only (Megatron keeps the experts' in a separate, chained optimizer)", r.Dir, r.Manifest.Source.Format)
+		}
+		if p.files, err = expertFiles(T, o.DP, EP, ETP); err != nil {
+			return nil, err
+		}
 	}
 	if !carry && (o.DistOptimizer || o.Optimizer != "") {
 		return nil, fmt.Errorf("%s: converted from a %s checkpoint without optimizer state: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need Adam states", r.Dir, r.Manifest.Source.Format)
@@ -97,15 +125,19 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		p.chunks[s] = make([][]rsParam, V)
 	}
 	done := map[string]bool{}
-	add := func(r0 family.Role, layer int) error {
-		name := r0.NameIn(naming, layer, -1)
+	add := func(r0 family.Role, layer, expert int) error {
+		name := r0.NameIn(naming, layer, expert)
 		if done[name] {
 			return nil // the other parts of a fused tensor
 		}
 		done[name] = true
-		ts := make([]virtTensor, T)
-		for t := 0; t < T; t++ {
-			ft, err := slicer.Slice(fam.Parts(c, r0), layer, T, t, false, p.vocab)
+		n := T // routed experts are cut at the expert TP size
+		if r0.Scope == family.Expert {
+			n = ETP
+		}
+		ts := make([]virtTensor, n)
+		for t := range ts {
+			ft, err := slicer.SliceExpert(fam.Parts(c, r0), layer, expert, n, t, false, p.vocab)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", r.Dir, name, err)
 			}
@@ -126,25 +158,35 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		case r0.Name != "embed":
 			s, v = P-1, V-1
 		}
-		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: key})
+		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: key, routed: expert >= 0, expert: expert})
 		return nil
 	}
 	// megatron-core's module order: embedding; per layer the norms and
-	// linears as TransformerLayer registers them; final norm, output layer.
-	order := []string{"embed", "attn_norm", "o_proj", "o_bias", "q_proj", "q_bias", "q_norm", "k_norm", "mlp_norm", "gate_proj", "gate_bias", "down_proj", "down_bias"}
+	// linears as TransformerLayer registers them (a MoE layer's MLP:
+	// router, experts, shared experts, moe_layer.py MoELayer); final norm,
+	// output layer. SequentialMLP holds each expert's fc1 and fc2
+	// together, TEGroupedMLP every fc1 then every fc2.
+	order := []string{"attn_norm", "o_proj", "o_bias", "q_proj", "q_bias", "q_norm", "k_norm", "mlp_norm", "gate_proj", "gate_bias", "down_proj", "down_bias",
+		"router", "experts", "shared_gate", "shared_down", "shared_expert_gate"}
 	present := map[string]family.Role{}
 	for _, x := range fam.Present(c) {
 		present[x.Name] = x
 	}
 	if x, ok := present["embed"]; ok {
-		if err := add(x, -1); err != nil {
+		if err := add(x, -1, -1); err != nil {
 			return nil, err
 		}
 	}
 	for l := 0; l < p.layers; l++ {
-		for _, n := range order[1:] {
+		for _, n := range order {
+			if n == "experts" {
+				if err := p.addExperts(present, l, int(c.Experts), add); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			if x, ok := present[n]; ok {
-				if err := add(x, l); err != nil {
+				if err := add(x, l, -1); err != nil {
 					return nil, err
 				}
 			}
@@ -152,7 +194,7 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	for _, n := range []string{"final_norm", "lm_head"} {
 		if x, ok := present[n]; ok {
-			if err := add(x, -1); err != nil {
+			if err := add(x, -1, -1); err != nil {
 				return nil, err
 			}
 		}
@@ -173,6 +215,34 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		}
 	}
 	return p, nil
+}
+
+// addExperts adds a layer's routed experts in the order the layer spec
+// registers them.
+func (p *rsPlan) addExperts(present map[string]family.Role, l, n int, add func(family.Role, int, int) error) error {
+	gate, ok := present["expert_gate"]
+	if !ok {
+		return nil
+	}
+	down := present["expert_down"]
+	if p.te {
+		for _, r := range []family.Role{gate, down} {
+			for e := 0; e < n; e++ {
+				if err := add(r, l, e); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for e := 0; e < n; e++ {
+		for _, r := range []family.Role{gate, down} {
+			if err := add(r, l, e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // familyArgs is the args Namespace of a Megatron-LM run of the family

@@ -24,6 +24,10 @@ import (
 // ReshardOptions say which Megatron-LM run the written checkpoint is for.
 type ReshardOptions struct {
 	TP, PP, VPP, DP int
+	// EP and ETP are Megatron's --expert-model-parallel-size and
+	// --expert-tensor-parallel-size of a mixture-of-experts target (0: 1
+	// and TP).
+	EP, ETP int
 	// DistOptimizer writes Megatron's distributed optimizer: param groups
 	// in model_optim_rng.pt, states in distrib_optim.pt (F3, core >= 0.13).
 	DistOptimizer bool
@@ -53,7 +57,17 @@ type ReshardStats struct {
 type rsParam struct {
 	local string // key in the written state dict (stage-local layer number)
 	src   string // atomic parameter whose shard it holds
+	// routed: a routed expert's tensor, global expert number expert; only
+	// the EP rank holding it writes it, under its local number, cut at
+	// the expert TP rank.
+	routed bool
+	expert int
 }
+
+// outFile is one model_optim_rng.pt of a pipeline stage: the dense
+// parameters of TP rank t, the routed experts of EP rank e cut at expert
+// TP rank u.
+type outFile struct{ t, e, u int }
 
 // rsPlan is everything Reshard decided before writing (RESHARD.md).
 type rsPlan struct {
@@ -82,6 +96,11 @@ type rsPlan struct {
 	modelCP int64
 	style   stepStyle
 	split   [][][2]int // [stage][chunk] first global layer, layers
+	// ep, etp: expert parallel and expert tensor parallel sizes (1 and TP
+	// without experts); files the rank files of every stage.
+	ep, etp int
+	experts int
+	files   []outFile
 }
 
 // Reshard writes the atomic checkpoint r (converted from a Megatron-LM
@@ -141,13 +160,19 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	case o.VPP > 0 && o.PP < 2:
 		return nil, fmt.Errorf("--vpp %d needs --pp 2 or more (Megatron interleaves chunks over pipeline stages)", o.VPP)
 	}
+	if o.EP < 0 || o.ETP < 0 {
+		return nil, fmt.Errorf("--ep %d, --expert-tp %d: give 1 or more", o.EP, o.ETP)
+	}
 	if m.Source.Format != "megatron" && m.Source.Format != DistFormat {
 		return planFamily(r, o) // weights of a known model family
+	}
+	if o.EP > 1 || o.ETP > 0 && o.ETP != o.TP {
+		return nil, fmt.Errorf("--ep %d, --expert-tp %d: a Megatron-LM source is written at its own expert layout only when it has experts, which --to megatron does not write yet", o.EP, o.ETP)
 	}
 	if o.Spec != "" {
 		return nil, fmt.Errorf("--megatron-spec is for sources not converted from Megatron-LM; this one keeps its own (args.transformer_impl)")
 	}
-	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}}
+	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, ep: 1, etp: o.TP}
 	if err := p.loadExtra(); err != nil {
 		return nil, err
 	}
@@ -405,19 +430,22 @@ func (p *rsPlan) place() error {
 // write writes every mp_rank folder into dir.
 func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error {
 	for s := 0; s < p.o.PP; s++ {
-		for t := 0; t < p.o.TP; t++ {
+		for _, f := range p.rankFiles() {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			name := fmt.Sprintf("mp_rank_%02d", t)
+			name := fmt.Sprintf("mp_rank_%02d", f.t)
 			if p.o.PP > 1 {
 				name += fmt.Sprintf("_%03d", s)
+			}
+			if p.ep > 1 {
+				name += fmt.Sprintf("_%03d", f.e)
 			}
 			sub := filepath.Join(dir, name)
 			if err := os.Mkdir(sub, 0o755); err != nil {
 				return err
 			}
-			if err := p.writeRank(filepath.Join(sub, modelFile), t, s, st); err != nil {
+			if err := p.writeRank(filepath.Join(sub, modelFile), f, s, st); err != nil {
 				return err
 			}
 		}
@@ -425,16 +453,69 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 	return nil
 }
 
-// writeRank writes model_optim_rng.pt of TP rank t, pipeline stage s.
-func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
+// rankFiles are the files of a stage: one per TP rank without experts.
+func (p *rsPlan) rankFiles() []outFile {
+	if p.files != nil {
+		return p.files
+	}
+	out := make([]outFile, p.o.TP)
+	for t := range out {
+		out[t] = outFile{t: t, u: t}
+	}
+	return out
+}
+
+// expertFiles lists the files of a stage of a mixture-of-experts run
+// with D data-parallel ranks per stage. Megatron saves one file per
+// (TP rank, EP rank) (megatron/training/checkpointing.py save_checkpoint:
+// the ranks with DP rank 0 or expert-DP rank 0; get_checkpoint_name adds
+// _EEE when EP > 1), and each rank loads its own. Within a stage rank r
+// is TP rank r%T, expert TP rank r%ETP and EP rank (r/ETP)%EP
+// (parallel_state.py RankGenerator, order tp-cp-ep-dp-pp, CP 1). Two
+// ranks that would load one file at different expert TP ranks cannot be
+// written.
+func expertFiles(T, D, EP, ETP int) ([]outFile, error) {
+	if (T*D)%(EP*ETP) != 0 {
+		return nil, fmt.Errorf("expert parallel %d x expert tensor parallel %d does not divide the %d ranks of a pipeline stage (--tp %d x --dp %d), as Megatron requires", EP, ETP, T*D, T, D)
+	}
+	seen := map[[2]int]int{}
+	var out []outFile
+	for r := 0; r < T*D; r++ {
+		f := outFile{t: r % T, e: (r / ETP) % EP, u: r % ETP}
+		k := [2]int{f.t, f.e}
+		if u, ok := seen[k]; ok {
+			if u != f.u {
+				return nil, fmt.Errorf("--tp %d --dp %d --ep %d --expert-tp %d: ranks of TP rank %d and EP rank %d hold expert TP ranks %d and %d but would load one file", T, D, EP, ETP, f.t, f.e, u, f.u)
+			}
+			continue
+		}
+		seen[k] = f.u
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].t != out[j].t {
+			return out[i].t < out[j].t
+		}
+		return out[i].e < out[j].e
+	})
+	return out, nil
+}
+
+// writeRank writes model_optim_rng.pt of rank file f, pipeline stage s.
+func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) error {
+	t := f.t
 	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
 		if vt, ok := p.virt[name]; ok {
-			b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), vt[t].shape...)}
-			pieces := make([]layout.StatePiece, len(vt[t].pieces))
-			for i, pc := range vt[t].pieces {
+			i := t
+			if isExpert(name) {
+				i = f.u // routed experts are cut at the expert TP rank
+			}
+			b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), vt[i].shape...)}
+			pieces := make([]layout.StatePiece, len(vt[i].pieces))
+			for j, pc := range vt[i].pieces {
 				pc.State = state // optimizer states follow the weights' pieces
-				pieces[i] = pc
+				pieces[j] = pc
 			}
 			fills = append(fills, layout.StateFill{Blob: b, Pieces: pieces})
 			return b
@@ -453,7 +534,8 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 	root.Set("checkpoint_version", cv)
 	root.Set("iteration", p.iter)
 	var members []rsParam // this rank's parameters, chunk then state-dict order
-	for v, list := range p.chunks[s] {
+	for v, all := range p.chunks[s] {
+		list := p.ofEPRank(all, f.e)
 		md := pyobj.NewDict(pyobj.OrderedDict)
 		// Modules with get_extra_state save '_extra_state' after their own
 		// parameters (TE modules, MCore's parallel linears: None without
@@ -506,6 +588,26 @@ func (p *rsPlan) writeRank(path string, t, s int, st *ReshardStats) error {
 		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
 	}
 	return nil
+}
+
+// ofEPRank keeps the parameters EP rank e holds: every one but the routed
+// experts of other EP ranks, those renumbered locally.
+func (p *rsPlan) ofEPRank(list []rsParam, e int) []rsParam {
+	if p.ep <= 1 {
+		return list
+	}
+	var out []rsParam
+	nle := p.experts / p.ep
+	for _, rp := range list {
+		if rp.routed {
+			if rp.expert/nle != e {
+				continue
+			}
+			rp.local = globalName(rp.local, 0, -e*nle)
+		}
+		out = append(out, rp)
+	}
+	return out
 }
 
 // reLinear matches the parameters of modules that save '_extra_state'.
@@ -781,8 +883,11 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 			nd.Set("num_layers_per_virtual_pipeline_stage", nil)
 		}
 	}
-	if _, ok := nd.Get("expert_tensor_parallel_size"); ok {
-		nd.Set("expert_tensor_parallel_size", T)
+	if _, ok := nd.Get("expert_tensor_parallel_size"); ok || p.experts > 0 {
+		nd.Set("expert_tensor_parallel_size", int64(p.etp))
+	}
+	if _, ok := nd.Get("expert_model_parallel_size"); ok || p.experts > 0 {
+		nd.Set("expert_model_parallel_size", int64(p.ep))
 	}
 	if p.vocab > 0 {
 		nd.Set("padded_vocab_size", p.vocab)
