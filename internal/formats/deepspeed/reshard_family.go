@@ -20,10 +20,9 @@ import (
 // famTensor is one tensor of the target module: its name, the family
 // roles fused into it and their layer (-1: global).
 type famTensor struct {
-	name   string
-	parts  []family.Role
-	layer  int
-	global string // a global role's name in the target naming
+	name  string
+	parts []family.Role
+	layer int
 }
 
 // Namings of a target module built from a model family (FORMAT.md,

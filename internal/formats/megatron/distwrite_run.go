@@ -135,7 +135,7 @@ func (w *distWriter) runRanks(ctx context.Context, rank0 *os.File, streams []*dw
 			}
 		}
 	}
-	bufs := sync.Pool{New: func() any { return make([]byte, pieceBytes) }}
+	bufs := sync.Pool{New: func() any { b := make([]byte, pieceBytes); return &b }}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(w.o.Workers)
 	for _, t := range tasks {
@@ -143,9 +143,9 @@ func (w *distWriter) runRanks(ctx context.Context, rank0 *os.File, streams []*dw
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			buf := bufs.Get().([]byte)
+			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
-			if err := w.runTask(t, buf); err != nil {
+			if err := w.runTask(t, *buf); err != nil {
 				return fmt.Errorf("%s: %s: %w", t.s.file.Name(), t.s.k.key, err)
 			}
 			return nil
