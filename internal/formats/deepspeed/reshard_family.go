@@ -93,74 +93,22 @@ func (p *plan) planFamily() error {
 	if f := r.Manifest.Source.Format; f == "megatron" || f == "torch_dist" {
 		naming = namesMegDS
 	}
-	var ts []famTensor
-	var padded int64
 	div := c.VocabDivisor
 	if div <= 0 {
 		div = 128 // Megatron's --make-vocab-size-divisible-by default
 	}
-	switch naming {
-	case namesHF:
-		if err := c.Check(); err != nil {
-			return fmt.Errorf("%s: %w", r.Dir, err)
-		}
-		if p.o.TP > 1 {
-			return fmt.Errorf("--tp %d with Hugging Face module names: DeepSpeed's AutoTP layout is not written; use --tp 1", p.o.TP)
-		}
-		ts = hfTensors(slicer)
-		padded = c.Vocab
-		if c.Tied {
-			// XForCausalLM.state_dict() holds the tied head under its own name.
-			p.aliases["lm_head.weight"] = "model.embed_tokens.weight"
-		}
-	case namesMegDS:
-		if ts, err = megdsTensors(c, p.o.TP); err != nil {
-			return fmt.Errorf("%s: %w", r.Dir, err)
-		}
-		k := div * int64(p.o.TP)
-		padded = (c.Vocab + k - 1) / k * k
-		p.paddedVocab = padded
+	ts, padded, err := p.familyTensors(c, slicer, naming, div)
+	if err != nil {
+		return err
 	}
 	stacked := naming == namesMegDS && c.QueryGroups != c.Heads
 	states := []string{fragment.FP32}
 	if carry {
 		states = append(states, "exp_avg", "exp_avg_sq")
 	}
-	p.virt = make([]map[string][]layout.StatePiece, p.o.TP)
-	p.shards = make([]map[string]fragment.Shard, p.o.TP)
-	for t := range p.virt {
-		p.virt[t] = map[string][]layout.StatePiece{}
-		p.shards[t] = map[string]fragment.Shard{}
-	}
-	var names []string
-	steps := map[string]pyobj.Value{}
-	for _, x := range ts {
-		e := &atomic.ParamEntry{Name: x.name}
-		for _, s := range states {
-			e.Files = append(e.Files, atomic.StateEntry{State: s})
-		}
-		for t := 0; t < p.o.TP; t++ {
-			ft, err := slicer.Slice(x.parts, x.layer, p.o.TP, t, stacked, padded)
-			if err != nil {
-				return fmt.Errorf("%s: %s: %w", r.Dir, x.name, err)
-			}
-			p.virt[t][x.name] = ft.Pieces
-			p.shards[t][x.name] = fragment.Shard{Shape: ft.Shape}
-			if t == 0 {
-				e.Shape = append([]int64(nil), ft.Shape...)
-				if carry && len(ft.Pieces) > 0 {
-					v, ok, err := r.Step(ft.Pieces[0].Param)
-					if err != nil {
-						return err
-					}
-					if ok {
-						steps[x.name] = v
-					}
-				}
-			}
-		}
-		p.params[x.name] = e
-		names = append(names, x.name)
+	names, steps, err := p.familyParams(slicer, ts, states, stacked, padded, carry)
+	if err != nil {
+		return err
 	}
 	if err := p.familyGroups(naming, names, carry, steps); err != nil {
 		return err
@@ -179,6 +127,109 @@ func (p *plan) planFamily() error {
 		return p.checkZero12()
 	}
 	return nil
+}
+
+// familyTensors lists the target module's tensors in the naming's order
+// and the vocabulary rows the target holds (Megatron-DeepSpeed pads them
+// for TP, the Hugging Face module does not).
+func (p *plan) familyTensors(c *family.Config, slicer *layout.FamilySlicer, naming string, div int64) (ts []famTensor, padded int64, err error) {
+	r := p.r
+	switch naming {
+	case namesHF:
+		if err := c.Check(); err != nil {
+			return nil, 0, fmt.Errorf("%s: %w", r.Dir, err)
+		}
+		if p.o.TP > 1 {
+			return nil, 0, fmt.Errorf("--tp %d with Hugging Face module names: DeepSpeed's AutoTP layout is not written; use --tp 1", p.o.TP)
+		}
+		ts = hfTensors(slicer)
+		padded = c.Vocab
+		if c.Tied {
+			// XForCausalLM.state_dict() holds the tied head under its own name.
+			p.aliases["lm_head.weight"] = "model.embed_tokens.weight"
+		}
+	case namesMegDS:
+		if ts, err = megdsTensors(c, p.o.TP); err != nil {
+			return nil, 0, fmt.Errorf("%s: %w", r.Dir, err)
+		}
+		k := div * int64(p.o.TP)
+		padded = (c.Vocab + k - 1) / k * k
+		p.paddedVocab = padded
+	}
+	return ts, padded, nil
+}
+
+// familyParams slices every target tensor for each TP rank into pieces of
+// atomic parameters and lists them with the steps the source recorded.
+func (p *plan) familyParams(slicer *layout.FamilySlicer, ts []famTensor, states []string, stacked bool, padded int64, carry bool) ([]string, map[string]pyobj.Value, error) {
+	r := p.r
+	p.virt = make([]map[string][]layout.StatePiece, p.o.TP)
+	p.shards = make([]map[string]fragment.Shard, p.o.TP)
+	for t := range p.virt {
+		p.virt[t] = map[string][]layout.StatePiece{}
+		p.shards[t] = map[string]fragment.Shard{}
+	}
+	var names []string
+	steps := map[string]pyobj.Value{}
+	for _, x := range ts {
+		e := &atomic.ParamEntry{Name: x.name}
+		for _, s := range states {
+			e.Files = append(e.Files, atomic.StateEntry{State: s})
+		}
+		for t := 0; t < p.o.TP; t++ {
+			ft, err := slicer.Slice(x.parts, x.layer, p.o.TP, t, stacked, padded)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %s: %w", r.Dir, x.name, err)
+			}
+			p.virt[t][x.name] = ft.Pieces
+			p.shards[t][x.name] = fragment.Shard{Shape: ft.Shape}
+			if t == 0 {
+				e.Shape = append([]int64(nil), ft.Shape...)
+				if carry && len(ft.Pieces) > 0 {
+					v, ok, err := r.Step(ft.Pieces[0].Param)
+					if err != nil {
+						return nil, nil, err
+					}
+					if ok {
+						steps[x.name] = v
+					}
+				}
+			}
+		}
+		p.params[x.name] = e
+		names = append(names, x.name)
+	}
+	return names, steps, nil
+}
+
+// sourceGroup returns the source's param group (not an expert one) with or
+// without weight decay.
+func sourceGroup(path string, od pyobj.Dec, pgs []pyobj.Dec, noWD bool) (pyobj.Dec, error) {
+	for i, gd := range pgs {
+		// A flag that is not a bool is an error naming the file, not false.
+		if gd.OptBool("is_expert_parallel", false) {
+			continue
+		}
+		if err := gd.Err(); err != nil {
+			return gd, err
+		}
+		var f float64
+		switch {
+		case gd.Has("wd_mult"):
+			f = gd.Float("wd_mult")
+		case gd.Has("weight_decay"):
+			f = gd.Float("weight_decay")
+		case gd.Err() == nil:
+			return gd, fmt.Errorf("%s: param_groups[%d] has neither wd_mult nor weight_decay", path, i)
+		}
+		if err := gd.Err(); err != nil {
+			return gd, err
+		}
+		if (f == 0) == noWD {
+			return gd, nil
+		}
+	}
+	return od, fmt.Errorf("%s: no param group %s weight decay", path, map[bool]string{true: "without", false: "with"}[noWD])
 }
 
 // megatronAdam reports whether the source's optimizer state goes to the
@@ -309,33 +360,6 @@ func (p *plan) familyGroups(naming string, names []string, carry bool, steps map
 	if len(pgs) == 0 {
 		return fmt.Errorf("%s: param_groups is empty", path)
 	}
-	srcGroup := func(noWD bool) (pyobj.Dec, error) {
-		for i, gd := range pgs {
-			// A flag that is not a bool is an error naming the file, not false.
-			if gd.OptBool("is_expert_parallel", false) {
-				continue
-			}
-			if err := gd.Err(); err != nil {
-				return gd, err
-			}
-			var f float64
-			switch {
-			case gd.Has("wd_mult"):
-				f = gd.Float("wd_mult")
-			case gd.Has("weight_decay"):
-				f = gd.Float("weight_decay")
-			case gd.Err() == nil:
-				return gd, fmt.Errorf("%s: param_groups[%d] has neither wd_mult nor weight_decay", path, i)
-			}
-			if err := gd.Err(); err != nil {
-				return gd, err
-			}
-			if (f == 0) == noWD {
-				return gd, nil
-			}
-		}
-		return od, fmt.Errorf("%s: no param group %s weight decay", path, map[bool]string{true: "without", false: "with"}[noWD])
-	}
 	for _, noWD := range []bool{false, true} {
 		var members []string
 		for _, n := range names {
@@ -346,7 +370,7 @@ func (p *plan) familyGroups(naming string, names []string, carry bool, steps map
 		if len(members) == 0 {
 			continue
 		}
-		sd, err := srcGroup(noWD)
+		sd, err := sourceGroup(path, od, pgs, noWD)
 		if err != nil {
 			return err
 		}

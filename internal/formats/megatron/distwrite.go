@@ -232,14 +232,34 @@ func (w *distWriter) keys() error {
 		return err
 	}
 	w.swiglu = swiglu
+	model, err := w.modelKeys()
+	if err != nil {
+		return err
+	}
+	if w.o.OptimSharding == DPReshardable {
+		if err := w.dprsKeys(); err != nil {
+			return err
+		}
+	}
+	if err := w.optimKeys(model); err != nil {
+		return err
+	}
+	return w.itemKeys(model)
+}
+
+// modelKeys adds the model's sharded tensors (stacked layers with a layer
+// axis, each TP rank's boxes) and returns their keys in manifest order.
+func (w *distWriter) modelKeys() ([]*dwKey, error) {
+	p := w.p
 	T, L := p.o.TP, p.layers
 	model := map[string]*dwKey{}
 	var order []string
+	var ordered []*dwKey
 	for _, e := range p.r.Manifest.Params {
 		key, layer := distKey(e.Name)
 		k := splitKind(e.Name, w.swiglu)
 		if k == kindUnknown || k == kindGrouped1 || k == kindGrouped2 {
-			return fmt.Errorf("%s: parameter %s: no torch_dist layout known for it", p.r.Dir, e.Name)
+			return nil, fmt.Errorf("%s: parameter %s: no torch_dist layout known for it", p.r.Dir, e.Name)
 		}
 		full := clone(e.Shape)
 		if k == kindVocab && p.vocab > 0 {
@@ -259,7 +279,7 @@ func (w *distWriter) keys() error {
 		for t := 0; t < T; t++ {
 			bs, err := boxes(k, full, T, t)
 			if err != nil {
-				return fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
+				return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
 			}
 			for _, b := range bs {
 				ch := &dwChunk{rank: t + T*s, offsets: b[0], size: b[1], param: e.Name, shard: boxShard(b[0], b[1], e.Shape)}
@@ -275,27 +295,29 @@ func (w *distWriter) keys() error {
 		mk := model[key]
 		if n := len(mk.size); n > 0 && mk.size[0] == int64(L) && strings.HasPrefix(key, "decoder.layers.") {
 			if err := coversLayers(mk, L); err != nil {
-				return fmt.Errorf("%s: %w", p.r.Dir, err)
+				return nil, fmt.Errorf("%s: %w", p.r.Dir, err)
 			}
 		}
 		for _, ch := range mk.chunks {
 			ch.state = fragment.FP32
 		}
 		w.tensor = append(w.tensor, mk)
+		ordered = append(ordered, mk)
 	}
-	if w.o.OptimSharding == DPReshardable {
-		if err := w.dprsKeys(); err != nil {
-			return err
-		}
-	}
+	return ordered, nil
+}
+
+// optimKeys adds the fully reshardable optimizer's tensors: one per model
+// tensor and state, chunked as the model.
+func (w *distWriter) optimKeys(model []*dwKey) error {
+	p := w.p
 	for _, state := range w.fullStates() {
 		name := state
 		if state == fragment.FP32 {
 			name = "param"
 		}
-		for _, key := range order {
-			mk := model[key]
-			ok := &dwKey{key: "optimizer.state." + name + "." + key, dt: dtype.Float32, size: clone(mk.size)}
+		for _, mk := range model {
+			ok := &dwKey{key: "optimizer.state." + name + "." + mk.key, dt: dtype.Float32, size: clone(mk.size)}
 			for _, ch := range mk.chunks {
 				if !p.hasState(ch.param, state) {
 					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, ch.param, state)
@@ -306,6 +328,18 @@ func (w *distWriter) keys() error {
 			}
 			w.tensor = append(w.tensor, ok)
 		}
+	}
+	return nil
+}
+
+// itemKeys adds the byte items: the layers' _extra_state and, for core
+// 0.19, the common state.
+func (w *distWriter) itemKeys(model []*dwKey) error {
+	p := w.p
+	L := p.layers
+	order := make([]string, len(model))
+	for i, mk := range model {
+		order[i] = mk.key
 	}
 	none, err := dcp.SaveBytes(&pyobj.List{Items: []pyobj.Value{nil}})
 	if err != nil {

@@ -78,62 +78,19 @@ func (w *distWriter) dprsKeys() error {
 	// training loop) get arguments.py's bf16 rule: fp32 grads unless
 	// grad_reduce_in_bf16 (megatron/training/arguments.py, core_v0.19.0).
 	if _, ok := a.attr("accumulate_allreduce_grads_in_fp32"); !ok && p.dt == dtype.BFloat16 {
-		if v, ok := a.attr("grad_reduce_in_bf16"); !ok || v != true {
+		bf, err := a.boolAttr("grad_reduce_in_bf16", false)
+		if err != nil {
+			return err
+		}
+		if !bf {
 			dts[1] = pyobj.DType{DType: dtype.Float32}
 		}
 	}
 	dtName := fmt.Sprintf("(torch.%s, torch.%s)", dts[0].(pyobj.DType).DType, dts[1].(pyobj.DType).DType)
 	for s := range p.chunks {
 		for t := 0; t < T; t++ {
-			G := t + T*s
-			pre := fmt.Sprintf("optimizer.distributed.dp_group_idx_%d.", G)
-			padded, unpadded := &pyobj.List{}, &pyobj.List{}
-			for v, list := range p.chunks[s] {
-				lay := p.bufferLayout(a, t, s, v)
-				var pads []pyobj.Value
-				for b, u := range lay.unpadded {
-					pads = append(pads, (u+div-1)/div*div)
-					var in []int // the bucket's parameters by start
-					for i := range list {
-						if lay.bucket[i] == b {
-							in = append(in, i)
-						}
-					}
-					sort.Slice(in, func(x, y int) bool { return lay.start[in[x]] < lay.start[in[y]] })
-					chunks := w.bucketChunks(G, t, list, lay, in, u, (u+div-1)/div*div/int64(D), D)
-					for _, state := range dprsStates {
-						k := &dwKey{key: fmt.Sprintf("%sgbuf_idx_%d.dtype_%s.bucket_idx_%d.%s", pre, v, dtName, b, state[1]), dt: dtype.Float32, size: []int64{u}}
-						for _, ch := range chunks {
-							c := *ch
-							c.state = state[0]
-							k.chunks = append(k.chunks, &c)
-						}
-						w.tensor = append(w.tensor, k)
-					}
-				}
-				pd, ud := pyobj.NewDict(pyobj.PlainDict), pyobj.NewDict(pyobj.PlainDict)
-				pd.Set(dts, &pyobj.List{Items: pads})
-				ints := make([]pyobj.Value, len(lay.unpadded))
-				for i, u := range lay.unpadded {
-					ints[i] = u
-				}
-				ud.Set(dts, &pyobj.List{Items: ints})
-				padded.Items = append(padded.Items, pd)
-				unpadded.Items = append(unpadded.Items, ud)
-			}
-			// DistributedOptimizer.sharded_state_dict: every state_dict()
-			// entry and the bucket sizes are ShardedObjects of the domain.
-			objs := [][2]any{{"per_bucket_numel", padded}, {"per_bucket_numel_unpadded", unpadded}}
-			for n := 0; n < sd.Len(); n++ {
-				k, v := sd.Item(n)
-				objs = append(objs, [2]any{k, v})
-			}
-			for _, o := range objs {
-				data, err := dcp.SaveBytes(&pyobj.List{Items: []pyobj.Value{o[1]}})
-				if err != nil {
-					return err
-				}
-				w.items = append(w.items, &dwKey{key: fmt.Sprintf("%s%s/shard_0_1", pre, o[0]), data: data})
+			if err := w.dprsRank(a, s, t, div, dts, dtName, sd); err != nil {
+				return err
 			}
 		}
 	}
@@ -184,4 +141,63 @@ func lcm(a, b int64) int64 {
 		return max(a, b)
 	}
 	return a / gcd(a, b) * b
+}
+
+// dprsRank adds model-parallel rank (s, t)'s dp_reshardable items: each
+// bucket's states chunked per DP rank, the bucket sizes and the optimizer's
+// state_dict() entries.
+func (w *distWriter) dprsRank(a *Args, s, t int, div int64, dts pyobj.Tuple, dtName string, sd *pyobj.Dict) error {
+	p := w.p
+	T, D := p.o.TP, p.o.DP
+	G := t + T*s
+	pre := fmt.Sprintf("optimizer.distributed.dp_group_idx_%d.", G)
+	padded, unpadded := &pyobj.List{}, &pyobj.List{}
+	for v, list := range p.chunks[s] {
+		lay := p.bufferLayout(a, t, s, v)
+		var pads []pyobj.Value
+		for b, u := range lay.unpadded {
+			pads = append(pads, (u+div-1)/div*div)
+			var in []int // the bucket's parameters by start
+			for i := range list {
+				if lay.bucket[i] == b {
+					in = append(in, i)
+				}
+			}
+			sort.Slice(in, func(x, y int) bool { return lay.start[in[x]] < lay.start[in[y]] })
+			chunks := w.bucketChunks(G, t, list, lay, in, u, (u+div-1)/div*div/int64(D), D)
+			for _, state := range dprsStates {
+				k := &dwKey{key: fmt.Sprintf("%sgbuf_idx_%d.dtype_%s.bucket_idx_%d.%s", pre, v, dtName, b, state[1]), dt: dtype.Float32, size: []int64{u}}
+				for _, ch := range chunks {
+					c := *ch
+					c.state = state[0]
+					k.chunks = append(k.chunks, &c)
+				}
+				w.tensor = append(w.tensor, k)
+			}
+		}
+		pd, ud := pyobj.NewDict(pyobj.PlainDict), pyobj.NewDict(pyobj.PlainDict)
+		pd.Set(dts, &pyobj.List{Items: pads})
+		ints := make([]pyobj.Value, len(lay.unpadded))
+		for i, u := range lay.unpadded {
+			ints[i] = u
+		}
+		ud.Set(dts, &pyobj.List{Items: ints})
+		padded.Items = append(padded.Items, pd)
+		unpadded.Items = append(unpadded.Items, ud)
+	}
+	// DistributedOptimizer.sharded_state_dict: every state_dict()
+	// entry and the bucket sizes are ShardedObjects of the domain.
+	objs := [][2]any{{"per_bucket_numel", padded}, {"per_bucket_numel_unpadded", unpadded}}
+	for n := 0; n < sd.Len(); n++ {
+		k, v := sd.Item(n)
+		objs = append(objs, [2]any{k, v})
+	}
+	for _, o := range objs {
+		data, err := dcp.SaveBytes(&pyobj.List{Items: []pyobj.Value{o[1]}})
+		if err != nil {
+			return err
+		}
+		w.items = append(w.items, &dwKey{key: fmt.Sprintf("%s%s/shard_0_1", pre, o[0]), data: data})
+	}
+	return nil
 }
