@@ -37,33 +37,9 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if o.Spec != "" && o.Spec != "te" && o.Spec != "local" {
 		return nil, fmt.Errorf("--megatron-spec %q: te or local", o.Spec)
 	}
-	T, EP, ETP := o.TP, max(o.EP, 1), o.ETP
-	if ETP == 0 {
-		ETP = T
-	}
-	type divides struct {
-		what string
-		n    int64
-		by   int
-		flag string
-	}
-	checks := []divides{{"attention heads", c.Heads, T, "--tp"}, {"query groups", c.QueryGroups, T, "--tp"}}
-	switch {
-	case c.Experts > 0:
-		// Every layer is MoE: no dense MLP is built, ffn_hidden_size unused.
-		checks = append(checks, divides{"experts", c.Experts, EP, "--ep"}, divides{"expert FFN size", c.MoEFFN, ETP, "--expert-tp"})
-		if c.SharedFFN > 0 {
-			checks = append(checks, divides{"shared expert FFN size", c.SharedFFN, T, "--tp"})
-		}
-	case EP > 1 || o.ETP > 0 && o.ETP != T:
-		return nil, fmt.Errorf("%s: --ep %d, --expert-tp %d: the %s model has no experts", r.Dir, EP, o.ETP, c.Family)
-	default:
-		checks = append(checks, divides{"FFN size", c.FFN, T, "--tp"})
-	}
-	for _, x := range checks {
-		if x.n%int64(x.by) != 0 {
-			return nil, fmt.Errorf("%s %d does not divide the %d %s of the model", x.flag, x.by, x.n, x.what)
-		}
+	T, EP, ETP, err := familyDegrees(r, c, o)
+	if err != nil {
+		return nil, err
 	}
 	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, release: true,
 		virt: map[string][]virtTensor{}, layers: int(c.Layers), untie: !c.Tied, te: o.Spec != "local",
@@ -118,8 +94,56 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if !p.te {
 		naming = family.Core
 	}
-	fam := src.F
-	P, V := o.PP, max(o.VPP, 1)
+	if err := p.familyParams(c, slicer, src.F, naming, T, ETP, carry); err != nil {
+		return nil, err
+	}
+	if carry {
+		if err := p.familyOptimizer(); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// familyDegrees checks that the target's TP, EP and expert TP divide the
+// model's heads, query groups, experts and FFN sizes; ETP defaults to TP.
+func familyDegrees(r *atomic.Reader, c *family.Config, o ReshardOptions) (T, EP, ETP int, err error) {
+	T, EP, ETP = o.TP, max(o.EP, 1), o.ETP
+	if ETP == 0 {
+		ETP = T
+	}
+	type divides struct {
+		what string
+		n    int64
+		by   int
+		flag string
+	}
+	checks := []divides{{"attention heads", c.Heads, T, "--tp"}, {"query groups", c.QueryGroups, T, "--tp"}}
+	switch {
+	case c.Experts > 0:
+		// Every layer is MoE: no dense MLP is built, ffn_hidden_size unused.
+		checks = append(checks, divides{"experts", c.Experts, EP, "--ep"}, divides{"expert FFN size", c.MoEFFN, ETP, "--expert-tp"})
+		if c.SharedFFN > 0 {
+			checks = append(checks, divides{"shared expert FFN size", c.SharedFFN, T, "--tp"})
+		}
+	case EP > 1 || o.ETP > 0 && o.ETP != T:
+		return 0, 0, 0, fmt.Errorf("%s: --ep %d, --expert-tp %d: the %s model has no experts", r.Dir, EP, o.ETP, c.Family)
+	default:
+		checks = append(checks, divides{"FFN size", c.FFN, T, "--tp"})
+	}
+	for _, x := range checks {
+		if x.n%int64(x.by) != 0 {
+			return 0, 0, 0, fmt.Errorf("%s %d does not divide the %d %s of the model", x.flag, x.by, x.n, x.what)
+		}
+	}
+	return T, EP, ETP, nil
+}
+
+// familyParams lists the target's tensors per pipeline stage and model
+// chunk in megatron-core's module order, each TP (or expert TP) rank's
+// slice as pieces of atomic parameters.
+func (p *rsPlan) familyParams(c *family.Config, slicer *layout.FamilySlicer, fam *family.Family, naming family.Naming, T, ETP int, carry bool) error {
+	P, V := p.o.PP, max(p.o.VPP, 1)
 	p.chunks = make([][][]rsParam, P)
 	for s := range p.chunks {
 		p.chunks[s] = make([][]rsParam, V)
@@ -139,7 +163,7 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		for t := range ts {
 			ft, err := slicer.SliceExpert(fam.Parts(c, r0), layer, expert, n, t, false, p.vocab)
 			if err != nil {
-				return fmt.Errorf("%s: %s: %w", r.Dir, name, err)
+				return fmt.Errorf("%s: %s: %w", p.r.Dir, name, err)
 			}
 			ts[t] = virtTensor{shape: ft.Shape, pieces: ft.Pieces}
 		}
@@ -174,20 +198,20 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	if x, ok := present["embed"]; ok {
 		if err := add(x, -1, -1); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for l := 0; l < p.layers; l++ {
 		for _, n := range order {
 			if n == "experts" {
 				if err := p.addExperts(present, l, int(c.Experts), add); err != nil {
-					return nil, err
+					return err
 				}
 				continue
 			}
 			if x, ok := present[n]; ok {
 				if err := add(x, l, -1); err != nil {
-					return nil, err
+					return err
 				}
 			}
 		}
@@ -195,7 +219,7 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	for _, n := range []string{"final_norm", "lm_head"} {
 		if x, ok := present[n]; ok {
 			if err := add(x, -1, -1); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
@@ -205,16 +229,11 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	for s := range p.chunks {
 		for v, list := range p.chunks[s] {
 			if len(list) == 0 {
-				return nil, fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
+				return fmt.Errorf("pipeline stage %d chunk %d would hold no parameters", s, v)
 			}
 		}
 	}
-	if carry {
-		if err := p.familyOptimizer(); err != nil {
-			return nil, err
-		}
-	}
-	return p, nil
+	return nil
 }
 
 // addExperts adds a layer's routed experts in the order the layer spec
