@@ -1,6 +1,7 @@
 package fragment
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/ucp-project/ucp/internal/pyobj"
@@ -8,22 +9,27 @@ import (
 
 // ScalarArgs returns the attributes of a saved argparse.Namespace whose
 // values are bools, ints, finite floats or strings, by name (None, lists and
-// objects such as torch dtypes are left out); nil when v is not an object.
-func ScalarArgs(v pyobj.Value) map[string]any {
+// objects such as torch dtypes are left out); nil for None. Anything else
+// than a Namespace-like object is an error naming path: a malformed args
+// entry is never read as "no arguments".
+func ScalarArgs(path string, v pyobj.Value) (map[string]any, error) {
+	if v == nil {
+		return nil, nil
+	}
 	o, ok := v.(*pyobj.Object)
 	if !ok {
-		return nil
+		return nil, fmt.Errorf("%s: args is %s, not an argparse.Namespace", path, pyobj.Repr(v))
 	}
 	d, ok := o.State.(*pyobj.Dict)
 	if !ok {
-		return nil
+		return nil, fmt.Errorf("%s: args (%s) holds no attribute dict", path, o.Class)
 	}
 	out := map[string]any{}
 	for i := 0; i < d.Len(); i++ {
 		k, val := d.Item(i)
 		name, ok := k.(string)
 		if !ok {
-			continue
+			return nil, fmt.Errorf("%s: args has an attribute named %s, not a string", path, pyobj.Repr(k))
 		}
 		switch x := val.(type) {
 		case bool, int64, string:
@@ -34,22 +40,39 @@ func ScalarArgs(v pyobj.Value) map[string]any {
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // TrainingDType reads the training dtype from Megatron-style arguments
 // (bf16, fp16 flags): "bfloat16", "float16", "float32", or "" when
-// neither flag is recorded.
-func TrainingDType(args map[string]any) string {
-	bf, hasBF := args["bf16"].(bool)
-	fp, hasFP := args["fp16"].(bool)
+// neither flag is recorded. A flag that is not a bool is an error.
+func TrainingDType(path string, args map[string]any) (string, error) {
+	flag := func(name string) (bool, bool, error) {
+		v, ok := args[name]
+		if !ok || v == nil {
+			return false, false, nil
+		}
+		b, ok := v.(bool)
+		if !ok {
+			return false, false, fmt.Errorf("%s: args.%s is %v, not a bool", path, name, v)
+		}
+		return b, true, nil
+	}
+	bf, hasBF, err := flag("bf16")
+	if err != nil {
+		return "", err
+	}
+	fp, hasFP, err := flag("fp16")
+	if err != nil {
+		return "", err
+	}
 	switch {
 	case bf:
-		return "bfloat16"
+		return "bfloat16", nil
 	case fp:
-		return "float16"
+		return "float16", nil
 	case hasBF || hasFP:
-		return "float32"
+		return "float32", nil
 	}
-	return ""
+	return "", nil
 }

@@ -129,8 +129,12 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	}
 	// Megatron-DeepSpeed saves its training arguments with the model state.
 	if v, ok := models[0].root.Get("args"); ok {
-		b.table.Args = fragment.ScalarArgs(v)
-		b.table.DType = fragment.TrainingDType(b.table.Args)
+		if b.table.Args, err = fragment.ScalarArgs(models[0].path, v); err != nil {
+			return nil, err
+		}
+		if b.table.DType, err = fragment.TrainingDType(models[0].path, b.table.Args); err != nil {
+			return nil, err
+		}
 	}
 	if b.table.DType == "" {
 		b.table.DType = moduleDType(models[0].dec)

@@ -626,8 +626,13 @@ func (r *distReader) finish(opType string) error {
 	}
 	r.table.Extra = extra
 	if r.args != nil {
-		r.table.Args = fragment.ScalarArgs(r.args)
-		r.table.DType = fragment.TrainingDType(r.table.Args)
+		var err error
+		if r.table.Args, err = fragment.ScalarArgs(r.dir+" (common state)", r.args); err != nil {
+			return err
+		}
+		if r.table.DType, err = fragment.TrainingDType(r.dir+" (common state)", r.table.Args); err != nil {
+			return err
+		}
 	}
 	if opType != "" {
 		r.note("optimizer state saved as " + opType)

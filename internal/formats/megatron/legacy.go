@@ -96,8 +96,12 @@ func Index(ctx context.Context, path string, opt Options) (*fragment.Table, erro
 	if err := b.globals(); err != nil {
 		return nil, err
 	}
-	b.table.Args = fragment.ScalarArgs(a.ns)
-	b.table.DType = fragment.TrainingDType(b.table.Args)
+	if b.table.Args, err = fragment.ScalarArgs(a.path, a.ns); err != nil {
+		return nil, err
+	}
+	if b.table.DType, err = fragment.TrainingDType(a.path, b.table.Args); err != nil {
+		return nil, err
+	}
 	return b.table, nil
 }
 

@@ -1,0 +1,50 @@
+package fragment
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ucp-project/ucp/internal/pyobj"
+)
+
+func TestScalarArgs(t *testing.T) {
+	ns := func(kv ...pyobj.Value) pyobj.Value {
+		return &pyobj.Object{Class: &pyobj.Global{Module: "argparse", Name: "Namespace"}, State: pyobj.DictOf(kv...)}
+	}
+	cases := []struct {
+		name  string
+		args  pyobj.Value
+		dtype string
+		err   string // "" : no error
+	}{
+		{"bf16", ns("bf16", true, "fp16", false, "hidden_size", int64(8)), "bfloat16", ""},
+		{"fp16", ns("bf16", false, "fp16", true), "float16", ""},
+		{"fp32", ns("bf16", false, "fp16", false), "float32", ""},
+		{"no flags", ns("hidden_size", int64(8)), "", ""},
+		{"None flag", ns("bf16", nil), "", ""},
+		{"None args", nil, "", ""},
+		{"bf16 not a bool", ns("bf16", int64(1)), "", "args.bf16 is 1, not a bool"},
+		{"fp16 not a bool", ns("fp16", "yes"), "", "args.fp16 is yes, not a bool"},
+		{"args a dict", pyobj.DictOf("bf16", true), "", "not an argparse.Namespace"},
+		{"args a string", "Namespace(bf16=True)", "", "not an argparse.Namespace"},
+		{"no attribute dict", &pyobj.Object{Class: &pyobj.Global{Module: "argparse", Name: "Namespace"}}, "", "holds no attribute dict"},
+		{"attribute not a string", ns(int64(3), true), "", "not a string"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args, err := ScalarArgs("ckpt/model.pt", c.args)
+			var dt string
+			if err == nil {
+				dt, err = TrainingDType("ckpt/model.pt", args)
+			}
+			switch {
+			case c.err == "" && err != nil:
+				t.Fatalf("error %v", err)
+			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "ckpt/model.pt")):
+				t.Fatalf("error %v, want one naming the file and %q", err, c.err)
+			case c.err == "" && dt != c.dtype:
+				t.Fatalf("dtype %q, want %q", dt, c.dtype)
+			}
+		})
+	}
+}
