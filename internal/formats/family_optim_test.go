@@ -189,18 +189,7 @@ func TestMegatronToDeepSpeedOptimizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func(t *testing.T, dir string) *atomic.Reader {
-		t.Helper()
-		tbl, err := Index(context.Background(), dir, "", Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return a
-	}
+	open := openAtomic
 	mg := open(t, testkit.Fixture("megatron", "tp2_gqa_swiglu", "checkpoint"))
 	want := roleStates(t, mg)
 	for _, deg := range []struct{ tp, dp, zero int }{{2, 2, 1}, {1, 3, 2}, {2, 1, 2}, {1, 2, 3}} {
@@ -295,7 +284,14 @@ func TestHFToDeepSpeed(t *testing.T) {
 
 func mustOpen(t *testing.T, parts ...string) *atomic.Reader {
 	t.Helper()
-	tbl, err := Index(context.Background(), testkit.Fixture(parts...), "", Options{})
+	return openAtomic(t, testkit.Fixture(parts...))
+}
+
+// openAtomic converts the checkpoint in dir and opens the atomic result,
+// verified.
+func openAtomic(t *testing.T, dir string) *atomic.Reader {
+	t.Helper()
+	tbl, err := Index(context.Background(), dir, "", Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -260,17 +260,7 @@ func TestHFMegatronMoERefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func(name string) *atomic.Reader {
-		tbl, err := Index(context.Background(), testkit.Fixture("hf_family", name), "", Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	open := func(name string) *atomic.Reader { return openAtomic(t, testkit.Fixture("hf_family", name)) }
 	moe, dense := open("mixtral_bf16_sharded"), open("qwen3_fp32")
 	for _, c := range []struct {
 		name string
