@@ -171,6 +171,24 @@ func TestDeepSpeedToMegatronOptimizer(t *testing.T) {
 			sameStates(t, want, roleStates(t, b))
 		})
 	}
+	// Training arguments of the wrong type are refused, never dropped.
+	for _, arg := range []string{"lr", "min_lr", "iteration"} {
+		t.Run("malformed_"+arg, func(t *testing.T) {
+			old, had := a.Manifest.Source.Args[arg]
+			a.Manifest.Source.Args[arg] = "0.1"
+			defer func() {
+				if had {
+					a.Manifest.Source.Args[arg] = old
+				} else {
+					delete(a.Manifest.Source.Args, arg)
+				}
+			}()
+			_, err := tg.Reshard(context.Background(), a, filepath.Join(t.TempDir(), "megatron"), ReshardOptions{TP: 1, PP: 1, DP: 1, Zero: -1, NoSync: true})
+			if err == nil || !strings.Contains(err.Error(), "args."+arg+" is 0.1, not a number") {
+				t.Fatalf("error %v, want one naming args.%s", err, arg)
+			}
+		})
+	}
 }
 
 // TestMegatronToDeepSpeedOptimizer: a Megatron-LM checkpoint of the llama

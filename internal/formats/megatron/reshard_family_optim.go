@@ -90,8 +90,21 @@ var reGlobalStep = regexp.MustCompile(`^global_step(\d+)$`)
 func (p *rsPlan) familyOptimizer() error {
 	r := p.r
 	p.release = false
-	args := r.Manifest.Source.Args
-	if it, ok := args["iteration"].(float64); ok && it >= 0 {
+	var lrs [2]pyobj.Value
+	for i, n := range []string{"lr", "min_lr"} {
+		v, ok, err := manifestNumber(r, n)
+		if err != nil {
+			return err
+		}
+		if ok {
+			lrs[i] = v
+		}
+	}
+	it, hasIt, err := manifestNumber(r, "iteration")
+	if err != nil {
+		return err
+	}
+	if hasIt && it >= 0 {
 		p.iter = int64(it)
 	} else if m := reGlobalStep.FindStringSubmatch(r.Manifest.Source.Tag); m != nil {
 		p.iter, _ = strconv.ParseInt(m[1], 10, 64)
@@ -127,7 +140,7 @@ func (p *rsPlan) familyOptimizer() error {
 		if g < 0 {
 			return fmt.Errorf("%s: no param group %s weight decay; Megatron puts biases and 1-D parameters in one without and the rest in one with", path, map[bool]string{true: "without", false: "with"}[noWD])
 		}
-		p.groups = append(p.groups, megatronGroup(src[g], noWD, args))
+		p.groups = append(p.groups, megatronGroup(src[g], noWD, lrs))
 		if err := src[g].Err(); err != nil {
 			return err
 		}
@@ -150,8 +163,9 @@ func (p *rsPlan) familyOptimizer() error {
 
 // megatronGroup is a param group as megatron-core 0.19 saves it (its
 // _get_param_groups keys, then the torch optimizer's hyper-parameters
-// from the source group).
-func megatronGroup(src pyobj.Dec, noWD bool, args map[string]any) *pyobj.Dict {
+// from the source group); lrs are args.lr and args.min_lr, nil when the
+// source's args lack them.
+func megatronGroup(src pyobj.Dec, noWD bool, lrs [2]pyobj.Value) *pyobj.Dict {
 	g := pyobj.NewDict(pyobj.PlainDict)
 	wd := 1.0
 	if noWD {
@@ -163,11 +177,11 @@ func megatronGroup(src pyobj.Dec, noWD bool, args map[string]any) *pyobj.Dict {
 		lr = v.Value()
 	}
 	maxLR, minLR := lr, pyobj.Value(0.0)
-	if v, ok := args["lr"].(float64); ok {
-		maxLR = v
+	if lrs[0] != nil {
+		maxLR = lrs[0]
 	}
-	if v, ok := args["min_lr"].(float64); ok {
-		minLR = v
+	if lrs[1] != nil {
+		minLR = lrs[1]
 	}
 	g.Set("is_expert_parallel", false)
 	g.Set("default_config", true)
@@ -234,4 +248,21 @@ func (p *rsPlan) checkDSGroups(ms pyobj.Dec, flags []groupFlags) error {
 		}
 	}
 	return nil
+}
+
+// manifestNumber reads a number from the training arguments the manifest
+// records: absent or null gives ok false; any other type is an error.
+func manifestNumber(r *atomic.Reader, name string) (v float64, ok bool, err error) {
+	switch x := r.Manifest.Source.Args[name].(type) {
+	case nil:
+		return 0, false, nil
+	case float64:
+		return x, true, nil
+	case int64:
+		return float64(x), true, nil
+	case int:
+		return float64(x), true, nil
+	default:
+		return 0, false, fmt.Errorf("%s: the manifest's args.%s is %v, not a number", r.Dir, name, x)
+	}
 }
