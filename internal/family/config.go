@@ -193,6 +193,9 @@ func isOne(v any) bool {
 // caller's: the embedding's unpadded rows. Options that change the math
 // and that no family expresses are refused by name.
 func FromArgs(a Args) (*Config, error) {
+	if err := a.checkTypes("args"); err != nil {
+		return nil, err
+	}
 	c := &Config{Norm: "RMSNorm", Activation: "swiglu", RotaryPercent: 1}
 	for _, step := range []func(Args, *Config) error{geometryFromArgs, moeFromArgs, refuseArgs, normFromArgs, ropeFromArgs, biasFromArgs} {
 		if err := step(a, c); err != nil {
@@ -554,6 +557,9 @@ func hfRead(m map[string]any, c *Config) error {
 
 // FromHF reads a config.json (decoded) into the family's config.
 func FromHF(m map[string]any) (*Config, error) {
+	if err := Args(m).checkTypes("config.json"); err != nil {
+		return nil, err
+	}
 	mt, _ := Args(m).str("model_type")
 	f, err := ByHFModelType(mt)
 	if err != nil {

@@ -452,9 +452,31 @@ func TestHFConfigMalformed(t *testing.T) {
 		{"tie_word_embeddings str", base("tie_word_embeddings", "yes"), "tie_word_embeddings is yes"},
 		{"mlp_only_layers str", base("model_type", "qwen2_moe", "num_experts", 4.0, "num_experts_per_tok", 2.0, "moe_intermediate_size", 6.0,
 			"shared_expert_intermediate_size", 10.0, "mlp_only_layers", "0"), "mlp_only_layers is 0, not a list"},
+		// Fields read as numbers or strings were taken as absent when of
+		// another type (a default eps, theta or head count took their place).
+		{"num_key_value_heads str", base("num_key_value_heads", "2"), "config.json: num_key_value_heads is 2 (string), not an integer"},
+		{"layers fractional", base("num_hidden_layers", 2.5), "num_hidden_layers is 2.5, not an integer"},
+		{"rope_theta str", base("rope_theta", "1e6"), "rope_theta is 1e6 (string), not a number"},
+		{"hidden_act number", base("hidden_act", 1.0), "hidden_act is 1 (float64), not a string"},
 	} {
 		if _, err := FromHF(tc.m); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestArgsTypes: Megatron arguments of the wrong type are refused by name.
+func TestArgsTypes(t *testing.T) {
+	for _, tc := range []struct {
+		a    Args
+		want string
+	}{
+		{Args{"num_layers": "2"}, "args: num_layers is 2 (string), not an integer"},
+		{Args{"rotary_base": true}, "args: rotary_base is true (bool), not a number"},
+		{Args{"normalization": 1.0}, "args: normalization is 1 (float64), not a string"},
+	} {
+		if _, err := FromArgs(tc.a); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want an error containing %q", tc.a, err, tc.want)
 		}
 	}
 }

@@ -1,0 +1,59 @@
+package family
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// The arguments and config.json fields the families read, by the type they
+// must have. Args.int, float and str treat an absent field as absent;
+// checkTypes runs first so that a field of the wrong type (a string "32",
+// a fractional layer count) is an error naming it, never read as absent.
+var (
+	intFields = []string{"decoder_sparse_step", "ffn_hidden_size", "head_dim", "hidden_size", "intermediate_size",
+		"kv_channels", "make_vocab_size_divisible_by", "max_position_embeddings", "moe_ffn_hidden_size",
+		"moe_intermediate_size", "moe_router_topk", "moe_shared_expert_intermediate_size", "num_attention_heads",
+		"num_experts", "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "num_layers",
+		"num_local_experts", "num_query_groups", "seq_length", "shared_expert_intermediate_size", "vocab_size"}
+	floatFields = []string{"layernorm_epsilon", "norm_epsilon", "rms_norm_eps", "rope_scaling_factor", "rope_theta",
+		"rotary_base", "rotary_percent", "rotary_seq_len_interpolation_factor"}
+	strFields = []string{"hidden_act", "model_type", "moe_router_load_balancing_type", "moe_router_score_function",
+		"normalization", "position_embedding_type"}
+)
+
+// checkTypes refuses a known field whose value has the wrong type; where
+// names the source (training arguments or config.json).
+func (a Args) checkTypes(where string) error {
+	var bad []string
+	for _, k := range intFields {
+		switch v := a[k].(type) {
+		case nil, int64, int:
+		case float64:
+			if v != math.Trunc(v) {
+				bad = append(bad, fmt.Sprintf("%s is %v, not an integer", k, v))
+			}
+		default:
+			bad = append(bad, fmt.Sprintf("%s is %v (%T), not an integer", k, v, v))
+		}
+	}
+	for _, k := range floatFields {
+		switch v := a[k].(type) {
+		case nil, int64, int, float64:
+		default:
+			bad = append(bad, fmt.Sprintf("%s is %v (%T), not a number", k, v, v))
+		}
+	}
+	for _, k := range strFields {
+		switch v := a[k].(type) {
+		case nil, string:
+		default:
+			bad = append(bad, fmt.Sprintf("%s is %v (%T), not a string", k, v, v))
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return fmt.Errorf("%s: %s", where, bad[0])
+	}
+	return nil
+}
