@@ -585,25 +585,22 @@ type DeviceBuffer struct {
 
 // AllocDevice allocates n bytes on a CUDA device.
 func AllocDevice(device int, n int64) (DeviceBuffer, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	if err := openCUDA(); err != nil {
 		return DeviceBuffer{}, err
 	}
-	var cctx C.CUcontext
-	if err := cuCheck("primary context", C.ucp_ctx(C.int(device), &cctx)); err != nil {
-		return DeviceBuffer{}, err
-	}
-	defer C.ucp_ctx_pop()
 	var p C.uint64_t
-	if err := cuCheck("cuMemAlloc", C.ucp_dev_alloc(&p, C.size_t(max(n, 1)))); err != nil {
+	err := onDevice(device, func() error {
+		return cuCheck("cuMemAlloc", C.ucp_dev_alloc(&p, C.size_t(max(n, 1))))
+	})
+	if err != nil {
 		return DeviceBuffer{}, err
 	}
 	return DeviceBuffer{Ptr: uint64(p), Size: n}, nil
 }
 
-// CopyToHost copies a device buffer back (tests only: the loader never does).
-func (b DeviceBuffer) CopyToHost(device int, dst []byte) error {
+// onDevice runs f on a locked OS thread with the device's primary context
+// current (the test and tool helpers below; the loader keeps its own).
+func onDevice(device int, f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var cctx C.CUcontext
@@ -611,25 +608,25 @@ func (b DeviceBuffer) CopyToHost(device int, dst []byte) error {
 		return err
 	}
 	defer C.ucp_ctx_pop()
+	return f()
+}
+
+// CopyToHost copies a device buffer back (tests only: the loader never does).
+func (b DeviceBuffer) CopyToHost(device int, dst []byte) error {
 	if int64(len(dst)) > b.Size {
 		return errors.New("CopyToHost: destination larger than the buffer")
 	}
 	if len(dst) == 0 {
 		return nil
 	}
-	return cuCheck("cuMemcpyDtoH", C.ucp_dtoh(unsafe.Pointer(&dst[0]), C.uint64_t(b.Ptr), C.size_t(len(dst))))
+	return onDevice(device, func() error {
+		return cuCheck("cuMemcpyDtoH", C.ucp_dtoh(unsafe.Pointer(&dst[0]), C.uint64_t(b.Ptr), C.size_t(len(dst))))
+	})
 }
 
 // Free releases the buffer.
 func (b DeviceBuffer) Free(device int) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var cctx C.CUcontext
-	if err := cuCheck("primary context", C.ucp_ctx(C.int(device), &cctx)); err != nil {
-		return err
-	}
-	defer C.ucp_ctx_pop()
-	return cuCheck("cuMemFree", C.ucp_dev_free(C.uint64_t(b.Ptr)))
+	return onDevice(device, func() error { return cuCheck("cuMemFree", C.ucp_dev_free(C.uint64_t(b.Ptr))) })
 }
 
 // readLocalAs reads elements [start, start+n) of an item's shard into dst
