@@ -44,6 +44,9 @@ cases=(
   "core0_19_tp2_pp2_tied_bf16_dprs_args tp2_pp2_tied_bf16_dprs_args 1 1 1"
   "core0_19_tp2_pp2_tied_bf16_dprs_args tp2_pp2_tied_bf16_dprs_args 1 1 2 dp_reshardable"
   "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 1 1 2"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 4 1 1 dp_reshardable"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 1 4 dp_reshardable"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 4 1 1"
   "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 2 1 1 dp_reshardable"
 )
 failed=0

@@ -306,14 +306,18 @@ def load_checked(case, path):
     return m.eval()
 
 
-def export(case, out):
-    want = torch.load(os.path.join(out, "megatron.pt"))
-    m = load_checked(case, os.path.join(out, "hf"))
+def same_logits(case, truth, folder, what):
+    """Exits 0 when transformers on out/folder gives the logits saved in the truth file."""
+    want = torch.load(truth)
+    m = load_checked(case, folder)
     with torch.no_grad():
         got = m(want["ids"]).logits
-    ok = compare(f"{case}: Megatron torch_dist -> ucp convert -> ucp export --to hf -> transformers {CASES[case][1]}",
-                 got, want["logits"])
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if compare(what, got, want["logits"]) else 1)
+
+
+def export(case, out):
+    same_logits(case, os.path.join(out, "megatron.pt"), os.path.join(out, "hf"),
+                f"{case}: Megatron torch_dist -> ucp convert -> ucp export --to hf -> transformers {CASES[case][1]}")
 
 
 def hfsave(case, out):
@@ -339,13 +343,8 @@ def hfsave(case, out):
 
 
 def hfback(case, out):
-    want = torch.load(os.path.join(out, "hf_src.pt"))
-    m = load_checked(case, os.path.join(out, "hf_back"))
-    with torch.no_grad():
-        got = m(want["ids"]).logits
-    ok = compare(f"{case}: transformers save_pretrained -> ucp convert --from hf -> ucp export --to hf -> transformers",
-                 got, want["logits"])
-    sys.exit(0 if ok else 1)
+    same_logits(case, os.path.join(out, "hf_src.pt"), os.path.join(out, "hf_back"),
+                f"{case}: transformers save_pretrained -> ucp convert --from hf -> ucp export --to hf -> transformers")
 
 
 # Model arguments ucp's args must give as Megatron parses them.

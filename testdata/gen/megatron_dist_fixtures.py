@@ -64,6 +64,10 @@ CASES = {
     "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
     "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
     "moe_tp2_ep2_fp32_dprs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=2),
+    # 8 heads in 4 query groups over 4 layers (loadable at TP 4 and at PP 2 x VPP 2), wrapped in
+    # Float16Module as pretrain_gpt.py wraps a bf16 model (one DDP buffer, norms in bf16).
+    "g4_tp2_dp2_bf16_dprs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="dp_reshardable", tied=False, args=True,
+                                 f16module=True, geom=dict(layers=4, hidden=16, heads=8, groups=4, kv=4, ffn=16)),
 }
 
 # Model geometry: GQA (4 heads, 2 query groups, head dim 4 with hidden 12, so
@@ -83,6 +87,21 @@ STEPS = 2
 if os.environ.get("UCP_MEGATRON_GEOMETRY"):
     NUM_LAYERS, HIDDEN, HEADS, GROUPS, KV_CHANNELS, FFN, VOCAB, PADDED_VOCAB = (
         int(x) for x in os.environ["UCP_MEGATRON_GEOMETRY"].split(","))
+
+
+def geometry(case):
+    """The case's model geometry: the module's, or the case's own "geom"."""
+    g = dict(layers=NUM_LAYERS, hidden=HIDDEN, heads=HEADS, groups=GROUPS, kv=KV_CHANNELS, ffn=FFN,
+             padded_vocab=PADDED_VOCAB)
+    g.update(case.get("geom", {}))
+    return g
+
+
+def padded_vocab(tp, divisible_by=32):
+    """Megatron's padded vocabulary at TP (training/tokenizer: a multiple of
+    make_vocab_size_divisible_by x TP): what a run at another TP builds."""
+    m = divisible_by * tp
+    return (VOCAB + m - 1) // m * m
 
 
 def install_shims():
@@ -236,23 +255,24 @@ def build(case, rank, world):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     experts, ep = case.get("experts"), case.get("ep", 1)
+    g = geometry(case)
     ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep)
     bf16 = case["dtype"] == "bf16"
     dt = torch.bfloat16 if bf16 else torch.float32
     cfg = TransformerConfig(
-        num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
-        kv_channels=KV_CHANNELS, ffn_hidden_size=FFN, gated_linear_unit=True,
+        num_layers=g["layers"], hidden_size=g["hidden"], num_attention_heads=g["heads"], num_query_groups=g["groups"],
+        kv_channels=g["kv"], ffn_hidden_size=g["ffn"], gated_linear_unit=True,
         activation_func=torch.nn.functional.silu, add_bias_linear=False,
         tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
         bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True,
-        **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=FFN, expert_model_parallel_size=ep)
+        **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=g["ffn"], expert_model_parallel_size=ep)
            if experts else {}),
     )
     torch.manual_seed(42)
     pp_rank = ps.get_pipeline_model_parallel_rank()
     model = GPTModel(
-        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=experts), vocab_size=PADDED_VOCAB,
+        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=experts), vocab_size=g["padded_vocab"],
         max_sequence_length=SEQ, pre_process=pp_rank == 0, post_process=pp_rank == case["pp"] - 1,
         share_embeddings_and_output_weights=case["tied"], position_embedding_type="rope",
     )
@@ -424,12 +444,13 @@ def worker(rank, world, case_name, out, port):
     state = {"checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
              "optimizer": opt.sharded_state_dict(model_sd, metadata={"distrib_optim_sharding_type": case["sharding"]})}
     if case["args"]:
+        g = geometry(case)
         state["args"] = argparse.Namespace(
             tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
             virtual_pipeline_model_parallel_size=None, data_parallel_size=case["dp"], world_size=world,
-            num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
-            group_query_attention=True, kv_channels=KV_CHANNELS, ffn_hidden_size=FFN, swiglu=True,
-            vocab_size=VOCAB, padded_vocab_size=PADDED_VOCAB, make_vocab_size_divisible_by=32,
+            num_layers=g["layers"], hidden_size=g["hidden"], num_attention_heads=g["heads"], num_query_groups=g["groups"],
+            group_query_attention=True, kv_channels=g["kv"], ffn_hidden_size=g["ffn"], swiglu=True,
+            vocab_size=VOCAB, padded_vocab_size=g["padded_vocab"], make_vocab_size_divisible_by=32,
             untie_embeddings_and_output_weights=not case["tied"], bf16=case["dtype"] == "bf16", fp16=False,
             use_distributed_optimizer=True, ckpt_format="torch_dist",
             num_experts=case.get("experts"), expert_model_parallel_size=case.get("ep", 1))
@@ -452,7 +473,7 @@ def worker(rank, world, case_name, out, port):
         for o in getattr(opt, "chained_optimizers", [opt]):
             for g in o.optimizer.param_groups:
                 step = g.get("step", step)
-        truth = {"param_names": model_order(list(full)), "step": step, "vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
+        truth = {"param_names": model_order(list(full)), "step": step, "vocab_size": VOCAB, "padded_vocab_size": geometry(case)["padded_vocab"],
                  "degrees": dict(tp=case["tp"], pp=case["pp"], dp=case["dp"]),
                  "sharding": case["sharding"], "dtype": case["dtype"]}
         for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):

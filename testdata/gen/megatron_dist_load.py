@@ -84,7 +84,9 @@ def worker(rank, world, port):
     from megatron.core import dist_checkpointing
 
     case = dict(gen.CASES[case_name])
-    case.update(tp=TP, pp=PP, dp=DP, f16module=SHARDING == "dp_reshardable" and not OWN)
+    case.update(tp=TP, pp=PP, dp=DP, f16module=case.get("f16module") or SHARDING == "dp_reshardable" and not OWN)
+    # The vocabulary as a run at TP pads it (ucp writes that padding, zeros).
+    case["geom"] = dict(case.get("geom", {}), padded_vocab=gen.padded_vocab(TP))
     cfg, ddp, model, opt = gen.build(case, rank, world)
     # Nothing may survive from initialization: NaN everywhere before the load.
     with torch.no_grad():
