@@ -39,9 +39,8 @@ for c in $cases; do
   # Import into Megatron at new degrees (TP EP expert-TP DP): real megatron-core loads each rank's file.
   degs="1 2 1 2,2 2 1 1"
   [ "$c" = mixtral ] && degs="$degs,2 2 2 2"
-  # MLA at TP 2: column-parallel down projections (local spec); expert TP = TP (ucp's legacy reader has no
-  # MLA split rules for reading back a Megatron save at TP 2).
-  [ "$c" = deepseek_v3 ] && degs="1 2 1 2,2 2 2 2"
+  # MLA at TP 2: column-parallel down projections (local spec), read back from Megatron's own save at TP 2.
+  [ "$c" = deepseek_v3 ] && degs="1 2 1 2,2 2 1 1,2 2 2 2"
   IFS=, read -ra dl <<<"$degs"
   for d in "${dl[@]}"; do
     read -r tp ep etp dp <<<"$d"
