@@ -256,7 +256,12 @@ def build(case, rank, world):
 
     experts, ep = case.get("experts"), case.get("ep", 1)
     g = geometry(case)
-    ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep)
+    # vpp: model chunks as training.py get_model builds them (one GPTModel per
+    # vp_stage, pre/post_process per chunk, DDP per chunk with bucketing only
+    # on chunk 0); build then returns lists of DDP modules and models.
+    vpp = case.get("vpp")
+    vkw = dict(virtual_pipeline_model_parallel_size=vpp) if vpp else {}
+    ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep, **vkw)
     bf16 = case["dtype"] == "bf16"
     dt = torch.bfloat16 if bf16 else torch.float32
     cfg = TransformerConfig(
@@ -265,31 +270,43 @@ def build(case, rank, world):
         activation_func=torch.nn.functional.silu, add_bias_linear=False,
         tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True,
+        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True, **vkw,
         **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=g["ffn"], expert_model_parallel_size=ep)
            if experts else {}),
     )
     torch.manual_seed(42)
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    model = GPTModel(
-        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=experts), vocab_size=g["padded_vocab"],
-        max_sequence_length=SEQ, pre_process=pp_rank == 0, post_process=pp_rank == case["pp"] - 1,
-        share_embeddings_and_output_weights=case["tied"], position_embedding_type="rope",
-    )
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
                                             overlap_grad_reduce=False, bucket_size=None)
-    # f16module: wrapped as pretrain_gpt.py wraps a 16-bit model (every parameter, norms too, in the
-    # training dtype: one DDP buffer); the fixtures themselves are saved unwrapped.
-    inner = model
-    if case.get("f16module") and bf16:
-        from megatron.core.transformer.module import Float16Module
+    models, ddps = [], []
+    for v in range(vpp or 1):
+        model = GPTModel(
+            config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=experts), vocab_size=g["padded_vocab"],
+            max_sequence_length=SEQ, share_embeddings_and_output_weights=case["tied"], position_embedding_type="rope",
+            **(dict(pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v),
+                    post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v), vp_stage=v) if vpp else
+               dict(pre_process=pp_rank == 0, post_process=pp_rank == case["pp"] - 1)),
+        )
+        # f16module: wrapped as pretrain_gpt.py wraps a 16-bit model (every parameter, norms too, in the
+        # training dtype: one DDP buffer); the fixtures themselves are saved unwrapped.
+        inner = model
+        if case.get("f16module") and bf16:
+            from megatron.core.transformer.module import Float16Module
 
-        inner = Float16Module(cfg, model)
-    ddp = DDP(config=cfg, ddp_config=ddp_cfg, module=inner)
+            inner = Float16Module(cfg, model)
+        ddps.append(DDP(config=cfg, ddp_config=ddp_cfg, module=inner, **(dict(disable_bucketing=v > 0) if vpp else {})))
+        models.append(model)
     ocfg = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, bf16=bf16, params_dtype=dt,
                            use_distributed_optimizer=True)
-    opt = get_megatron_optimizer(ocfg, [ddp])
-    return cfg, ddp, model, opt
+    opt = get_megatron_optimizer(ocfg, ddps)
+    if vpp:
+        return cfg, ddps, models, opt
+    return cfg, ddps[0], models[0], opt
+
+
+def chunks(x):
+    """The model chunks (or their DDP modules) build returned: a list with vpp."""
+    return x if isinstance(x, list) else [x]
 
 
 def global_name(model, name, keys_map=True):
@@ -322,11 +339,13 @@ def synthetic_step(ddp, model, opt, step):
     from megatron.core import parallel_state as ps
 
     tp = ps.get_tensor_model_parallel_rank()
-    ddp.zero_grad_buffer()
-    for name, p in model.named_parameters():
-        seed = f"{global_name(model, name)}/{step}/{tp if getattr(p, 'tensor_model_parallel', False) else -1}"
-        g = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
-        p.main_grad.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    for d in chunks(ddp):
+        d.zero_grad_buffer()
+    for m in chunks(model):
+        for name, p in m.named_parameters():
+            seed = f"{global_name(m, name)}/{step}/{tp if getattr(p, 'tensor_model_parallel', False) else -1}"
+            g = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
+            p.main_grad.copy_(torch.randn(p.shape, generator=g) * 0.1)
     ok, _, _ = opt.step()
     assert ok, "optimizer step skipped"
 
@@ -337,8 +356,8 @@ def local_truth(model, opt, keys_map=True):
     from megatron.core import parallel_state as ps
 
     out = []
-    for name, p in model.named_parameters():
-        entry = dict(name=global_name(model, name, keys_map), tp=ps.get_tensor_model_parallel_rank(),
+    for m, name, p in [(m, n, p) for m in chunks(model) for n, p in m.named_parameters()]:
+        entry = dict(name=global_name(m, name, keys_map), tp=ps.get_tensor_model_parallel_rank(),
                      dp=ps.get_data_parallel_rank(), pp=ps.get_pipeline_model_parallel_rank(),
                      tp_split=bool(getattr(p, "tensor_model_parallel", False)),
                      dim=getattr(p, "partition_dim", -1), shape=tuple(p.shape), weight=p.detach().float().clone(),
