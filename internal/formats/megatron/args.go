@@ -31,15 +31,15 @@ type Args struct {
 	Untie                bool
 	// MLALocal: multi-latent attention in megatron-core's local spec, whose
 	// down projections are column-parallel (TE's are whole on every rank).
-	MLALocal bool
-	DP, CP, World        int
-	DistOpt              bool
-	OverlapGradReduce    bool
-	OverlapParamGather   bool // overlap_param_gather_with_optimizer_step: no buckets
-	BucketSize           int64
-	NumBuckets           int64
-	GradFP32             bool // accumulate_allreduce_grads_in_fp32
-	UnevenPipeline       []string
+	MLALocal           bool
+	DP, CP, World      int
+	DistOpt            bool
+	OverlapGradReduce  bool
+	OverlapParamGather bool // overlap_param_gather_with_optimizer_step: no buckets
+	BucketSize         int64
+	NumBuckets         int64
+	GradFP32           bool // accumulate_allreduce_grads_in_fp32
+	UnevenPipeline     []string
 }
 
 // attr returns args.name, or false when the Namespace has no such attribute.
