@@ -138,7 +138,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
-		return p.write(ctx, tmp, st)
+		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -448,7 +448,7 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 			if err := os.Mkdir(sub, 0o755); err != nil {
 				return err
 			}
-			if err := p.writeRank(filepath.Join(sub, modelFile), f, s, st); err != nil {
+			if err := p.writeRank(ctx, filepath.Join(sub, modelFile), f, s, st); err != nil {
 				return err
 			}
 		}
@@ -505,7 +505,7 @@ func expertFiles(T, D, EP, ETP int) ([]outFile, error) {
 }
 
 // writeRank writes model_optim_rng.pt of rank file f, pipeline stage s.
-func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) error {
+func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, st *ReshardStats) error {
 	t := f.t
 	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
@@ -570,7 +570,7 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 		members = append(members, list...)
 	}
 	if p.release { // weights only: loaded with --finetune --no-load-optim
-		return p.writeFile(path, root, fills, st)
+		return p.writeFile(ctx, path, root, fills, st)
 	}
 	var opt pyobj.Value
 	var err error
@@ -588,11 +588,11 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 			root.Set(k, v)
 		}
 	}
-	if err := p.writeFile(path, root, fills, st); err != nil {
+	if err := p.writeFile(ctx, path, root, fills, st); err != nil {
 		return err
 	}
 	if p.o.DistOptimizer {
-		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
+		return p.writeDistrib(ctx, filepath.Join(filepath.Dir(path), distribFile), t, s, st)
 	}
 	return nil
 }
@@ -708,7 +708,7 @@ func blobScalar(b *torchfile.Blob) (float64, error) {
 // per DDP buffer (model chunk, then dtype) one fp32 tensor per state of
 // numel_unpadded elements, each parameter at its place in Megatron's
 // bucket layout with the bucket-end padding removed, zeros between.
-func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
+func (p *rsPlan) writeDistrib(ctx context.Context, path string, t, s int, st *ReshardStats) error {
 	a, err := p.targetArgsParsed(path)
 	if err != nil {
 		return err
@@ -747,7 +747,7 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 		buf.Set(p.bufferDTypes(a), world)
 		root.Set(int64(v), buf)
 	}
-	return p.writeFile(path, root, fills, st)
+	return p.writeFile(ctx, path, root, fills, st)
 }
 
 // targetArgsParsed reads targetArgs as the loading run's Args (bucket
@@ -925,8 +925,8 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 
 // writeFile writes one torch.save file, streaming each tensor from its
 // atomic states.
-func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
-	n, err := layout.WriteFile(p.r, path, root, fills)
+func (p *rsPlan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
+	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
 	if err != nil {
 		return err
 	}
