@@ -2,15 +2,18 @@
 torch_dist` at the written degrees and must give the source fixture's live truth bit for bit, then
 train a step.
 
-    python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP [SHARDING]
+    python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP [SHARDING [EP]]
 
 CASE_DIR holds `written/` (ucp's save folder) and the source fixture's `truth.pt`; CASE is the
 source's generator case (megatron_dist_fixtures.CASES: the model geometry). Each of TP·PP·DP ranks
 (gloo, one process each) builds the fixture's GPTModel with Megatron's DDP and distributed optimizer at
-the new degrees, every parameter and optimizer state NaN first, then does what the training loop's
-load does: `dist_checkpointing.load` of `{'model': model.sharded_state_dict(), 'optimizer':
-optimizer.sharded_state_dict(model_sd, is_loading=True, metadata={'distrib_optim_sharding_type':
-SHARDING})}` (fully_reshardable unless given; for dp_reshardable a bf16 model is wrapped in
+the new degrees (EP: the expert-parallel size of an MoE case, default the case's), every parameter and
+optimizer state NaN first, then does what the training loop's load does
+(megatron/training/checkpointing.py load_checkpoint): the sharded-state-dict metadata is the
+checkpoint's own `content_metadata` (`dist_checkpointing.load_content_metadata`; it must name SHARDING,
+and for a ChainedOptimizer it says whether keys carry `chained_<k>.`), then `dist_checkpointing.load` of
+`{'model': model.sharded_state_dict(metadata=...), 'optimizer': optimizer.sharded_state_dict(model_sd,
+is_loading=True, metadata=...)}` (fully_reshardable unless given; for dp_reshardable a bf16 model is wrapped in
 Float16Module as pretrain_gpt.py wraps it, so that DDP builds the buffers of a training run), `model.load_state_dict`, `optimizer.load_state_dict`. The live model and the
 optimizer's fp32 main parameters and Adam moments are gathered over every rank (the fixture
 generator's local_truth/merge) and compared with truth.pt: states exactly, weights with the truth's fp32
@@ -25,6 +28,7 @@ import time
 src, case_dir, case_name = sys.argv[1], sys.argv[2], sys.argv[3]
 TP, PP, DP = (int(x) for x in sys.argv[4:7])
 SHARDING = sys.argv[7] if len(sys.argv) > 7 else "fully_reshardable"
+EP = int(sys.argv[8]) if len(sys.argv) > 8 else None
 # UCP_OWN=1: `written/` is the fixture's own checkpoint (the load-time baseline); its model weights
 # are the live ones (fp32 norms of the unwrapped bf16 model), compared with truth weight directly.
 OWN = os.environ.get("UCP_OWN") == "1"
@@ -85,6 +89,8 @@ def worker(rank, world, port):
 
     case = dict(gen.CASES[case_name])
     case.update(tp=TP, pp=PP, dp=DP, f16module=SHARDING == "dp_reshardable" and not OWN)
+    if EP is not None:
+        case.update(ep=EP)
     cfg, ddp, model, opt = gen.build(case, rank, world)
     # Nothing may survive from initialization: NaN everywhere before the load.
     with torch.no_grad():
@@ -107,10 +113,19 @@ def worker(rank, world, port):
     save = os.path.join(case_dir, "written")
     it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
     t0 = time.time()
-    model_sd = model.sharded_state_dict()
+    # The training loop's load takes the metadata the checkpoint was saved with (content_metadata);
+    # the fixtures themselves (UCP_OWN) were saved without it, as before core 0.13.
+    meta = dist_checkpointing.load_content_metadata(it)
+    if meta is None and OWN:
+        meta = {"distrib_optim_sharding_type": SHARDING}
+    if meta is None or meta.get("distrib_optim_sharding_type") != SHARDING:
+        sys.exit(f"FAIL {case_dir}: content_metadata {meta}, want distrib_optim_sharding_type {SHARDING}")
+    from megatron.core import parallel_state as ps
+
+    meta = dict(meta, dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True))
+    model_sd = model.sharded_state_dict(metadata=meta)
     state = {"model": model_sd,
-             "optimizer": opt.sharded_state_dict(model_sd, is_loading=True,
-                                                 metadata={"distrib_optim_sharding_type": SHARDING})}
+             "optimizer": opt.sharded_state_dict(model_sd, is_loading=True, metadata=meta)}
     loaded = dist_checkpointing.load(state, it)
     model.load_state_dict(loaded["model"])
     opt.load_state_dict(loaded["optimizer"])
@@ -159,7 +174,7 @@ def worker(rank, world, port):
         if bad:
             print("FAIL", case_dir, *bad[:20], sep="\n  ")
         else:
-            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP} DP {DP}: "
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP} DP {DP} EP {case.get('ep', 1)}: "
                   f"{n} tensors equal to the truth ({SHARDING}), one training step taken; load {load_s:.2f}s", flush=True)
     dist.barrier()
     dist.destroy_process_group()

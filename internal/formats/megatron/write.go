@@ -44,6 +44,9 @@ type ReshardOptions struct {
 	// transformer_impl); a Megatron source keeps its own.
 	Spec          string
 	Force, NoSync bool
+	// torchDist: planned for the torch_dist writer (ReshardDist), which
+	// writes Megatron-LM sources' experts; the legacy writer does not yet.
+	torchDist bool
 }
 
 // ReshardStats tell what was written.
@@ -101,6 +104,10 @@ type rsPlan struct {
 	ep, etp int
 	experts int
 	files   []outFile
+	// nDense: the dense optimizer's groups, first in groups (chained)
+	nDense int
+	// eshards: routed experts' shards per expert-TP rank
+	eshards []map[string]fragment.Shard
 }
 
 // Reshard writes the atomic checkpoint r (converted from a Megatron-LM
@@ -166,13 +173,13 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if m.Source.Format != "megatron" && m.Source.Format != DistFormat {
 		return planFamily(r, o) // weights of a known model family
 	}
-	if o.EP > 1 || o.ETP > 0 && o.ETP != o.TP {
-		return nil, fmt.Errorf("--ep %d, --expert-tp %d: a Megatron-LM source is written at its own expert layout only when it has experts, which --to megatron does not write yet", o.EP, o.ETP)
-	}
 	if o.Spec != "" {
 		return nil, fmt.Errorf("--megatron-spec is for sources not converted from Megatron-LM; this one keeps its own (args.transformer_impl)")
 	}
-	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, ep: 1, etp: o.TP}
+	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, ep: max(o.EP, 1), etp: o.ETP}
+	if p.etp == 0 {
+		p.etp = o.TP
+	}
 	if err := p.loadExtra(); err != nil {
 		return nil, err
 	}
@@ -200,6 +207,11 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	if err := p.readOptim(); err != nil {
 		return nil, err
+	}
+	if p.experts > 0 {
+		if err := p.targetGroups(); err != nil {
+			return nil, err
+		}
 	}
 	if err := p.slices(model); err != nil {
 		return nil, err
@@ -258,11 +270,8 @@ func (p *rsPlan) readArgs() (layout.Model, error) {
 	if p.modelCP, err = args.Int("context_parallel_size", 1); err != nil {
 		return layout.Model{}, err
 	}
-	if n, err := args.Int("num_experts", 0); err != nil || n > 0 {
-		if err != nil {
-			return layout.Model{}, err
-		}
-		return layout.Model{}, fmt.Errorf("%s: a mixture-of-experts model (args.num_experts %d): --to megatron does not write expert layouts yet", r.Dir, n)
+	if err := p.readExperts(args); err != nil {
+		return layout.Model{}, err
 	}
 	// A bool that is not one is an error naming the file, not false.
 	if legacy, err := args.Bool("use_legacy_models", false); err != nil || legacy {
@@ -337,12 +346,24 @@ func (p *rsPlan) slices(model layout.Model) error {
 		switch {
 		case e.Frozen:
 			return fmt.Errorf("%s: frozen parameter or buffer %s: --to megatron writes trained parameters only", p.r.Dir, e.Name)
-		case isExpert(e.Name) || strings.HasPrefix(e.Name, "language_model."):
-			return fmt.Errorf("%s: parameter %s: --to megatron does not write expert or legacy-model layouts yet", p.r.Dir, e.Name)
+		case isGrouped(e.Name) || strings.HasPrefix(e.Name, "language_model."):
+			return fmt.Errorf("%s: parameter %s: --to megatron does not write GroupedMLP (weight1/weight2) or legacy-model layouts yet", p.r.Dir, e.Name)
+		case isExpert(e.Name) && findExpert(e.Name).local < 0:
+			return fmt.Errorf("%s: parameter %s: an expert parameter without an expert number, which --to megatron does not place", p.r.Dir, e.Name)
 		}
 		meta, err := layout.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
 		if err != nil {
 			return err
+		}
+		if isExpert(e.Name) {
+			// Routed experts are cut over the expert-TP ranks.
+			if err := p.expertSlices(model, e, meta); err != nil {
+				return err
+			}
+			if err := p.readStates(e); err != nil {
+				return err
+			}
+			continue
 		}
 		var padded int64
 		if T == srcT {
@@ -361,23 +382,31 @@ func (p *rsPlan) slices(model layout.Model) error {
 				p.vocab = sh.Shape[0] * int64(T)
 			}
 		}
-		var states []string
-		for _, f := range e.Files {
-			if f.State != fragment.StepState {
-				states = append(states, f.State)
-			}
-		}
-		p.states[e.Name] = fragment.StateOrder(states)
-		if len(p.states[e.Name]) == 0 || p.states[e.Name][0] != fragment.FP32 {
-			return fmt.Errorf("%s: parameter %s has no fp32 state", p.r.Dir, e.Name)
-		}
-		v, ok, err := p.r.Step(e.Name)
-		if err != nil {
+		if err := p.readStates(e); err != nil {
 			return err
 		}
-		if ok {
-			p.steps[e.Name] = v
+	}
+	return nil
+}
+
+// readStates records the optimizer states and the step of a parameter.
+func (p *rsPlan) readStates(e *atomic.ParamEntry) error {
+	var states []string
+	for _, f := range e.Files {
+		if f.State != fragment.StepState {
+			states = append(states, f.State)
 		}
+	}
+	p.states[e.Name] = fragment.StateOrder(states)
+	if len(p.states[e.Name]) == 0 || p.states[e.Name][0] != fragment.FP32 {
+		return fmt.Errorf("%s: parameter %s has no fp32 state", p.r.Dir, e.Name)
+	}
+	v, ok, err := p.r.Step(e.Name)
+	if err != nil {
+		return err
+	}
+	if ok {
+		p.steps[e.Name] = v
 	}
 	return nil
 }
@@ -406,6 +435,10 @@ func (p *rsPlan) place() error {
 			}
 			s, v = p.chunkOf(n)
 			local = globalName(e.Name, -p.split[s][v][0], 0)
+			if x := findExpert(e.Name); isExpert(e.Name) && x.local >= 0 {
+				p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: e.Name, routed: true, expert: x.local})
+				continue
+			}
 		case strings.HasPrefix(e.Name, "embedding."):
 			s, v = 0, 0
 			if isWordEmbedding(e.Name) {
@@ -634,7 +667,7 @@ func (p *rsPlan) groupFlagsOf(rp rsParam) groupFlags {
 	if p.qkWD && (strings.Contains(rp.local, "q_layernorm.") || strings.Contains(rp.local, "k_layernorm.")) {
 		noWD = false
 	}
-	return groupFlags{noWD: noWD}
+	return groupFlags{noWD: noWD, expert: rp.routed && p.chained()}
 }
 
 // distGroups is DistributedOptimizer.state_dict(): the param groups
@@ -663,23 +696,34 @@ func (p *rsPlan) distGroups(members []rsParam) (pyobj.Value, error) {
 		}
 		break
 	}
-	groups := &pyobj.List{}
-	for _, grp := range p.groups {
-		gd := grp.Clone()
-		gd.Delete("params")
-		if step != nil {
-			gd.Set(fragment.StepState, step)
+	// A chained target (MoE with expert parallelism) saves one state dict
+	// per sub-optimizer (ChainedOptimizer.state_dict; torch_dist's common
+	// state keys them 0, 1).
+	subs := p.subOptimizers()
+	all := pyobj.NewDict(pyobj.PlainDict)
+	for i, sub := range subs {
+		groups := &pyobj.List{}
+		for _, grp := range sub {
+			gd := grp.Clone()
+			gd.Delete("params")
+			if step != nil {
+				gd.Set(fragment.StepState, step)
+			}
+			groups.Items = append(groups.Items, gd)
 		}
-		groups.Items = append(groups.Items, gd)
+		inner := pyobj.NewDict(pyobj.PlainDict)
+		inner.Set("param_groups", groups)
+		out := pyobj.NewDict(pyobj.PlainDict)
+		out.Set("optimizer", inner)
+		if gs, ok := p.optim.Get("grad_scaler"); ok && p.dt != dtype.Float32 {
+			out.Set("grad_scaler", gs)
+		}
+		if len(subs) == 1 {
+			return out, nil
+		}
+		all.Set(int64(i), out)
 	}
-	inner := pyobj.NewDict(pyobj.PlainDict)
-	inner.Set("param_groups", groups)
-	out := pyobj.NewDict(pyobj.PlainDict)
-	out.Set("optimizer", inner)
-	if gs, ok := p.optim.Get("grad_scaler"); ok && p.dt != dtype.Float32 {
-		out.Set("grad_scaler", gs)
-	}
-	return out, nil
+	return all, nil
 }
 
 // blobScalar is the value of a 0-dim float tensor.
@@ -763,19 +807,33 @@ func (p *rsPlan) bufferDTypes(a *Args) pyobj.Tuple {
 // it (distributed/param_and_grad_buffer.py, core >= 0.8 rules: reverse
 // order, 64-element starts, a shared embedding in a bucket of its own).
 func (p *rsPlan) bufferLayout(a *Args, t, s, v int) layoutResult {
+	return p.listLayout(a, s, v, p.chunks[s][v], p.shards[t], p.stageNumel(t, s))
+}
+
+// stageNumel is the elements of TP rank t's parameters of stage s.
+func (p *rsPlan) stageNumel(t, s int) int64 {
 	var total int64
 	for _, list := range p.chunks[s] {
 		for _, rp := range list {
-			total += torchfile.Numel(p.shards[t][rp.src].Shape)
+			if sh, ok := p.shards[t][rp.src]; ok {
+				total += torchfile.Numel(sh.Shape)
+			}
 		}
 	}
+	return total
+}
+
+// listLayout places the parameters list (one DDP buffer of model chunk v
+// of stage s: all of the chunk's, or its dense or its expert-parallel ones)
+// with their shards: reverse order, 64-element starts, a shared embedding
+// in a bucket of its own; total is the stage's elements (ddp_num_buckets).
+func (p *rsPlan) listLayout(a *Args, s, v int, list []rsParam, shards map[string]fragment.Shard, total int64) layoutResult {
 	P, V := p.o.PP, len(p.chunks[s])
-	list := p.chunks[s][v]
 	lps := make([]layoutParam, len(list))
 	for i, rp := range list {
 		first, last := s == 0 && v == 0, s == P-1 && v == V-1
 		shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
-		lps[i] = layoutParam{numel: torchfile.Numel(p.shards[t][rp.src].Shape), shared: shared}
+		lps[i] = layoutParam{numel: torchfile.Numel(shards[rp.src].Shape), shared: shared}
 	}
 	return computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
 }
