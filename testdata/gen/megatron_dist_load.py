@@ -128,7 +128,13 @@ def worker(rank, world, port):
              "optimizer": opt.sharded_state_dict(model_sd, is_loading=True, metadata=meta)}
     loaded = dist_checkpointing.load(state, it)
     model.load_state_dict(loaded["model"])
-    opt.load_state_dict(loaded["optimizer"])
+    # core 0.19's load_parameter_state_from_dp_reshardable lacks the @torch.no_grad() of
+    # load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main
+    # params are views of the model's, and its copy_ raises "a view of a leaf Variable that requires
+    # grad is being used in an in-place operation"; Megatron's own fp32 dp_reshardable fixture
+    # fails the same way (UCP_OWN=1). The load runs under no_grad, as the fully_reshardable one does.
+    with torch.no_grad():
+        opt.load_state_dict(loaded["optimizer"])
     load_s = time.time() - t0
     steps = {float(st["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for st in o.optimizer.state.values()}
     pieces = [None] * world
