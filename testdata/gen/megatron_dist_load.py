@@ -29,6 +29,7 @@ src, case_dir, case_name = sys.argv[1], sys.argv[2], sys.argv[3]
 TP, PP, DP = (int(x) for x in sys.argv[4:7])
 SHARDING = sys.argv[7] if len(sys.argv) > 7 else "fully_reshardable"
 EP = int(sys.argv[8]) if len(sys.argv) > 8 else None
+VPP = int(os.environ.get("UCP_VPP", "0")) or None  # model chunks per stage (--vpp)
 # UCP_OWN=1: `written/` is the fixture's own checkpoint (the load-time baseline); its model weights
 # are the live ones (fp32 norms of the unwrapped bf16 model), compared with truth weight directly.
 OWN = os.environ.get("UCP_OWN") == "1"
@@ -88,13 +89,15 @@ def worker(rank, world, port):
     from megatron.core import dist_checkpointing
 
     case = dict(gen.CASES[case_name])
-    case.update(tp=TP, pp=PP, dp=DP, f16module=SHARDING == "dp_reshardable" and not OWN)
+    case.update(tp=TP, pp=PP, dp=DP, vpp=VPP, f16module=case.get("f16module") or SHARDING == "dp_reshardable" and not OWN)
+    # The vocabulary as a run at TP pads it (ucp writes that padding, zeros).
+    case["geom"] = dict(case.get("geom", {}), padded_vocab=gen.padded_vocab(TP))
     if EP is not None:
         case.update(ep=EP)
     cfg, ddp, model, opt = gen.build(case, rank, world)
     # Nothing may survive from initialization: NaN everywhere before the load.
     with torch.no_grad():
-        for p in model.parameters():
+        for p in (p for m in gen.chunks(model) for p in m.parameters()):
             p.fill_(float("nan"))
         for o in getattr(opt, "chained_optimizers", [opt]):
             for g in o.shard_fp32_from_float16_groups + o.shard_fp32_groups:
@@ -123,11 +126,15 @@ def worker(rank, world, port):
     from megatron.core import parallel_state as ps
 
     meta = dict(meta, dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True))
-    model_sd = model.sharded_state_dict(metadata=meta)
-    state = {"model": model_sd,
-             "optimizer": opt.sharded_state_dict(model_sd, is_loading=True, metadata=meta)}
+    # Model chunks under 'model0', 'model1', ... with a virtual pipeline, as the training loop's
+    # generate_state_dict names them (megatron/training/checkpointing.py, core_v0.19.0).
+    ms = gen.chunks(model)
+    keys = [f"model{i}" for i in range(len(ms))] if VPP else ["model"]
+    state = {k: m.sharded_state_dict(metadata=meta) for k, m in zip(keys, ms)}
+    state["optimizer"] = opt.sharded_state_dict(dict(state) if VPP else state["model"], is_loading=True, metadata=meta)
     loaded = dist_checkpointing.load(state, it)
-    model.load_state_dict(loaded["model"])
+    for k, m in zip(keys, ms):
+        m.load_state_dict(loaded[k])
     # core 0.19's load_parameter_state_from_dp_reshardable lacks the @torch.no_grad() of
     # load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main
     # params are views of the model's, and its copy_ raises "a view of a leaf Variable that requires
@@ -180,7 +187,7 @@ def worker(rank, world, port):
         if bad:
             print("FAIL", case_dir, *bad[:20], sep="\n  ")
         else:
-            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP} DP {DP} EP {case.get('ep', 1)}: "
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP} EP {case.get('ep', 1)}: "
                   f"{n} tensors equal to the truth ({SHARDING}), one training step taken; load {load_s:.2f}s", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -54,6 +54,17 @@ var distWriteCases = []struct {
 	{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2, EP: 2}, OptimSharding: DPReshardable}},
 	{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 4, EP: 4, ETP: 1}, OptimSharding: DPReshardable}},
 	{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1, EP: 1, ETP: 1}, OptimSharding: DPReshardable, Core: Core018}},
+	// A real bf16 Float16Module run with 4 query groups (one DDP buffer) to TP 4 and to DP 4.
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 4, PP: 1, DP: 1}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 4}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 4, PP: 1, DP: 2}}},
+	// Virtual pipeline (model chunks) and uneven splits, both optimizer formats.
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 1}}},
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, VPP: 2, DP: 2}, OptimSharding: DPReshardable}},
+	{"pp2_vpp2_distopt", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 3}, OptimSharding: DPReshardable, Core: Core018}},
+	{"pp2_vpp2_distopt", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 4, DP: 1}, OptimSharding: DPReshardable}},
+	{"tp1_pp4_untied", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 3, DP: 2, FirstStageLayers: 2}, OptimSharding: DPReshardable}},
+	{"tp2_gqa_swiglu", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2, LastStageLayers: 1}, OptimSharding: DPReshardable}},
 	// Chunks split over many write tasks (CRCs combined), two workers.
 	{"dist/core0_19_tp2_dp2_bf16_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 1}, Workers: 2, taskBytes: 100}},
 	{"dist/core0_19_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, OptimSharding: DPReshardable, Workers: 3, taskBytes: 64}},
@@ -68,7 +79,7 @@ func TestDistWriteRoundTrip(t *testing.T) {
 		if _, ok := atomics[c.fixture]; !ok {
 			atomics[c.fixture] = convertFixture(t, c.fixture)
 		}
-		t.Run(fmt.Sprintf("%d_%s_tp%d_pp%d_dp%d_core%s_%s", i, c.fixture, c.o.TP, c.o.PP, c.o.DP, c.o.Core, c.o.OptimSharding), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%d_%s_tp%d_pp%d_vpp%d_dp%d_core%s_%s", i, c.fixture, c.o.TP, c.o.PP, c.o.VPP, c.o.DP, c.o.Core, c.o.OptimSharding), func(t *testing.T) {
 			a := atomics[c.fixture]
 			save := writeDist(t, a, c.o)
 			tbl := indexDist(t, save, Options{})
@@ -146,6 +157,8 @@ func TestDistWriteTorchDCP(t *testing.T) {
 		{"core0_19_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 1}, Core: Core018}},
 		{"core0_14_tp2_dp4_fp32_fsms", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, Core: Core019}},
 		{"core0_19_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 1}, Core: Core015}},
+		// TP 4: vocabulary padded to 128, 4 query groups split 4 ways.
+		{"core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 4, PP: 1, DP: 1}}},
 	}
 	root := t.TempDir()
 	var dirs []string
@@ -193,6 +206,8 @@ func TestDistWriteDPReshardableLayout(t *testing.T) {
 	}{
 		{"core0_19_tp2_fp32_dprs", Core019, 1, 1},
 		{"core0_18_tp2_fp32_dprs", Core018, 1, 1},
+		// bf16 wrapped in Float16Module (one buffer of bf16 parameters), DP 2.
+		{"core0_19_g4_tp2_dp2_bf16_dprs", Core019, 2, 1},
 		// MoE: experts in the dense buffers (EP 1), and in the expert
 		// optimizer's own buffers over expert-DP (EP 2: chained_0/chained_1).
 		{"core0_19_moe_tp2_fp32_dprs", Core019, 1, 1},
