@@ -34,9 +34,6 @@ func (p *rsPlan) readExperts(args layout.Args) error {
 		}
 		return nil
 	}
-	if !p.o.torchDist {
-		return fmt.Errorf("%s: a mixture-of-experts model (args.num_experts %d): --to megatron --ckpt-format torch does not write a Megatron-LM source's experts yet; --ckpt-format torch_dist does", p.r.Dir, n)
-	}
 	p.experts = int(n)
 	switch {
 	case n%int64(p.ep) != 0:
@@ -44,7 +41,15 @@ func (p *rsPlan) readExperts(args layout.Args) error {
 	case (T*D)%(p.ep*p.etp) != 0:
 		return fmt.Errorf("expert parallel %d x expert tensor parallel %d does not divide the %d ranks of a pipeline stage (--tp %d x --dp %d), as Megatron requires", p.ep, p.etp, T*D, T, D)
 	}
-	return nil
+	if p.o.torchDist {
+		return nil
+	}
+	if p.o.DistOptimizer && p.etp != T {
+		// The legacy reader does not read it back (expert TP != TP with distrib_optim.pt).
+		return fmt.Errorf("--expert-tp %d with --tp %d and --distributed-optimizer: --ckpt-format torch does not write that layout yet (--ckpt-format torch_dist does)", p.etp, T)
+	}
+	p.files, err = expertFiles(T, D, p.ep, p.etp)
+	return err
 }
 
 // chained reports a target whose experts are expert-parallel: Megatron
@@ -166,4 +171,59 @@ func distExpertKey(name string) (string, int) {
 	base := strings.Replace(x.template, "local_experts.#.", "", 1)
 	base = strings.TrimSuffix(base, "#")
 	return strings.Replace(base, ".mlp.experts.", "."+expertKey, 1), x.local
+}
+
+// ofSub keeps the parameters of sub-optimizer i: all of them when not
+// chained, else the dense ones (0) or the routed experts (1).
+func (p *rsPlan) ofSub(list []rsParam, i int) []rsParam {
+	if !p.chained() {
+		return list
+	}
+	var out []rsParam
+	for _, rp := range list {
+		if rp.routed == (i == 1) {
+			out = append(out, rp)
+		}
+	}
+	return out
+}
+
+// subGroups are the param groups and flags of sub-optimizer i.
+func (p *rsPlan) subGroups(i int) ([]*pyobj.Dict, []groupFlags) {
+	if !p.chained() {
+		return p.groups, p.flags
+	}
+	if i == 0 {
+		return p.groups[:p.nDense], p.flags[:p.nDense]
+	}
+	return p.groups[p.nDense:], p.flags[p.nDense:]
+}
+
+// shardOf is a parameter's shard in rank file f: routed experts cut at
+// the file's expert-TP rank, the rest at its TP rank.
+func (p *rsPlan) shardOf(f outFile, name string) fragment.Shard {
+	if isExpert(name) && p.eshards != nil {
+		return p.eshards[f.u][name]
+	}
+	return p.shards[f.t][name]
+}
+
+// distribSubs says which sub-optimizer states distrib_optim.pt of rank
+// file f holds: Megatron's save_parameter_state writes, from every rank,
+// the states of the sub-optimizers whose data-parallel group it is rank 0
+// of (ChainedOptimizer.save_parameter_state), into that rank's file. Within
+// a stage dense DP rank 0 is rank t (EP rank (t/U)%EP); expert-DP rank 0
+// are the ranks r < U*EP (rank order etp-ep-edp).
+func (p *rsPlan) distribSubs(f outFile) []bool {
+	if !p.chained() {
+		return []bool{true}
+	}
+	U, EP, T := p.etp, p.ep, p.o.TP
+	expert := false
+	for r := 0; r < U*EP; r++ {
+		if r%T == f.t && (r/U)%EP == f.e && r%U == f.u {
+			expert = true
+		}
+	}
+	return []bool{(f.t/U)%EP == f.e && f.t%U == f.u, expert}
 }

@@ -553,7 +553,7 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 			fills = append(fills, layout.StateFill{Blob: b, Pieces: pieces})
 			return b
 		}
-		sh := p.shards[t][name]
+		sh := p.shardOf(f, name)
 		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
 		fills = append(fills, layout.StateFill{Blob: b, Pieces: []layout.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
 		return b
@@ -602,8 +602,17 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 	var err error
 	if p.o.DistOptimizer {
 		opt, err = p.distGroups(members)
+		if d, ok := opt.(*pyobj.Dict); ok && err == nil && p.chained() {
+			// ChainedOptimizer.state_dict(): a list, dense then expert.
+			l := &pyobj.List{}
+			for _, k := range d.Keys() {
+				v, _ := d.Get(k)
+				l.Items = append(l.Items, v)
+			}
+			opt = l
+		}
 	} else {
-		opt, err = p.optimizer(members, blob)
+		opt, err = p.chainedOptimizer(members, blob)
 	}
 	if err != nil {
 		return err
@@ -618,9 +627,28 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 		return err
 	}
 	if p.o.DistOptimizer {
-		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
+		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), f, s, st)
 	}
 	return nil
+}
+
+// chainedOptimizer is the non-distributed optimizer's state of one rank:
+// optimizer's, or with expert-parallel experts ChainedOptimizer's list of
+// the dense and the expert sub-optimizer's (each its own ids from 0).
+func (p *rsPlan) chainedOptimizer(members []rsParam, blob func(name, state string, dt dtype.DType) *torchfile.Blob) (pyobj.Value, error) {
+	if !p.chained() {
+		return p.optimizer(members, p.groups, p.flags, blob)
+	}
+	out := &pyobj.List{}
+	for i := 0; i < 2; i++ {
+		groups, flags := p.subGroups(i)
+		v, err := p.optimizer(p.ofSub(members, i), groups, flags, blob)
+		if err != nil {
+			return nil, err
+		}
+		out.Items = append(out.Items, v)
+	}
+	return out, nil
 }
 
 // ofEPRank keeps the parameters EP rank e holds: every one but the routed
@@ -745,16 +773,49 @@ func blobScalar(b *torchfile.Blob) (float64, error) {
 // per DDP buffer (model chunk, then dtype) one fp32 tensor per state of
 // numel_unpadded elements, each parameter at its place in Megatron's
 // bucket layout with the bucket-end padding removed, zeros between.
-func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
+func (p *rsPlan) writeDistrib(path string, f outFile, s int, st *ReshardStats) error {
 	a, err := p.targetArgsParsed(path)
 	if err != nil {
 		return err
 	}
+	var fills []layout.StateFill
+	var roots []pyobj.Value
+	any := false
+	for i, has := range p.distribSubs(f) {
+		if !has {
+			roots = append(roots, nil) // not DP rank 0 of this sub-optimizer's group
+			continue
+		}
+		root, fl, err := p.distribState(a, f, s, i)
+		if err != nil {
+			return err
+		}
+		roots, fills, any = append(roots, root), append(fills, fl...), true
+	}
+	if !any {
+		return nil // no rank loading this file is DP rank 0 of any group
+	}
+	if len(roots) == 1 {
+		return p.writeFile(path, roots[0], fills, st)
+	}
+	return p.writeFile(path, &pyobj.List{Items: roots}, fills, st)
+}
+
+// distribState is one sub-optimizer's get_parameter_state_dp_zero()
+// (sub 0: all parameters, or the dense ones; 1: the file's EP rank's
+// experts at its expert-TP rank), per model chunk's buffer.
+func (p *rsPlan) distribState(a *Args, f outFile, s, sub int) (*pyobj.Dict, []layout.StateFill, error) {
+	t := f.t
+	shards := p.shards[t]
+	if sub == 1 {
+		shards = p.eshards[f.u]
+	}
 	root := pyobj.NewDict(pyobj.PlainDict)
 	root.Set("buckets_coalesced", true)
 	var fills []layout.StateFill
-	for v, list := range p.chunks[s] {
-		lay := p.bufferLayout(a, t, s, v)
+	for v, all := range p.chunks[s] {
+		list := p.ofSub(p.ofEPRank(all, f.e), sub)
+		lay := p.listLayout(a, s, v, list, shards, p.stageNumel(t, s))
 		base := make([]int64, len(lay.unpadded)+1)
 		for i, u := range lay.unpadded {
 			base[i+1] = base[i] + u
@@ -766,9 +827,9 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 			f := layout.StateFill{Blob: b}
 			for i, rp := range list {
 				if !p.hasState(rp.src, state) {
-					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
+					return nil, nil, fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
 				}
-				sh := p.shards[t][rp.src]
+				sh := shards[rp.src]
 				f.Pieces = append(f.Pieces, layout.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
 			}
 			sort.Slice(f.Pieces, func(i, j int) bool { return f.Pieces[i].At < f.Pieces[j].At })
@@ -784,7 +845,7 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 		buf.Set(p.bufferDTypes(a), world)
 		root.Set(int64(v), buf)
 	}
-	return p.writeFile(path, root, fills, st)
+	return root, fills, nil
 }
 
 // targetArgsParsed reads targetArgs as the loading run's Args (bucket
@@ -852,13 +913,13 @@ func (p *rsPlan) hasState(param, state string) bool {
 // 'grad_scaler', 'fp32_from_fp16_params'), FP32Optimizer's bare torch
 // state dict for float32. Group g's members are the rank's parameters with
 // its flags; ids run over the groups in order, as torch numbers them.
-func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt dtype.DType) *torchfile.Blob) (pyobj.Value, error) {
+func (p *rsPlan) optimizer(members []rsParam, pgroups []*pyobj.Dict, pflags []groupFlags, blob func(name, state string, dt dtype.DType) *torchfile.Blob) (pyobj.Value, error) {
 	state := pyobj.NewDict(pyobj.PlainDict)
 	groups := &pyobj.List{}
 	mains := &pyobj.List{}
 	var id int64
 	used := 0
-	for g, grp := range p.groups {
+	for g, grp := range pgroups {
 		gd := grp.Clone()
 		if p.style == stepTorch {
 			gd.Delete(fragment.StepState) // torch AdamW groups hold none
@@ -866,7 +927,7 @@ func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt d
 		var ids []pyobj.Value
 		gm := &pyobj.List{}
 		for _, rp := range members {
-			if p.groupFlagsOf(rp) != p.flags[g] {
+			if p.groupFlagsOf(rp) != pflags[g] {
 				continue
 			}
 			used++
