@@ -470,12 +470,20 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 	}
 	opt := ov.(*pyobj.Dict)
 	if w.o.OptimSharding == DPReshardable {
-		// The optimizer's state_dict items are dp_group_idx_G ShardedObjects.
-		opt = pyobj.NewDict(pyobj.PlainDict)
+		// The optimizer's state_dict items are dp_group_idx_G ShardedObjects:
+		// the common state keeps the sharding type only, per sub-optimizer.
+		if p.chained() {
+			opt = pyobj.NewDict(pyobj.PlainDict)
+			for i := range p.subOptimizers() {
+				opt.Set(int64(i), pyobj.NewDict(pyobj.PlainDict))
+			}
+		} else {
+			opt = pyobj.NewDict(pyobj.PlainDict)
+		}
 	}
 	if w.o.Core != Core015 || w.o.OptimSharding == DPReshardable {
 		subs := []*pyobj.Dict{opt}
-		if p.chained() && w.o.OptimSharding == FullyReshardable {
+		if p.chained() {
 			// {0: dense, 1: expert}: each sub-optimizer's own dict.
 			subs = nil
 			for _, k := range opt.Keys() {

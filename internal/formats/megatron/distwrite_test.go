@@ -342,7 +342,8 @@ func TestDistWriteMoECommon(t *testing.T) {
 		{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}, []bool{false, true}},
 		{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}}, []bool{false}},
 		{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1, ETP: 1}, Core: Core018}, []bool{false, true}},
-		{"dist/core0_19_moe_tp2_ep2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}, OptimSharding: DPReshardable}, nil},
+		{"dist/core0_19_moe_tp2_ep2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}, OptimSharding: DPReshardable}, []bool{false, true}},
+		{"dist/core0_19_moe_tp2_ep2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}, OptimSharding: DPReshardable}, []bool{false}},
 	} {
 		t.Run(fmt.Sprintf("%s_ep%d_etp%d_%s", c.fixture, c.o.EP, c.o.ETP, c.o.OptimSharding), func(t *testing.T) {
 			save := writeDist(t, convertFixture(t, c.fixture), c.o)
@@ -381,7 +382,21 @@ func TestDistWriteMoECommon(t *testing.T) {
 					subs = append(subs, v.(*pyobj.Dict))
 				}
 			}
+			if len(subs) != len(c.experts) {
+				t.Fatalf("%d sub-optimizers in the common state, want %d", len(subs), len(c.experts))
+			}
 			for i, want := range c.experts {
+				if st, _ := subs[i].Get("param_state_sharding_type"); st != sharding {
+					t.Errorf("sub-optimizer %d: param_state_sharding_type %v", i, st)
+				}
+				if sharding == DPReshardable {
+					// The groups are the domains' optimizer/shard_0_1 items
+					// (TestDistWriteDPReshardableLayout); nothing else is common.
+					if subs[i].Len() != 1 {
+						t.Errorf("sub-optimizer %d: %s, want the sharding type only", i, deepRepr(subs[i]))
+					}
+					continue
+				}
 				in, _ := subs[i].Get("optimizer")
 				gv, _ := in.(*pyobj.Dict).Get("param_groups")
 				for _, g := range gv.(*pyobj.List).Items {
