@@ -281,7 +281,7 @@ func TestReshardRefused(t *testing.T) {
 		{"pp 0", gqa, ReshardOptions{TP: 1, PP: 0, DP: 1}, "--pp must be at least 1"},
 		{"dp 0", gqa, ReshardOptions{TP: 1, PP: 1, DP: 0}, "--dp must be at least 1"},
 		{"torch_dist without args", noArgs, ReshardOptions{TP: 1, PP: 1, DP: 1}, "no args Namespace"},
-		{"experts", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "mixture-of-experts"},
+		{"experts with a routing-bias buffer", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "frozen parameter or buffer decoder.layers.0.mlp.router.expert_bias"},
 		{"existing save folder", gqa, ReshardOptions{TP: 1, PP: 1, DP: 1}, "use --force"},
 	}
 	for _, c := range cases {
