@@ -145,7 +145,7 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
-		return w.write(ctx, tmp, iterDir, st)
+		return r.VerifyingReads(func() error { return w.write(ctx, tmp, iterDir, st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -538,7 +538,7 @@ func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardSt
 			return err
 		}
 		path := filepath.Join(tmp, commonFile)
-		n, err := layout.WriteFile(w.p.r, path, common, nil)
+		n, err := layout.WriteFile(ctx, w.p.r, path, common, nil, layout.WriteOptions{Sync: !w.o.NoSync})
 		if err != nil {
 			return err
 		}

@@ -142,7 +142,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
-		return p.write(ctx, tmp, st)
+		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -478,7 +478,7 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 			if err := os.Mkdir(sub, 0o755); err != nil {
 				return err
 			}
-			if err := p.writeRank(filepath.Join(sub, modelFile), f, s, st); err != nil {
+			if err := p.writeRank(ctx, filepath.Join(sub, modelFile), f, s, st); err != nil {
 				return err
 			}
 		}
@@ -535,7 +535,7 @@ func expertFiles(T, D, EP, ETP int) ([]outFile, error) {
 }
 
 // writeRank writes model_optim_rng.pt of rank file f, pipeline stage s.
-func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) error {
+func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, st *ReshardStats) error {
 	t := f.t
 	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
@@ -596,7 +596,7 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 		members = append(members, list...)
 	}
 	if p.release { // weights only: loaded with --finetune --no-load-optim
-		return p.writeFile(path, root, fills, st)
+		return p.writeFile(ctx, path, root, fills, st)
 	}
 	var opt pyobj.Value
 	var err error
@@ -623,11 +623,11 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 			root.Set(k, v)
 		}
 	}
-	if err := p.writeFile(path, root, fills, st); err != nil {
+	if err := p.writeFile(ctx, path, root, fills, st); err != nil {
 		return err
 	}
 	if p.o.DistOptimizer {
-		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), f, s, st)
+		return p.writeDistrib(ctx, filepath.Join(filepath.Dir(path), distribFile), f, s, st)
 	}
 	return nil
 }
@@ -773,7 +773,7 @@ func blobScalar(b *torchfile.Blob) (float64, error) {
 // per DDP buffer (model chunk, then dtype) one fp32 tensor per state of
 // numel_unpadded elements, each parameter at its place in Megatron's
 // bucket layout with the bucket-end padding removed, zeros between.
-func (p *rsPlan) writeDistrib(path string, f outFile, s int, st *ReshardStats) error {
+func (p *rsPlan) writeDistrib(ctx context.Context, path string, f outFile, s int, st *ReshardStats) error {
 	a, err := p.targetArgsParsed(path)
 	if err != nil {
 		return err
@@ -796,9 +796,9 @@ func (p *rsPlan) writeDistrib(path string, f outFile, s int, st *ReshardStats) e
 		return nil // no rank loading this file is DP rank 0 of any group
 	}
 	if len(roots) == 1 {
-		return p.writeFile(path, roots[0], fills, st)
+		return p.writeFile(ctx, path, roots[0], fills, st)
 	}
-	return p.writeFile(path, &pyobj.List{Items: roots}, fills, st)
+	return p.writeFile(ctx, path, &pyobj.List{Items: roots}, fills, st)
 }
 
 // distribState is one sub-optimizer's get_parameter_state_dp_zero()
@@ -1037,8 +1037,8 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 
 // writeFile writes one torch.save file, streaming each tensor from its
 // atomic states.
-func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
-	n, err := layout.WriteFile(p.r, path, root, fills)
+func (p *rsPlan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
+	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
 	if err != nil {
 		return err
 	}
