@@ -65,6 +65,9 @@ type rsParam struct {
 	// the expert TP rank.
 	routed bool
 	expert int
+	// fp32: kept in float32 whatever the training dtype (the router's
+	// expert_bias: megatron-core router.py _maintain_float32_expert_bias).
+	fp32 bool
 }
 
 // outFile is one model_optim_rng.pt of a pipeline stage: the dense
@@ -578,7 +581,11 @@ func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, s
 			if p.te && strings.HasSuffix(mod, ".self_attention.linear_proj") && (i == 0 || linearModule(list[i-1].local) != mod) {
 				md.Set(strings.TrimSuffix(mod, "linear_proj")+"core_attention._extra_state", nil)
 			}
-			md.Set(rp.local, blob(rp.src, fragment.FP32, p.dt))
+			dt := p.dt
+			if rp.fp32 {
+				dt = dtype.Float32
+			}
+			md.Set(rp.local, blob(rp.src, fragment.FP32, dt))
 			if mod != "" && (i+1 == len(list) || linearModule(list[i+1].local) != mod) {
 				md.Set(mod+"._extra_state", nil)
 			}
@@ -672,7 +679,7 @@ func (p *rsPlan) ofEPRank(list []rsParam, e int) []rsParam {
 }
 
 // reLinear matches the parameters of modules that save '_extra_state'.
-var reLinear = regexp.MustCompile(`^(.*\.(?:linear_qkv|linear_proj|linear_fc1|linear_fc2)|output_layer)\.[^.]+$`)
+var reLinear = regexp.MustCompile(`^(.*\.(?:linear_qkv|linear_proj|linear_fc1|linear_fc2|linear_q_proj|linear_q_down_proj|linear_q_up_proj|linear_kv_down_proj|linear_kv_up_proj)|output_layer)\.[^.]+$`)
 
 // linearModule returns the module of a parameter that saves
 // '_extra_state', or "".
