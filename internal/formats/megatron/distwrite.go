@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -120,6 +121,7 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 	}
 	// torch_dist holds the distributed optimizer's state (fully_reshardable).
 	o.DistOptimizer = true
+	o.torchDist = true
 	p, err := planMegatron(r, o.ReshardOptions)
 	if err != nil {
 		return nil, err
@@ -253,7 +255,8 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 	var order []string
 	var ordered []*dwKey
 	for _, e := range p.r.Manifest.Params {
-		key, layer := distKey(e.Name)
+		ekey, expert := distExpertKey(e.Name)
+		key, layer := distKey(ekey)
 		k := splitKind(e.Name, w.swiglu)
 		if k == kindUnknown || k == kindGrouped1 || k == kindGrouped2 {
 			return nil, fmt.Errorf("%s: parameter %s: no torch_dist layout known for it", p.r.Dir, e.Name)
@@ -265,21 +268,36 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 		mk, ok := model[key]
 		if !ok {
 			size := full
+			if expert >= 0 {
+				size = append([]int64{int64(p.experts)}, size...)
+			}
 			if layer >= 0 {
-				size = append([]int64{int64(L)}, full...)
+				size = append([]int64{int64(L)}, size...)
 			}
 			mk = &dwKey{key: key, dt: p.dt, size: size}
 			model[key] = mk
 			order = append(order, key)
 		}
 		s := w.stageOf(e.Name, layer)
-		for t := 0; t < T; t++ {
-			bs, err := boxes(k, full, T, t)
+		// Routed experts are cut over the expert-TP ranks U; the chunk of
+		// expert-TP rank u on EP rank e goes to the file of stage rank
+		// u + U*e's TP rank (rank order tp-cp-ep-dp-pp): any file loads.
+		cut, fileOf := T, func(t int) int { return t + T*s }
+		if expert >= 0 {
+			U, e := p.etp, expert/(p.experts/p.ep)
+			cut, fileOf = U, func(u int) int { return (u+U*e)%T + T*s }
+		}
+		for t := 0; t < cut; t++ {
+			bs, err := boxes(k, full, cut, t)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
 			}
 			for _, b := range bs {
-				ch := &dwChunk{rank: t + T*s, offsets: b[0], size: b[1], param: e.Name, shard: boxShard(b[0], b[1], e.Shape)}
+				ch := &dwChunk{rank: fileOf(t), offsets: b[0], size: b[1], param: e.Name, shard: boxShard(b[0], b[1], e.Shape)}
+				if expert >= 0 {
+					ch.offsets = append([]int64{int64(expert)}, ch.offsets...)
+					ch.size = append([]int64{1}, ch.size...)
+				}
 				if layer >= 0 {
 					ch.offsets = append([]int64{int64(layer)}, ch.offsets...)
 					ch.size = append([]int64{1}, ch.size...)
@@ -291,7 +309,7 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 	for _, key := range order {
 		mk := model[key]
 		if n := len(mk.size); n > 0 && mk.size[0] == int64(L) && strings.HasPrefix(key, "decoder.layers.") {
-			if err := coversLayers(mk, L); err != nil {
+			if err := coversLayers(mk, L, strings.Contains(key, expertKey), p.experts); err != nil {
 				return nil, fmt.Errorf("%s: %w", p.r.Dir, err)
 			}
 		}
@@ -347,6 +365,18 @@ func (w *distWriter) itemKeys(model []*dwKey) error {
 			w.items = append(w.items, &dwKey{key: fmt.Sprintf("%s._extra_state/shard_%d_%d", mod, l, L), data: none})
 		}
 	}
+	// Each expert's linears: one ShardedObject per (layer, expert),
+	// shard_<l>.<g>_<L>.<E> (SequentialMLP and TEGroupedMLP alike).
+	for _, mod := range []string{"linear_fc1", "linear_fc2"} {
+		if !slices.Contains(order, "decoder.layers."+expertKey+mod+".weight") {
+			continue
+		}
+		for l := 0; l < L; l++ {
+			for g := 0; g < p.experts; g++ {
+				w.items = append(w.items, &dwKey{key: fmt.Sprintf("decoder.layers.%s%s._extra_state/shard_%d.%d_%d.%d", expertKey, mod, l, g, L, p.experts), data: none})
+			}
+		}
+	}
 	if w.o.Core == Core019 {
 		common, err := w.common()
 		if err != nil {
@@ -361,15 +391,28 @@ func (w *distWriter) itemKeys(model []*dwKey) error {
 	return nil
 }
 
-// coversLayers checks that a stacked key has every layer's chunks.
-func coversLayers(k *dwKey, L int) error {
-	seen := make([]bool, L)
-	for _, ch := range k.chunks {
-		seen[ch.offsets[0]] = true
+// coversLayers checks that a stacked key has every layer's chunks and,
+// for experts, every expert's of every layer.
+func coversLayers(k *dwKey, L int, experts bool, E int) error {
+	n := 1
+	if experts {
+		n = E
 	}
-	for l, ok := range seen {
-		if !ok {
-			return fmt.Errorf("%s: layer %d has no tensor (torch_dist stacks every layer under one key)", k.key, l)
+	seen := make([]bool, L*n)
+	for _, ch := range k.chunks {
+		i := int(ch.offsets[0]) * n
+		if experts {
+			i += int(ch.offsets[1])
+		}
+		seen[i] = true
+	}
+	for i, ok := range seen {
+		switch {
+		case ok:
+		case experts:
+			return fmt.Errorf("%s: layer %d expert %d has no tensor (torch_dist stacks every layer's experts under one key)", k.key, i/n, i%n)
+		default:
+			return fmt.Errorf("%s: layer %d has no tensor (torch_dist stacks every layer under one key)", k.key, i)
 		}
 	}
 	return nil
@@ -427,11 +470,30 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 	}
 	opt := ov.(*pyobj.Dict)
 	if w.o.OptimSharding == DPReshardable {
-		// The optimizer's state_dict items are dp_group_idx_G ShardedObjects.
-		opt = pyobj.NewDict(pyobj.PlainDict)
+		// The optimizer's state_dict items are dp_group_idx_G ShardedObjects:
+		// the common state keeps the sharding type only, per sub-optimizer.
+		if p.chained() {
+			opt = pyobj.NewDict(pyobj.PlainDict)
+			for i := range p.subOptimizers() {
+				opt.Set(int64(i), pyobj.NewDict(pyobj.PlainDict))
+			}
+		} else {
+			opt = pyobj.NewDict(pyobj.PlainDict)
+		}
 	}
 	if w.o.Core != Core015 || w.o.OptimSharding == DPReshardable {
-		opt.Set("param_state_sharding_type", w.o.OptimSharding)
+		subs := []*pyobj.Dict{opt}
+		if p.chained() {
+			// {0: dense, 1: expert}: each sub-optimizer's own dict.
+			subs = nil
+			for _, k := range opt.Keys() {
+				v, _ := opt.Get(k)
+				subs = append(subs, v.(*pyobj.Dict))
+			}
+		}
+		for _, d := range subs {
+			d.Set("param_state_sharding_type", w.o.OptimSharding)
+		}
 	}
 	args := p.targetArgs().(*pyobj.Object)
 	switch ad := args.State.(type) {
@@ -453,6 +515,7 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 			c.Set(k, v)
 		}
 	}
+	c.Set("content_metadata", w.contentMetadata())
 	return c, nil
 }
 
@@ -550,4 +613,22 @@ func (w *distWriter) metadata(final string) *dcp.Metadata {
 		md.Attrs = map[string]pyobj.Value{"mcore_data": mcore}
 	}
 	return md
+}
+
+// contentMetadata is the content_metadata dist_checkpointing.save stores
+// in the common state and Megatron's load_checkpoint reads back to build
+// the sharded state dicts it loads (megatron/training/checkpointing.py
+// _build_sharded_state_dict_metadata, _clean_metadata_for_serialization;
+// without it the load takes the pre-0.13 sharding types): the optimizer
+// sharding type, no singleton local shards, and no chained_<k>. prefix on a
+// ChainedOptimizer's fully_reshardable keys.
+func (w *distWriter) contentMetadata() *pyobj.Dict {
+	m := pyobj.NewDict(pyobj.PlainDict)
+	m.Set("distrib_optim_sharding_type", w.o.OptimSharding)
+	if w.o.OptimSharding == FullyReshardable {
+		m.Set("distrib_optim_fully_reshardable_mem_efficient", false)
+	}
+	m.Set("singleton_local_shards", false)
+	m.Set("chained_optim_avoid_prefix", true)
+	return m
 }
