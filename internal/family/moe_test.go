@@ -41,18 +41,9 @@ func TestMoEFromArgs(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := FromArgs(tc.args)
-			if err == nil {
-				err = c.Check()
-			}
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want %q", err, tc.err)
-				}
+			c := fromArgsCase(t, tc.args, tc.err)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			got := Config{Experts: c.Experts, TopK: c.TopK, MoEFFN: c.MoEFFN, SharedFFN: c.SharedFFN, SharedGate: c.SharedGate, NormTopK: c.NormTopK}
 			if c.Family != tc.family || !reflect.DeepEqual(got, tc.want) {
