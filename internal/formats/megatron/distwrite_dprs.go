@@ -26,7 +26,7 @@ var dprsStates = [][2]string{{fragment.FP32, "param"}, {fragment.ExpAvg, "exp_av
 
 // dprsKeys adds the dp_reshardable optimizer (DISTWRITE.md): for every
 // model-parallel rank G = t + T·s, DDP's buckets at the target DP as the
-// loading run lays them out (bufferLayout, the legacy distrib_optim.pt
+// loading run lays them out (listLayout, the legacy distrib_optim.pt
 // writer's layout), one fp32 key per bucket and state of
 // per_bucket_numel_unpadded elements, chunked as each DP rank's
 // sharded_param_state_dp_reshardable saves it (its parameter ranges and the

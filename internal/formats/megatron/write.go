@@ -870,14 +870,6 @@ func (p *rsPlan) bufferDTypes(a *Args) pyobj.Tuple {
 	return pyobj.Tuple{pyobj.DType{DType: p.dt}, pyobj.DType{DType: a.gradDType(p.dt)}}
 }
 
-// bufferLayout places the parameters of TP rank t's model chunk v of stage
-// s (p.chunks[s][v] order) in DDP's grad buffer as the loading run builds
-// it (distributed/param_and_grad_buffer.py, core >= 0.8 rules: reverse
-// order, 64-element starts, a shared embedding in a bucket of its own).
-func (p *rsPlan) bufferLayout(a *Args, t, s, v int) layoutResult {
-	return p.listLayout(a, s, v, p.chunks[s][v], p.shards[t], p.stageNumel(t, s))
-}
-
 // stageNumel is the elements of TP rank t's parameters of stage s.
 func (p *rsPlan) stageNumel(t, s int) int64 {
 	var total int64
