@@ -9,6 +9,7 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -64,7 +65,7 @@ func (w *distWriter) dprsKeys() error {
 	for _, list := range all {
 		for _, state := range dprsStates {
 			if !p.hasState(list.src, state[0]) {
-				return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, list.src, state[0])
+				return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, p.srcName(list.src), state[0])
 			}
 		}
 	}
@@ -114,14 +115,14 @@ func (w *distWriter) bucketChunks(rank, t int, list []rsParam, lay layoutResult,
 		lo, hi := d*local, min((d+1)*local, u)
 		cur := lo
 		for _, i := range in {
-			sh := w.p.shards[t][list[i].src]
-			s, e := lay.start[i], lay.start[i]+torchfile.Numel(sh.Shape)
+			shape, pcs := w.p.rankTensor(list[i].src, t)
+			s, e := lay.start[i], lay.start[i]+torchfile.Numel(shape)
 			a, b := max(s, lo), min(e, hi)
 			if a >= b {
 				continue
 			}
 			gap(cur, a)
-			out = append(out, &dwChunk{rank: rank, offsets: []int64{a}, size: []int64{b - a}, param: list[i].src, shard: sh, start: a - s})
+			out = append(out, &dwChunk{rank: rank, offsets: []int64{a}, size: []int64{b - a}, src: list[i].src, pieces: layout.ClipPieces(pcs, a-s, b-a, 0)})
 			cur = b
 		}
 		gap(cur, hi)

@@ -44,6 +44,9 @@ type ReshardOptions struct {
 	// transformer_impl); a Megatron source keeps its own.
 	Spec          string
 	Force, NoSync bool
+	// distCkpt: planned for the torch_dist writer (ReshardDist), which
+	// writes the distributed optimizer's state of a family source too.
+	distCkpt bool
 }
 
 // ReshardStats tell what was written.
@@ -119,11 +122,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
 		return nil, err
 	}
-	iterDir := filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter))
-	tracker := strconv.FormatInt(p.iter, 10)
-	if p.release {
-		iterDir, tracker = filepath.Join(dst, "release"), "release"
-	}
+	iterDir, tracker := p.saveDir(dst)
 	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
 		// Another checkpoint's tracker would be repointed: also only with --force.
 		if _, err := os.Stat(x); err == nil && !o.Force {
@@ -144,6 +143,17 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st.Files++
 	return st, nil
+}
+
+// saveDir is the folder of the save in dst and the tracker's text: the
+// iteration's, or 'release' for a weights-only save of another
+// framework's model (Megatron's load_checkpoint reads it as iteration 0,
+// without optimizer and rng state).
+func (p *rsPlan) saveDir(dst string) (string, string) {
+	if p.release {
+		return filepath.Join(dst, "release"), "release"
+	}
+	return filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter)), strconv.FormatInt(p.iter, 10)
 }
 
 func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
@@ -506,23 +516,13 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 	t := f.t
 	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
-		if vt, ok := p.virt[name]; ok {
-			i := t
-			if isExpert(name) {
-				i = f.u // routed experts are cut at the expert TP rank
-			}
-			b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), vt[i].shape...)}
-			pieces := make([]layout.StatePiece, len(vt[i].pieces))
-			for j, pc := range vt[i].pieces {
-				pc.State = state // optimizer states follow the weights' pieces
-				pieces[j] = pc
-			}
-			fills = append(fills, layout.StateFill{Blob: b, Pieces: pieces})
-			return b
+		i := t
+		if isExpert(name) {
+			i = f.u // routed experts are cut at the expert TP rank
 		}
-		sh := p.shards[t][name]
-		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
-		fills = append(fills, layout.StateFill{Blob: b, Pieces: []layout.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
+		shape, pcs := p.rankTensor(name, i)
+		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), shape...)}
+		fills = append(fills, layout.StateFill{Blob: b, Pieces: withState(pcs, state)})
 		return b
 	}
 	root := pyobj.NewDict(pyobj.PlainDict)
@@ -588,6 +588,39 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
 	}
 	return nil
+}
+
+// rankTensor is TP rank i's (the expert TP rank's for a routed expert)
+// tensor of the plan's tensor src as pieces of atomic states (state
+// fragment.FP32; the optimizer states follow the weights' pieces): a
+// family source's fused tensor, else the atomic parameter's shard. Both
+// writers read every target tensor through it.
+func (p *rsPlan) rankTensor(src string, i int) ([]int64, []layout.StatePiece) {
+	if vt, ok := p.virt[src]; ok {
+		return vt[i].shape, vt[i].pieces
+	}
+	sh := p.shards[i][src]
+	return sh.Shape, []layout.StatePiece{{Param: src, State: fragment.FP32, Shard: sh, N: torchfile.Numel(sh.Shape)}}
+}
+
+// rankNumel is the element count of rankTensor(src, i).
+func (p *rsPlan) rankNumel(src string, i int) int64 {
+	shape, _ := p.rankTensor(src, i)
+	return torchfile.Numel(shape)
+}
+
+// srcName is the parameter a plan's tensor key names (family: prefix
+// dropped), for messages.
+func (p *rsPlan) srcName(src string) string { return strings.TrimPrefix(src, familyPrefix) }
+
+// withState is a copy of pieces reading the given state.
+func withState(pcs []layout.StatePiece, state string) []layout.StatePiece {
+	out := make([]layout.StatePiece, len(pcs))
+	for j, pc := range pcs {
+		pc.State = state
+		out[j] = pc
+	}
+	return out
 }
 
 // ofEPRank keeps the parameters EP rank e holds: every one but the routed
@@ -722,10 +755,13 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 			f := layout.StateFill{Blob: b}
 			for i, rp := range list {
 				if !p.hasState(rp.src, state) {
-					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
+					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, p.srcName(rp.src), state)
 				}
-				sh := p.shards[t][rp.src]
-				f.Pieces = append(f.Pieces, layout.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
+				_, pcs := p.rankTensor(rp.src, t)
+				for _, pc := range withState(pcs, state) {
+					pc.At += base[lay.bucket[i]] + lay.start[i]
+					f.Pieces = append(f.Pieces, pc)
+				}
 			}
 			sort.Slice(f.Pieces, func(i, j int) bool { return f.Pieces[i].At < f.Pieces[j].At })
 			fills = append(fills, f)
@@ -766,7 +802,7 @@ func (p *rsPlan) bufferLayout(a *Args, t, s, v int) layoutResult {
 	var total int64
 	for _, list := range p.chunks[s] {
 		for _, rp := range list {
-			total += torchfile.Numel(p.shards[t][rp.src].Shape)
+			total += p.rankNumel(rp.src, t)
 		}
 	}
 	P, V := p.o.PP, len(p.chunks[s])
@@ -775,7 +811,7 @@ func (p *rsPlan) bufferLayout(a *Args, t, s, v int) layoutResult {
 	for i, rp := range list {
 		first, last := s == 0 && v == 0, s == P-1 && v == V-1
 		shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
-		lps[i] = layoutParam{numel: torchfile.Numel(p.shards[t][rp.src].Shape), shared: shared}
+		lps[i] = layoutParam{numel: p.rankNumel(rp.src, t), shared: shared}
 	}
 	return computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
 }
