@@ -287,11 +287,27 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 	return ordered, nil
 }
 
+// modelKey is the model tensor key of global shape full (a layer's: with
+// the leading layer axis), added to model and ordered when new.
+func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key string, layer int, full []int64) *dwKey {
+	if mk, ok := model[key]; ok {
+		return mk
+	}
+	size := full
+	if layer >= 0 {
+		size = append([]int64{int64(w.p.layers)}, full...)
+	}
+	mk := &dwKey{key: key, dt: w.p.dt, size: size}
+	model[key] = mk
+	*ordered = append(*ordered, mk)
+	return mk
+}
+
 // megatronModelKeys are the model's tensors of a Megatron-LM source, one
 // box per TP rank (two for SwiGLU) of each atomic parameter.
 func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
 	p := w.p
-	T, L := p.o.TP, p.layers
+	T := p.o.TP
 	model := map[string]*dwKey{}
 	var ordered []*dwKey
 	for _, e := range p.r.Manifest.Params {
@@ -304,16 +320,7 @@ func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
 		if k == kindVocab && p.vocab > 0 {
 			full[0] = p.vocab
 		}
-		mk, ok := model[key]
-		if !ok {
-			size := full
-			if layer >= 0 {
-				size = append([]int64{int64(L)}, full...)
-			}
-			mk = &dwKey{key: key, dt: p.dt, size: size}
-			model[key] = mk
-			ordered = append(ordered, mk)
-		}
+		mk := w.modelKey(model, &ordered, key, layer, full)
 		s := w.stageOf(e.Name, layer)
 		for t := 0; t < T; t++ {
 			bs, err := boxes(k, full, T, t)

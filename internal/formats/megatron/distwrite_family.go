@@ -19,7 +19,7 @@ import (
 // last-stage copy has no key, as with a Megatron source.
 func (w *distWriter) familyModelKeys() ([]*dwKey, error) {
 	p := w.p
-	T, L := p.o.TP, p.layers
+	T := p.o.TP
 	model := map[string]*dwKey{}
 	var ordered []*dwKey
 	for s, stage := range p.chunks {
@@ -42,16 +42,7 @@ func (w *distWriter) familyModelKeys() ([]*dwKey, error) {
 				if err != nil {
 					return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, name, err)
 				}
-				mk, ok := model[key]
-				if !ok {
-					size := full
-					if layer >= 0 {
-						size = append([]int64{int64(L)}, full...)
-					}
-					mk = &dwKey{key: key, dt: p.dt, size: size}
-					model[key] = mk
-					ordered = append(ordered, mk)
-				}
+				mk := w.modelKey(model, &ordered, key, layer, full)
 				for t := 0; t < T; t++ {
 					shape, pcs := p.rankTensor(rp.src, t)
 					bs, err := boxes(k, full, T, t)
