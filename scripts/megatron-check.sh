@@ -27,7 +27,8 @@ cp -r "$src/megatron" "$work/src/"
 cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_dist_load.py" "$work/"
 core=$(sed -n 's/^MAJOR = \([0-9]*\)/\1/p; s/^MINOR = \([0-9]*\)/\1/p' "$src/megatron/core/package_info.py" | paste -sd.)
 fx=$here/testdata/fixtures/megatron_dist
-# source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable).
+# source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable)
+# | VPP written (model chunks per stage; default none).
 # legacy:FIXTURE migrates formats: the fixture is first written by ucp as a legacy --ckpt-format torch
 # save (TP 2 x DP 2, distributed optimizer: distrib_optim.pt, a layout real Megatron loads, RESHARD.md),
 # and that legacy checkpoint is the source converted and written as torch_dist.
@@ -44,14 +45,21 @@ cases=(
   "core0_19_tp2_pp2_tied_bf16_dprs_args tp2_pp2_tied_bf16_dprs_args 1 1 1"
   "core0_19_tp2_pp2_tied_bf16_dprs_args tp2_pp2_tied_bf16_dprs_args 1 1 2 dp_reshardable"
   "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 1 1 2"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 4 1 1 dp_reshardable"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 1 4 dp_reshardable"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 4 1 1"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 2 1 fully_reshardable 2"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 2 1 dp_reshardable 2"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 2 2 1 dp_reshardable 2"
   "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 2 1 1 dp_reshardable"
 )
 failed=0
 for c in "${cases[@]}"; do
   [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
-  read -r fixture gencase tp pp dp sharding <<<"$c"
+  read -r fixture gencase tp pp dp sharding vpp <<<"$c"
   sharding=${sharding:-fully_reshardable}
   tag=; [ "${fixture#legacy:}" != "$fixture" ] && tag=.legacy
+  vflag=(); [ -n "$vpp" ] && vflag=(--vpp "$vpp") && tag=.vpp$vpp$tag
   dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp.$sharding$tag
   mkdir -p "$dir"
   case $fixture in
@@ -63,12 +71,12 @@ for c in "${cases[@]}"; do
   *) "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic" --quiet ;;
   esac
   "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
-    --tp "$tp" --pp "$pp" --dp "$dp" --dist-optim-sharding "$sharding" --quiet
+    --tp "$tp" --pp "$pp" "${vflag[@]}" --dp "$dp" --dist-optim-sharding "$sharding" --quiet
   cp "$fx/$fixture/truth.pt" "$dir/"
   rel=${dir#"$work"/}
   ok=0
   for attempt in 1 2 3; do
-    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" >"$dir/log" 2>&1; then
+    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" >"$dir/log" 2>&1; then
       ok=1; break
     fi
     grep -q '^FAIL' "$dir/log" && break # a real difference: no retry
@@ -78,7 +86,7 @@ for c in "${cases[@]}"; do
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: $fixture -> TP $tp PP $pp DP $dp $sharding"; tail -30 "$dir/log"
+    echo "FAIL core $core: $fixture -> TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp $sharding"; tail -30 "$dir/log"
   fi
 done
 # Megatron-DeepSpeed -> Megatron-LM with the optimizer: the llama-family Megatron-DeepSpeed fixture,
@@ -121,8 +129,8 @@ done
 # own). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0, fastest of
 # MEGATRON_CHECK_ROUNDS (default 3) alternating rounds (own, ucp), both trees read once before, so
 # that machine load and page cache affect both alike. MEGATRON_CHECK_TIME=1 (default) times the stored
-# kilobyte fixture; =big first has MEGATRON_SRC's core write the same model at ~120 MB (scripts/megatron-big.sh); =DIR uses that
-# script's earlier output DIR (same core); =0 skips it.
+# kilobyte fixture; =big first has MEGATRON_SRC's core write the same model at ~120 MB
+# (scripts/megatron-big.sh); =DIR uses that script's earlier output DIR (same core); =0 skips it.
 timing=${MEGATRON_CHECK_TIME:-1}
 own=core${core/./_}_tp2_dp2_bf16_fullrs
 geometry=

@@ -3,6 +3,7 @@ package formats
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -340,5 +341,39 @@ func TestDeepSpeedOrderRefused(t *testing.T) {
 	_, err = ds.Reshard(context.Background(), a, filepath.Join(t.TempDir(), "x", "t"), ReshardOptions{TP: 1, DP: 1, Zero: 1, NoSync: true})
 	if err == nil || !strings.Contains(err.Error(), "--like") || !strings.Contains(err.Error(), "model family") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestDeepSpeedMoERefused: every mixture-of-experts source, whatever its
+// format, is refused by --to deepspeed by name (the family when known)
+// before anything is written.
+func TestDeepSpeedMoERefused(t *testing.T) {
+	ds, err := LookupTarget("deepspeed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		fixture []string
+		want    string
+	}{
+		{[]string{"hf_family", "mixtral_bf16_sharded"}, "mixtral: mixture-of-experts models cannot be written to DeepSpeed"},
+		{[]string{"hf_family", "qwen2_moe_fp32"}, "qwen2_moe: mixture-of-experts models cannot be written to DeepSpeed"},
+		{[]string{"hf_family", "qwen3_moe_bf16"}, "qwen3_moe: mixture-of-experts models cannot be written to DeepSpeed"},
+		{[]string{"megatron", "moe_ep2", "checkpoint"}, "mixture-of-experts models cannot be written to DeepSpeed"},
+		{[]string{"megatron", "moe_groupedmlp_tp2_ep2_distopt", "checkpoint"}, "mixture-of-experts models cannot be written to DeepSpeed"},
+		{[]string{"megatron_dist", "core0_19_moe_tp2_fp32_dprs", "checkpoint"}, "(parameter decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight): mixture-of-experts"},
+		{[]string{"deepspeed-moe", "moe_ep2_edp1_z1_bf16", "checkpoint"}, "mixture-of-experts models cannot be written to DeepSpeed"},
+	} {
+		t.Run(strings.Join(c.fixture[:2], "/"), func(t *testing.T) {
+			a := mustOpen(t, c.fixture...)
+			out := filepath.Join(t.TempDir(), "ckpt", "global_step1")
+			_, err := ds.Reshard(context.Background(), a, out, ReshardOptions{TP: 1, DP: 1, Zero: 1, NoSync: true})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error with %q", err, c.want)
+			}
+			if _, err := os.Stat(filepath.Dir(out)); !os.IsNotExist(err) {
+				t.Errorf("%s exists after the refusal", filepath.Dir(out))
+			}
+		})
 	}
 }

@@ -64,6 +64,10 @@ CASES = {
     "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
     "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
     "moe_tp2_ep2_fp32_dprs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=2),
+    # 8 heads in 4 query groups over 4 layers (loadable at TP 4 and at PP 2 x VPP 2), wrapped in
+    # Float16Module as pretrain_gpt.py wraps a bf16 model (one DDP buffer, norms in bf16).
+    "g4_tp2_dp2_bf16_dprs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="dp_reshardable", tied=False, args=True,
+                                 f16module=True, geom=dict(layers=4, hidden=16, heads=8, groups=4, kv=4, ffn=16)),
 }
 
 # Model geometry: GQA (4 heads, 2 query groups, head dim 4 with hidden 12, so
@@ -83,6 +87,21 @@ STEPS = 2
 if os.environ.get("UCP_MEGATRON_GEOMETRY"):
     NUM_LAYERS, HIDDEN, HEADS, GROUPS, KV_CHANNELS, FFN, VOCAB, PADDED_VOCAB = (
         int(x) for x in os.environ["UCP_MEGATRON_GEOMETRY"].split(","))
+
+
+def geometry(case):
+    """The case's model geometry: the module's, or the case's own "geom"."""
+    g = dict(layers=NUM_LAYERS, hidden=HIDDEN, heads=HEADS, groups=GROUPS, kv=KV_CHANNELS, ffn=FFN,
+             padded_vocab=PADDED_VOCAB)
+    g.update(case.get("geom", {}))
+    return g
+
+
+def padded_vocab(tp, divisible_by=32):
+    """Megatron's padded vocabulary at TP (training/tokenizer: a multiple of
+    make_vocab_size_divisible_by x TP): what a run at another TP builds."""
+    m = divisible_by * tp
+    return (VOCAB + m - 1) // m * m
 
 
 def install_shims():
@@ -264,14 +283,15 @@ def patch_torch_adam_step():
 
 
 def nan_before_load(model, opt):
-    """Nothing may survive from initialization: every parameter and main parameter NaN before a load.
+    """Nothing may survive from initialization: every parameter (of every model chunk) and main
+    parameter NaN before a load.
     torch AdamW (Megatron without TE/Apex, as on CPU) creates its state lazily, and
     DistributedOptimizer.state_dict() (called by sharded_state_dict) asserts one step over the states:
     create them as init_state_fn does, with a step, all NaN; the load replaces every value (a GPU run's
     FusedAdam keeps the step in its groups and needs no shim); the step -1 (one value: the assertion)
     must be replaced by the checkpoint's."""
     with torch.no_grad():
-        for p in model.parameters():
+        for p in (p for m in chunks(model) for p in m.parameters()):
             p.fill_(float("nan"))
         for o in getattr(opt, "chained_optimizers", [opt]):
             for g in o.shard_fp32_from_float16_groups + o.shard_fp32_groups:
@@ -293,40 +313,58 @@ def build(case, rank, world):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     experts, ep = case.get("experts"), case.get("ep", 1)
-    ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep)
+    g = geometry(case)
+    # vpp: model chunks as training.py get_model builds them (one GPTModel per
+    # vp_stage, pre/post_process per chunk, DDP per chunk with bucketing only
+    # on chunk 0); build then returns lists of DDP modules and models.
+    vpp = case.get("vpp")
+    vkw = dict(virtual_pipeline_model_parallel_size=vpp) if vpp else {}
+    ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep, **vkw)
     bf16 = case["dtype"] == "bf16"
     dt = torch.bfloat16 if bf16 else torch.float32
     cfg = TransformerConfig(
-        num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
-        kv_channels=KV_CHANNELS, ffn_hidden_size=FFN, gated_linear_unit=True,
+        num_layers=g["layers"], hidden_size=g["hidden"], num_attention_heads=g["heads"], num_query_groups=g["groups"],
+        kv_channels=g["kv"], ffn_hidden_size=g["ffn"], gated_linear_unit=True,
         activation_func=torch.nn.functional.silu, add_bias_linear=False,
         tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True,
-        **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=FFN, expert_model_parallel_size=ep)
+        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True, **vkw,
+        **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=g["ffn"], expert_model_parallel_size=ep)
            if experts else {}),
     )
     torch.manual_seed(42)
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    model = GPTModel(
-        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=experts), vocab_size=PADDED_VOCAB,
-        max_sequence_length=SEQ, pre_process=pp_rank == 0, post_process=pp_rank == case["pp"] - 1,
-        share_embeddings_and_output_weights=case["tied"], position_embedding_type="rope",
-    )
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
                                             overlap_grad_reduce=False, bucket_size=None)
-    # f16module: wrapped as pretrain_gpt.py wraps a 16-bit model (every parameter, norms too, in the
-    # training dtype: one DDP buffer); the fixtures themselves are saved unwrapped.
-    inner = model
-    if case.get("f16module") and bf16:
-        from megatron.core.transformer.module import Float16Module
+    models, ddps = [], []
+    for v in range(vpp or 1):
+        model = GPTModel(
+            config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=experts), vocab_size=g["padded_vocab"],
+            max_sequence_length=SEQ, share_embeddings_and_output_weights=case["tied"], position_embedding_type="rope",
+            **(dict(pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v),
+                    post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v), vp_stage=v) if vpp else
+               dict(pre_process=pp_rank == 0, post_process=pp_rank == case["pp"] - 1)),
+        )
+        # f16module: wrapped as pretrain_gpt.py wraps a 16-bit model (every parameter, norms too, in the
+        # training dtype: one DDP buffer); the fixtures themselves are saved unwrapped.
+        inner = model
+        if case.get("f16module") and bf16:
+            from megatron.core.transformer.module import Float16Module
 
-        inner = Float16Module(cfg, model)
-    ddp = DDP(config=cfg, ddp_config=ddp_cfg, module=inner)
+            inner = Float16Module(cfg, model)
+        ddps.append(DDP(config=cfg, ddp_config=ddp_cfg, module=inner, **(dict(disable_bucketing=v > 0) if vpp else {})))
+        models.append(model)
     ocfg = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, bf16=bf16, params_dtype=dt,
                            use_distributed_optimizer=True)
-    opt = get_megatron_optimizer(ocfg, [ddp])
-    return cfg, ddp, model, opt
+    opt = get_megatron_optimizer(ocfg, ddps)
+    if vpp:
+        return cfg, ddps, models, opt
+    return cfg, ddps[0], models[0], opt
+
+
+def chunks(x):
+    """The model chunks (or their DDP modules) build returned: a list with vpp."""
+    return x if isinstance(x, list) else [x]
 
 
 def global_name(model, name, keys_map=True):
@@ -359,11 +397,13 @@ def synthetic_step(ddp, model, opt, step):
     from megatron.core import parallel_state as ps
 
     tp = ps.get_tensor_model_parallel_rank()
-    ddp.zero_grad_buffer()
-    for name, p in model.named_parameters():
-        seed = f"{global_name(model, name)}/{step}/{tp if getattr(p, 'tensor_model_parallel', False) else -1}"
-        g = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
-        p.main_grad.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    for d in chunks(ddp):
+        d.zero_grad_buffer()
+    for m in chunks(model):
+        for name, p in m.named_parameters():
+            seed = f"{global_name(m, name)}/{step}/{tp if getattr(p, 'tensor_model_parallel', False) else -1}"
+            g = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
+            p.main_grad.copy_(torch.randn(p.shape, generator=g) * 0.1)
     ok, _, _ = opt.step()
     assert ok, "optimizer step skipped"
 
@@ -374,8 +414,8 @@ def local_truth(model, opt, keys_map=True):
     from megatron.core import parallel_state as ps
 
     out = []
-    for name, p in model.named_parameters():
-        entry = dict(name=global_name(model, name, keys_map), tp=ps.get_tensor_model_parallel_rank(),
+    for m, name, p in [(m, n, p) for m in chunks(model) for n, p in m.named_parameters()]:
+        entry = dict(name=global_name(m, name, keys_map), tp=ps.get_tensor_model_parallel_rank(),
                      dp=ps.get_data_parallel_rank(), pp=ps.get_pipeline_model_parallel_rank(),
                      tp_split=bool(getattr(p, "tensor_model_parallel", False)),
                      dim=getattr(p, "partition_dim", -1), shape=tuple(p.shape), weight=p.detach().float().clone(),
@@ -481,12 +521,13 @@ def worker(rank, world, case_name, out, port):
     state = {"checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
              "optimizer": opt.sharded_state_dict(model_sd, metadata={"distrib_optim_sharding_type": case["sharding"]})}
     if case["args"]:
+        g = geometry(case)
         state["args"] = argparse.Namespace(
             tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
             virtual_pipeline_model_parallel_size=None, data_parallel_size=case["dp"], world_size=world,
-            num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
-            group_query_attention=True, kv_channels=KV_CHANNELS, ffn_hidden_size=FFN, swiglu=True,
-            vocab_size=VOCAB, padded_vocab_size=PADDED_VOCAB, make_vocab_size_divisible_by=32,
+            num_layers=g["layers"], hidden_size=g["hidden"], num_attention_heads=g["heads"], num_query_groups=g["groups"],
+            group_query_attention=True, kv_channels=g["kv"], ffn_hidden_size=g["ffn"], swiglu=True,
+            vocab_size=VOCAB, padded_vocab_size=g["padded_vocab"], make_vocab_size_divisible_by=32,
             untie_embeddings_and_output_weights=not case["tied"], bf16=case["dtype"] == "bf16", fp16=False,
             use_distributed_optimizer=True, ckpt_format="torch_dist",
             num_experts=case.get("experts"), expert_model_parallel_size=case.get("ep", 1))
@@ -509,7 +550,7 @@ def worker(rank, world, case_name, out, port):
         for o in getattr(opt, "chained_optimizers", [opt]):
             for g in o.optimizer.param_groups:
                 step = g.get("step", step)
-        truth = {"param_names": model_order(list(full)), "step": step, "vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
+        truth = {"param_names": model_order(list(full)), "step": step, "vocab_size": VOCAB, "padded_vocab_size": geometry(case)["padded_vocab"],
                  "degrees": dict(tp=case["tp"], pp=case["pp"], dp=case["dp"]),
                  "sharding": case["sharding"], "dtype": case["dtype"]}
         for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):

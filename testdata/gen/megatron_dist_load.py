@@ -25,6 +25,7 @@ import time
 src, case_dir, case_name = sys.argv[1], sys.argv[2], sys.argv[3]
 TP, PP, DP = (int(x) for x in sys.argv[4:7])
 SHARDING = sys.argv[7] if len(sys.argv) > 7 else "fully_reshardable"
+VPP = int(os.environ.get("UCP_VPP", "0")) or None  # model chunks per stage (--vpp)
 # UCP_OWN=1: `written/` is the fixture's own checkpoint (the load-time baseline); its model weights
 # are the live ones (fp32 norms of the unwrapped bf16 model), compared with truth weight directly.
 OWN = os.environ.get("UCP_OWN") == "1"
@@ -48,18 +49,24 @@ def worker(rank, world, port):
     from megatron.core import dist_checkpointing
 
     case = dict(gen.CASES[case_name])
-    case.update(tp=TP, pp=PP, dp=DP, f16module=SHARDING == "dp_reshardable" and not OWN)
+    case.update(tp=TP, pp=PP, dp=DP, vpp=VPP, f16module=case.get("f16module") or SHARDING == "dp_reshardable" and not OWN)
+    # The vocabulary as a run at TP pads it (ucp writes that padding, zeros).
+    case["geom"] = dict(case.get("geom", {}), padded_vocab=gen.padded_vocab(TP))
     cfg, ddp, model, opt = gen.build(case, rank, world)
     gen.nan_before_load(model, opt)
     save = os.path.join(case_dir, "written")
     it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
     t0 = time.time()
-    model_sd = model.sharded_state_dict()
-    state = {"model": model_sd,
-             "optimizer": opt.sharded_state_dict(model_sd, is_loading=True,
-                                                 metadata={"distrib_optim_sharding_type": SHARDING})}
+    # Model chunks under 'model0', 'model1', ... with a virtual pipeline, as the training loop's
+    # generate_state_dict names them (megatron/training/checkpointing.py, core_v0.19.0).
+    ms = gen.chunks(model)
+    keys = [f"model{i}" for i in range(len(ms))] if VPP else ["model"]
+    state = {k: m.sharded_state_dict() for k, m in zip(keys, ms)}
+    state["optimizer"] = opt.sharded_state_dict(dict(state) if VPP else state["model"], is_loading=True,
+                                                metadata={"distrib_optim_sharding_type": SHARDING})
     loaded = dist_checkpointing.load(state, it)
-    model.load_state_dict(loaded["model"])
+    for k, m in zip(keys, ms):
+        m.load_state_dict(loaded[k])
     opt.load_state_dict(loaded["optimizer"])
     load_s = time.time() - t0
     steps = {float(st["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for st in o.optimizer.state.values()}
@@ -106,7 +113,7 @@ def worker(rank, world, port):
         if bad:
             print("FAIL", case_dir, *bad[:20], sep="\n  ")
         else:
-            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP} DP {DP}: "
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP}: "
                   f"{n} tensors equal to the truth ({SHARDING}), one training step taken; load {load_s:.2f}s", flush=True)
     dist.barrier()
     dist.destroy_process_group()

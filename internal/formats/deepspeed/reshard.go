@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -147,6 +148,9 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	}
 	if o.TP < 1 {
 		return nil, fmt.Errorf("--tp must be at least 1, not %d", o.TP)
+	}
+	if err := refuseExperts(r); err != nil {
+		return nil, err
 	}
 	p := &plan{r: r, o: o, dt: o.DType, srcT: max(src.Degrees.TP, 1), srcStage: src.Degrees.ZeRO,
 		params: map[string]*atomic.ParamEntry{}, meta: map[string]layout.Meta{}, buffers: map[string]bool{},
@@ -1159,4 +1163,30 @@ func (p *plan) frozenFragment(e *atomic.ParamEntry, sh fragment.Shard, r int) (*
 	}
 	b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
 	return b, []fillPiece{{Param: e.Name, State: fragment.FP32, Shard: sh, N: n}}
+}
+
+// reExpertParam matches routed-expert parameters in every naming ucp reads:
+// Megatron's mlp.experts (SequentialMLP, TEGroupedMLP, GroupedMLP),
+// Hugging Face's experts.N and DeepSpeed-MoE's deepspeed_moe.experts.
+var reExpertParam = regexp.MustCompile(`(^|\.)(experts\.|deepspeed_moe\.)`)
+
+// refuseExperts refuses a mixture-of-experts source by name before
+// anything else is planned: DeepSpeed keeps experts in expp_rank_* /
+// layer_*_expert_* files with an optimizer over the expert-data-parallel
+// group, which this writer does not lay out.
+func refuseExperts(r *atomic.Reader) error {
+	src := r.Manifest.Source
+	what := "a mixture-of-experts model"
+	if src.Model != nil && src.Model.Family != "" && src.Model.Experts > 0 {
+		what = src.Model.Family
+	}
+	if src.Model != nil && src.Model.Experts > 0 || src.Degrees.EP > 1 {
+		return fmt.Errorf("%s: %s: mixture-of-experts models cannot be written to DeepSpeed (expert files and expert-data-parallel optimizer partitions are not written)", r.Dir, what)
+	}
+	for _, e := range r.Manifest.Params {
+		if reExpertParam.MatchString(e.Name) {
+			return fmt.Errorf("%s: %s (parameter %s): mixture-of-experts models cannot be written to DeepSpeed (expert files and expert-data-parallel optimizer partitions are not written)", r.Dir, what, e.Name)
+		}
+	}
+	return nil
 }

@@ -75,9 +75,6 @@ func (p *plan) planFamily() error {
 	if err != nil {
 		return fmt.Errorf("--to deepspeed from a %s source needs the target's module layout and parameter order: from the source's model family (%v; convert records it from Megatron or Megatron-DeepSpeed args and Hugging Face config.json) taking it from another DeepSpeed checkpoint of the model (--like) is not supported yet", r.Manifest.Source.Format, err)
 	}
-	if c.Experts > 0 {
-		return fmt.Errorf("%s: a mixture-of-experts model (%s): --to deepspeed from it is not written yet", r.Dir, c.Family)
-	}
 	if c.LayerNorm1p {
 		return fmt.Errorf("%s: apply_layernorm_1p (norm weights stored minus one): neither target module of --to deepspeed stores them so", r.Dir)
 	}

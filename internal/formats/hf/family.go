@@ -108,6 +108,8 @@ func configJSON(r *atomic.Reader, c *family.Config, dt dtype.DType) ([]byte, err
 		}
 		if orig, err := family.FromHF(m); err != nil || orig.Family != c.Family {
 			m = nil // --arch chose another family: write its fields
+		} else if m, err = literalJSON(b); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", r.Dir, ConfigCopy, err)
 		}
 	}
 	if m == nil {
@@ -115,6 +117,7 @@ func configJSON(r *atomic.Reader, c *family.Config, dt dtype.DType) ([]byte, err
 		if m, err = c.ToHF(); err != nil {
 			return nil, err
 		}
+		pyFloats(m)
 	}
 	// transformers 4.56+ writes "dtype", earlier releases "torch_dtype".
 	set := false

@@ -56,6 +56,7 @@ type distReader struct {
 	params map[string]*distParam
 	order  []string // atomic names in model-key order
 	step   pyobj.Value
+	split  [][][2]int // [stage][model chunk] first global layer, layers (dp_reshardable only)
 }
 
 // distParam is one atomic parameter and where its model tensor lies.

@@ -380,6 +380,9 @@ func (r *distReader) dpDomains(subs []map[int]*dpGroup) error {
 		return fmt.Errorf("%s: args.pipeline_model_parallel_size is %d but the optimizer state has %d = TP %d x PP %d domains", r.dir, r.pp, n, r.tp, pp)
 	}
 	r.pp = pp
+	if err := r.pipelineChunks(); err != nil {
+		return err
+	}
 	// Expert domains are the ranks of the TP x EP x PP group.
 	if m := len(subs[1]); m > 0 {
 		if m%(r.tp*pp) != 0 {
@@ -392,6 +395,53 @@ func (r *distReader) dpDomains(subs []map[int]*dpGroup) error {
 		}
 	} else if r.ep > 1 {
 		return fmt.Errorf("%s: args.expert_model_parallel_size is %d but no bucketed state of an expert optimizer (chained_1) is saved", r.dir, r.ep)
+	}
+	return nil
+}
+
+// pipelineChunks sets r.split, the layers of every (stage, model chunk)
+// the saving run built: args' virtual pipeline size and uneven split
+// (--decoder-first/last-pipeline-num-layers, or TransformerConfig's
+// num_layers_in_first/last_pipeline_stage), else PP even stages of one
+// chunk. DDP keeps one set of grad buffers per model chunk, numbered on
+// from the previous chunk's (distrib_optimizer.py gbuf_ranges over
+// model_chunks, core_v0.19.0).
+func (r *distReader) pipelineChunks() error {
+	var layers int64
+	for _, p := range r.params {
+		layers = max(layers, layerOf(p.name)+1)
+	}
+	if n, err := r.argInt("num_layers", layers); err != nil {
+		return err
+	} else if n != layers {
+		return fmt.Errorf("%s: args.num_layers is %d but decoder layers 0..%d are saved", r.dir, n, layers-1)
+	}
+	if r.args != nil {
+		if v, ok := r.args.Attr("pipeline_model_parallel_layout"); ok && v != nil {
+			return fmt.Errorf("%s: args.pipeline_model_parallel_layout is set (%s): the bucketed optimizer state of a custom pipeline layout is not read", r.dir, pyobj.Repr(v))
+		}
+	}
+	vpp, err := r.argInt("virtual_pipeline_model_parallel_size", 1)
+	if err != nil {
+		return err
+	}
+	var first, last int64
+	for _, n := range [][2]string{{"decoder_first_pipeline_num_layers", "num_layers_in_first_pipeline_stage"}, {"decoder_last_pipeline_num_layers", "num_layers_in_last_pipeline_stage"}} {
+		v := &first
+		if n[0] == "decoder_last_pipeline_num_layers" {
+			v = &last
+		}
+		for _, name := range n {
+			if *v == 0 {
+				if *v, err = r.argInt(name, 0); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	r.split, err = pipelineSplit(int(layers), r.pp, int(max(vpp, 1)), int(first), int(last))
+	if err != nil {
+		return fmt.Errorf("%s: the saving run's pipeline split (args): %w", r.dir, err)
 	}
 	return nil
 }
@@ -517,19 +567,14 @@ func (r *distReader) tpShard(p *distParam, tp int) (fragment.Shard, error) {
 	return sh, nil
 }
 
-// stageParams lists the parameters of pipeline stage pp in
-// named_parameters order (GPTModel: embedding, decoder layers, final norm,
-// output layer) with the given per-layer order.
-func (r *distReader) stageParams(pp, tp int, layerOrder []string) ([]stageParam, error) {
-	var layers int64
-	for _, p := range r.params {
-		layers = max(layers, layerOf(p.name)+1)
-	}
-	if layers%int64(r.pp) != 0 {
-		return nil, fmt.Errorf("%s: %d layers do not split evenly over %d pipeline stages, which ucp's bucket layout assumes", r.dir, layers, r.pp)
-	}
-	per := layers / int64(r.pp)
-	first, last := pp == 0, pp == r.pp-1
+// chunkParams lists the parameters of model chunk v of pipeline stage pp
+// in named_parameters order (GPTModel: embedding, decoder layers, final
+// norm, output layer) with the given per-layer order: the embedding on the
+// first chunk of the first stage, the output on the last chunk of the last
+// (pre_process / post_process with a virtual pipeline).
+func (r *distReader) chunkParams(pp, v, tp int, layerOrder []string) ([]stageParam, error) {
+	V := len(r.split[pp])
+	first, last := pp == 0 && v == 0, pp == r.pp-1 && v == V-1
 	tied := r.tensor("output_layer.weight") == nil
 	var out []stageParam
 	add := func(name string, shared bool) error {
@@ -555,14 +600,14 @@ func (r *distReader) stageParams(pp, tp int, layerOrder []string) ([]stageParam,
 		}
 	}
 	if first {
-		if err := add("embedding.word_embeddings.weight", tied && r.pp > 1); err != nil {
+		if err := add("embedding.word_embeddings.weight", tied && !last); err != nil {
 			return nil, err
 		}
 		if err := add("embedding.position_embeddings.weight", false); err != nil {
 			return nil, err
 		}
 	}
-	for l := int64(pp) * per; l < int64(pp+1)*per; l++ {
+	for l := int64(r.split[pp][v][0]); l < int64(r.split[pp][v][0]+r.split[pp][v][1]); l++ {
 		prefix := fmt.Sprintf("decoder.layers.%d.", l)
 		var names []string
 		keys := map[string][3]int{}
@@ -592,7 +637,7 @@ func (r *distReader) stageParams(pp, tp int, layerOrder []string) ([]stageParam,
 				return nil, err
 			}
 		}
-		if tied && r.pp > 1 {
+		if tied && !first {
 			// The tied output layer copy: in the buffer (a shared embedding)
 			// but not atomic.
 			emb := r.params["embedding.word_embeddings.weight"]
@@ -758,16 +803,9 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 		name  string
 		order []string
 	}{{"local spec", layerOrderLocal}, {"Transformer Engine spec", layerOrderTE}} {
-		all, err := r.stageParams(pp, tp, spec.order)
+		cand, err := r.gbufParams(g, gb, pp, tp, spec.order, include)
 		if err != nil {
 			return err
-		}
-		// DDP groups a stage's parameters into buffers by dtype.
-		var cand []stageParam
-		for _, sp := range all {
-			if sp.dtype == g.dtypes[gb] && include(sp) {
-				cand = append(cand, sp)
-			}
 		}
 		l, bad := layoutFor(cand, unpadded)
 		if bad == "" {
@@ -796,6 +834,41 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 	}
 	r.placeBuckets(g, gb, tp, fits[0].lay, fits[0].ps, bk)
 	return nil
+}
+
+// gbufParams are the parameters grad buffer gb of domain (tp, pp) holds:
+// DDP groups a model chunk's parameters into buffers by dtype, and the
+// chunks' buffers are numbered in chunk order, so gb is in chunk v when the
+// earlier chunks have fewer buffers (distinct dtypes) than gb.
+func (r *distReader) gbufParams(g *dpGroup, gb, pp, tp int, order []string, include func(stageParam) bool) ([]stageParam, error) {
+	off := 0
+	for v := range r.split[pp] {
+		all, err := r.chunkParams(pp, v, tp, order)
+		if err != nil {
+			return nil, err
+		}
+		var dts []dtype.DType
+		for _, sp := range all {
+			if include(sp) && !slices.Contains(dts, sp.dtype) {
+				dts = append(dts, sp.dtype)
+			}
+		}
+		if gb >= off+len(dts) {
+			off += len(dts)
+			continue
+		}
+		if !slices.Contains(dts, g.dtypes[gb]) {
+			return nil, fmt.Errorf("%s: dp_group_idx_%d.gbuf_idx_%d holds %v parameters, but model chunk %d of pipeline stage %d has %v ones", r.dir, g.idx, gb, g.dtypes[gb], v, pp, dts)
+		}
+		var cand []stageParam
+		for _, sp := range all {
+			if sp.dtype == g.dtypes[gb] && include(sp) {
+				cand = append(cand, sp)
+			}
+		}
+		return cand, nil
+	}
+	return nil, fmt.Errorf("%s: dp_group_idx_%d.gbuf_idx_%d: the %d model chunks of pipeline stage %d have only %d grad buffers", r.dir, g.idx, gb, len(r.split[pp]), pp, off)
 }
 
 // bucketRefs checks each saved bucket's states against

@@ -116,9 +116,6 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 	default:
 		return nil, fmt.Errorf("--dist-optim-sharding %q: give %s or %s", o.OptimSharding, FullyReshardable, DPReshardable)
 	}
-	if o.VPP > 0 {
-		return nil, fmt.Errorf("--vpp with --ckpt-format torch_dist is not written yet")
-	}
 	if o.Workers <= 0 {
 		o.Workers = runtime.NumCPU()
 	}

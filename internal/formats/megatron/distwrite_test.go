@@ -40,6 +40,17 @@ var distWriteCases = []struct {
 	// A real TP 2 x PP 2 tied source (saved with args) to one rank and to dp_reshardable at DP 2.
 	{"dist/core0_19_tp2_pp2_tied_bf16_dprs_args", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}}},
 	{"dist/core0_19_tp2_pp2_tied_bf16_dprs_args", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 2}, OptimSharding: DPReshardable}},
+	// A real bf16 Float16Module run with 4 query groups (one DDP buffer) to TP 4 and to DP 4.
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 4, PP: 1, DP: 1}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 4}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 4, PP: 1, DP: 2}}},
+	// Virtual pipeline (model chunks) and uneven splits, both optimizer formats.
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 1}}},
+	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, VPP: 2, DP: 2}, OptimSharding: DPReshardable}},
+	{"pp2_vpp2_distopt", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, VPP: 2, DP: 3}, OptimSharding: DPReshardable, Core: Core018}},
+	{"pp2_vpp2_distopt", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 4, DP: 1}, OptimSharding: DPReshardable}},
+	{"tp1_pp4_untied", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 3, DP: 2, FirstStageLayers: 2}, OptimSharding: DPReshardable}},
+	{"tp2_gqa_swiglu", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2, LastStageLayers: 1}, OptimSharding: DPReshardable}},
 	// Chunks split over many write tasks (CRCs combined), two workers.
 	{"dist/core0_19_tp2_dp2_bf16_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 1}, Workers: 2, taskBytes: 100}},
 	{"dist/core0_19_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, OptimSharding: DPReshardable, Workers: 3, taskBytes: 64}},
@@ -54,7 +65,7 @@ func TestDistWriteRoundTrip(t *testing.T) {
 		if _, ok := atomics[c.fixture]; !ok {
 			atomics[c.fixture] = convertFixture(t, c.fixture)
 		}
-		t.Run(fmt.Sprintf("%d_%s_tp%d_pp%d_dp%d_core%s_%s", i, c.fixture, c.o.TP, c.o.PP, c.o.DP, c.o.Core, c.o.OptimSharding), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%d_%s_tp%d_pp%d_vpp%d_dp%d_core%s_%s", i, c.fixture, c.o.TP, c.o.PP, c.o.VPP, c.o.DP, c.o.Core, c.o.OptimSharding), func(t *testing.T) {
 			a := atomics[c.fixture]
 			save := writeDist(t, a, c.o)
 			tbl := indexDist(t, save, Options{})
@@ -120,6 +131,8 @@ func TestDistWriteTorchDCP(t *testing.T) {
 		{"core0_19_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 1}, Core: Core018}},
 		{"core0_14_tp2_dp4_fp32_fsms", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, Core: Core019}},
 		{"core0_19_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 1}, Core: Core015}},
+		// TP 4: vocabulary padded to 128, 4 query groups split 4 ways.
+		{"core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 4, PP: 1, DP: 1}}},
 	}
 	root := t.TempDir()
 	var dirs []string
@@ -163,13 +176,16 @@ func TestDistWriteDPReshardableLayout(t *testing.T) {
 	for _, c := range []struct {
 		fixture string
 		core    string
+		dp      int
 	}{
-		{"core0_19_tp2_fp32_dprs", Core019},
-		{"core0_18_tp2_fp32_dprs", Core018},
+		{"core0_19_tp2_fp32_dprs", Core019, 1},
+		{"core0_18_tp2_fp32_dprs", Core018, 1},
+		// bf16 wrapped in Float16Module (one buffer of bf16 parameters), DP 2.
+		{"core0_19_g4_tp2_dp2_bf16_dprs", Core019, 2},
 	} {
 		t.Run(c.fixture, func(t *testing.T) {
 			a := convertFixture(t, "dist/"+c.fixture)
-			save := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1}, Core: c.core, OptimSharding: DPReshardable})
+			save := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: c.dp}, Core: c.core, OptimSharding: DPReshardable})
 			want := optimizerEntries(t, filepath.Join(testkit.Fixture("megatron_dist", c.fixture, "checkpoint"), "iter_0000002"))
 			got := optimizerEntries(t, filepath.Join(save, "iter_0000002"))
 			if len(want) == 0 {
