@@ -20,6 +20,8 @@
 #   BENCH_GENERATED=1       0: only UCP_BENCH_REAL
 #   BENCH_COMMANDS=1        verify, diff, export --to hf|torch|dcp, reshard --zero 1|2|3 and the Python
 #                           load against their floors (cat, cp of the files read, cp -r, readinto)
+#   BENCH_MEGATRON=1        reshard --to megatron (torch, then torch_dist) of a generated Llama source
+#                           (benchgen --llama, BENCH_LLAMA_HIDDEN=1024, BENCH_LAYERS layers) vs cp -r
 #   BENCH_NODES=0           1: also 4 nodes as 4 processes (output must equal 1 node's)
 #   BENCH_MEGATRON_SRC=DIR  a Megatron-LM release tree (core_v0.19.0 ...): reshard --to megatron --ckpt-format
 #                           torch_dist of the ~120 MB checkpoint its core writes (scripts/megatron-big.sh) vs cp -r
@@ -128,6 +130,31 @@ cmdcase() {
     "$(mb "$(( $(sort -n "$B/rss.u" | tail -1) * 1024 ))")"
 }
 
+fcpa() { cp -r "$A" "$B/cmdcp" && sync; } # reshard's floor: cp -r of the atomic checkpoint read; sync
+
+# megatron SRC: reshard --to megatron of a generated Llama source (Megatron-DeepSpeed layout with its
+# training arguments: a model family Megatron knows) at --ckpt-format torch, then of that Megatron
+# checkpoint's conversion at --ckpt-format torch_dist (ucp writes torch_dist from a Megatron source),
+# each against cp -r of the atomic checkpoint it reads; sync.
+megatron() {
+  local src=$1
+  ucp "$src" "$B/atomic" "$B/report.json" > /dev/null
+  A=$B/atomic
+  warm "$A"
+  echo
+  echo "generated Llama, reshard --to megatron, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS)"
+  cmdcase "reshard --to megatron torch" fcpa reshard --quiet --force --to megatron --tp 2 --dp 2 "$A" "$B/cmdout"
+  rm -rf "$B/meg"
+  "$UCP" reshard --quiet --force --no-sync --to megatron --tp 2 --dp 2 "$A" "$B/meg"
+  rm -rf "$B/atomic"
+  ucp "$B/meg" "$B/atomic" "$B/report.json" > /dev/null
+  rm -rf "$B/meg"
+  warm "$A"
+  cmdcase "reshard --to megatron torch_dist" fcpa reshard --quiet --force --to megatron --ckpt-format torch_dist \
+    --tp 2 --dp 2 "$A" "$B/cmdout"
+  rm -rf "$B/atomic" "$B/cmdout" "$B/cmdcp"
+}
+
 # commands NAME SRC: every other command against its floor on SRC and its conversion.
 commands() {
   local name=$1 src=$2
@@ -141,13 +168,14 @@ commands() {
   # export reads the fp32 weights; its floor copies exactly those files.
   # export and reshard sync what they write: so do their floors.
   fweights() { mkdir -p "$B/cmdcp" && find "$A/zero" -name fp32.pt -exec cp --parents -t "$B/cmdcp" {} + && sync; }
-  fcpa() { cp -r "$A" "$B/cmdcp" && sync; }
+  # export --to dcp reads every optimizer state too: its floor copies zero/.
+  fzero() { mkdir -p "$B/cmdcp" && cp -r "$A/zero" "$B/cmdcp" && sync; }
   cmdcase "verify" fcat verify "$A"
   cmdcase "diff SRC ATOMIC" fcat2 diff --memory "$MEM" "$S" "$A"
   for to in hf torch; do
     cmdcase "export --to $to" fweights export --quiet --force --to $to --arch none --memory "$MEM" "$A" "$B/cmdout"
   done
-  cmdcase "export --to dcp" fweights export --quiet --force --to dcp "$A" "$B/cmdout"
+  cmdcase "export --to dcp" fzero export --quiet --force --to dcp "$A" "$B/cmdout"
   for z in 1 2 3; do
     cmdcase "reshard --to deepspeed --zero $z --dp 3" fcpa reshard --force --to deepspeed --zero $z --dp 3 "$A" "$B/cmdout/global_step1"
   done
@@ -204,6 +232,11 @@ if [ "${BENCH_NODES:-0}" = 1 ]; then
   rm -rf "$B/one" "$B/out4" "$B/latest_universal"
 fi
 
+fi
+
+if [ "${BENCH_MEGATRON:-1}" = 1 ] && [ "${BENCH_GENERATED:-1}" = 1 ]; then
+  gen "$B/llama" --llama --hidden "${BENCH_LLAMA_HIDDEN:-1024}" --layers "$LAYERS"
+  megatron "$B/llama"
 fi
 
 if [ "${BENCH_ZERO3:-1}" = 1 ] && [ "${BENCH_GENERATED:-1}" = 1 ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make check-moe MEGATRON_SRC=DIR TRANSFORMERS_SRC=DIR: the MoE families (mixtral, qwen3_moe, qwen2_moe) against
+# make check-moe MEGATRON_SRC=DIR TRANSFORMERS_SRC=DIR: the MoE families (mixtral, qwen3_moe, qwen2_moe, deepseek_v3) against
 # real megatron-core (a Megatron-LM release tree holding megatron/, e.g. core_v0.19.0) and real transformers (a tree
 # holding src/transformers, e.g. v4.57.1), on CPU in the torch 2.6 chroot (scripts/torch2-chroot.sh; transformers
 # offline with the shims of ../shared/tools/transformers-shims, or TRANSFORMERS_SHIMS). testdata/check/check_moe.py
@@ -9,7 +9,7 @@ mg=${1:?usage: $0 MEGATRON_SRC TRANSFORMERS_SRC [UCP] [CASE ...]}
 tf=${2:?usage: $0 MEGATRON_SRC TRANSFORMERS_SRC [UCP] [CASE ...]}
 ucp=$(readlink -f "${3:-bin/ucp}")
 shift 3 || shift $#
-cases=${*:-mixtral qwen3_moe qwen2_moe}
+cases=${*:-mixtral qwen3_moe qwen2_moe deepseek_v3}
 here=$(cd "$(dirname "$0")/.." && pwd)
 shims=${TRANSFORMERS_SHIMS:-$here/../shared/tools/transformers-shims}
 [ -d "$mg/megatron/core" ] || { echo "check-moe: $mg has no megatron/core" >&2; exit 2; }
@@ -39,6 +39,8 @@ for c in $cases; do
   # Import into Megatron at new degrees (TP EP expert-TP DP): real megatron-core loads each rank's file.
   degs="1 2 1 2,2 2 1 1"
   [ "$c" = mixtral ] && degs="$degs,2 2 2 2"
+  # MLA at TP 2: column-parallel down projections (local spec), read back from Megatron's own save at TP 2.
+  [ "$c" = deepseek_v3 ] && degs="1 2 1 2,2 2 1 1,2 2 2 2"
   IFS=, read -ra dl <<<"$degs"
   for d in "${dl[@]}"; do
     read -r tp ep etp dp <<<"$d"

@@ -28,7 +28,8 @@ cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_d
 core=$(sed -n 's/^MAJOR = \([0-9]*\)/\1/p; s/^MINOR = \([0-9]*\)/\1/p' "$src/megatron/core/package_info.py" | paste -sd.)
 fx=$here/testdata/fixtures/megatron_dist
 # source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable)
-# | VPP written (model chunks per stage; default none).
+# | VPP written (model chunks per stage; default none) | layers of the first,last pipeline stage
+# (--decoder-first/last-pipeline-num-layers; 0 not set; default an even split).
 # legacy:FIXTURE migrates formats: the fixture is first written by ucp as a legacy --ckpt-format torch
 # save (TP 2 x DP 2, distributed optimizer: distrib_optim.pt, a layout real Megatron loads, RESHARD.md),
 # and that legacy checkpoint is the source converted and written as torch_dist.
@@ -51,15 +52,22 @@ cases=(
   "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 2 1 fully_reshardable 2"
   "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 2 1 dp_reshardable 2"
   "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 2 2 1 dp_reshardable 2"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 2 1 fully_reshardable 0 1,0"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 2 2 dp_reshardable 0 1,0"
+  "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 3 1 dp_reshardable 0 0,2"
   "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 2 1 1 dp_reshardable"
 )
 failed=0
 for c in "${cases[@]}"; do
   [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
-  read -r fixture gencase tp pp dp sharding vpp <<<"$c"
+  read -r fixture gencase tp pp dp sharding vpp uneven <<<"$c"
+  [ "${vpp:-0}" = 0 ] && vpp=
+  IFS=, read -r first last <<<"${uneven:-0,0}"
   sharding=${sharding:-fully_reshardable}
   tag=; [ "${fixture#legacy:}" != "$fixture" ] && tag=.legacy
   vflag=(); [ -n "$vpp" ] && vflag=(--vpp "$vpp") && tag=.vpp$vpp$tag
+  [ "$first" != 0 ] && vflag+=(--decoder-first-pipeline-num-layers "$first") && tag=.first$first$tag
+  [ "$last" != 0 ] && vflag+=(--decoder-last-pipeline-num-layers "$last") && tag=.last$last$tag
   dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp.$sharding$tag
   mkdir -p "$dir"
   case $fixture in
@@ -76,7 +84,7 @@ for c in "${cases[@]}"; do
   rel=${dir#"$work"/}
   ok=0
   for attempt in 1 2 3; do
-    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" >"$dir/log" 2>&1; then
+    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" UCP_FIRST_LAST="$first,$last" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" >"$dir/log" 2>&1; then
       ok=1; break
     fi
     grep -q '^FAIL' "$dir/log" && break # a real difference: no retry
@@ -86,7 +94,7 @@ for c in "${cases[@]}"; do
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: $fixture -> TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp $sharding"; tail -30 "$dir/log"
+    echo "FAIL core $core: $fixture -> TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
   fi
 done
 # Megatron-DeepSpeed -> Megatron-LM with the optimizer: the llama-family Megatron-DeepSpeed fixture,

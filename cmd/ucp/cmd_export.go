@@ -60,7 +60,7 @@ manifest records, else float32); optimizer states are left out. --arch
 auto (hf's default) names the tensors as the transformers class of the
 model family the checkpoint records (Megatron and Megatron-DeepSpeed args,
 a Hugging Face config.json: llama, mistral, qwen2, qwen3, mixtral,
-qwen2_moe, qwen3_moe) and writes its config.json: fused QKV and fc1
+qwen2_moe, qwen3_moe, deepseek_v3) and writes its config.json: fused QKV and fc1
 split, interleaved RoPE rows reordered, layernorm-1p weights + 1, rope
 scaling carried; a model no family computes
 exactly is refused with the option's name. --arch FAMILY names the family,

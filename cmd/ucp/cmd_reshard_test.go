@@ -119,6 +119,38 @@ func TestReshardMegatronThenInspect(t *testing.T) {
 	if r := ucp(t, nil, "reshard", atomic, filepath.Join(dir, "x"), "--to", "megatron", "--zero", "1"); r.code == 0 || !strings.Contains(r.stderr, "--zero") {
 		t.Errorf("--zero with --to megatron: exit %d, %s", r.code, r.stderr)
 	}
+	// torch_dist: an unknown megatron-core layout is refused by name before anything is written;
+	// --megatron-core without torch_dist too.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--ckpt-format", "torch_dist", "--megatron-core", "0.17"}, `--megatron-core "0.17"`},
+		{[]string{"--ckpt-format", "torch_dist", "--megatron-core", "0.19.0"}, `--megatron-core "0.19.0"`},
+		{[]string{"--megatron-core", "0.19"}, "apply to --ckpt-format torch_dist"},
+	} {
+		x := filepath.Join(dir, "refused")
+		r := ucp(t, nil, append([]string{"reshard", atomic, x, "--to", "megatron", "--tp", "1"}, c.args...)...)
+		if r.code == 0 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v: exit %d, stderr %q, want it to say %q", c.args, r.code, r.stderr, c.want)
+		}
+		if _, err := os.Stat(x); err == nil {
+			t.Errorf("%v: a refused reshard wrote %s", c.args, x)
+		}
+	}
+	// torch_dist with a virtual pipeline and the dp_reshardable optimizer reads back at its degrees.
+	save := filepath.Join(dir, "dist_vpp")
+	if r := ucp(t, nil, "reshard", atomic, save, "--to", "megatron", "--ckpt-format", "torch_dist", "--tp", "2", "--pp", "2", "--vpp", "2", "--dp", "2", "--dist-optim-sharding", "dp_reshardable"); r.code != 0 {
+		t.Fatalf("torch_dist --vpp 2: exit %d\n%s", r.code, r.stderr)
+	}
+	r := ucp(t, nil, "inspect", "--json", save)
+	var rep checkpointJSON
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rep) != nil {
+		t.Fatalf("inspect: exit %d, %s", r.code, r.stderr)
+	}
+	if d := rep.Degrees; d.TP != 2 || d.PP != 2 || d.DP != 2 || len(rep.Params) != 27 {
+		t.Errorf("torch_dist --vpp 2: inspect shows degrees %+v and %d parameters", d, len(rep.Params))
+	}
 }
 
 // TestReshardTPNeedsLayout (issue 26 fault 6): reshard --tp cuts only what

@@ -2,7 +2,9 @@ package atomic
 
 import (
 	"fmt"
+	"hash/crc32"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -36,6 +38,9 @@ type Reader struct {
 	params   map[string]int
 	mu       sync.Mutex
 	verified map[string]error
+	// tracks, inside VerifyingReads, holds each state file opened with
+	// the ranges read of it.
+	tracks map[string]*readTrack
 }
 
 // OpenReader reads DIR/ucp.json and checks that every file it lists lies
@@ -198,6 +203,7 @@ type State struct {
 	Path        string
 	f           *torchfile.File
 	t           *torchfile.Tensor
+	track       *readTrack // deferred verification: the ranges read are hashed into it
 }
 
 // OpenState opens zero/<param>/<state>.pt and checks that its 'param'
@@ -210,7 +216,8 @@ func (r *Reader) OpenState(param, state string) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := r.verify(e); err != nil {
+	track, err := r.trackOrVerify(e)
+	if err != nil {
 		return nil, err
 	}
 	path := filepath.Join(r.Dir, filepath.FromSlash(e.Path))
@@ -220,7 +227,7 @@ func (r *Reader) OpenState(param, state string) (*State, error) {
 		return nil, err
 	}
 	want, _ := p.StateDType()
-	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t}, nil
+	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t, track: track}, nil
 }
 
 // OpenStateFile opens the state file path of parameter p and checks its
@@ -303,16 +310,51 @@ func (s *State) ReadRange(start, n int64, dst []byte) error {
 	if err := s.f.ReadRange(s.t, start, n, dst); err != nil {
 		return fmt.Errorf("%s: %w", s.Path, err)
 	}
+	if s.track != nil {
+		es := int64(s.t.DType.Size())
+		s.track.add(s.t.FileOffset()+start*es, n*es, crc32.ChecksumIEEE(dst[:n*es]))
+	}
 	return nil
+}
+
+// Record counts n bytes of the state's elements from element start, whose
+// CRC-32 is crc, as read for deferred verification: a copy made in the
+// kernel (fsutil.Copier.Last) instead of ReadRange. A no-op otherwise.
+func (s *State) Record(start, n int64, crc uint32) {
+	if s.track != nil {
+		es := int64(s.t.DType.Size())
+		s.track.add(s.t.FileOffset()+start*es, n*es, crc)
+	}
 }
 
 // ReadFloat32 reads elements [start, start+n) converted to float32.
 func (s *State) ReadFloat32(start, n int64) ([]float32, error) {
+	if s.track != nil { // the bytes read must be hashed: read them here
+		raw := make([]byte, n*int64(s.t.DType.Size()))
+		if err := s.ReadRange(start, n, raw); err != nil {
+			return nil, err
+		}
+		out := make([]byte, 4*n)
+		if err := dtype.ToFloat32(out, raw, s.t.DType); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Path, err)
+		}
+		return dtype.Float32s(out), nil
+	}
 	v, err := s.f.ReadFloat32(s.t, start, n)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Path, err)
 	}
 	return v, nil
+}
+
+// File returns the open file that holds the state's elements and the byte
+// offset of its first element (they are stored contiguously), for copies
+// in the kernel; nil when the state is not read from a file.
+func (s *State) File() (*os.File, int64) {
+	if f, ok := s.f.ReaderAt().(*os.File); ok {
+		return f, s.t.FileOffset()
+	}
+	return nil, 0
 }
 
 // Close closes the file.

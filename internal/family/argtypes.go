@@ -11,15 +11,19 @@ import (
 // checkTypes runs first so that a field of the wrong type (a string "32",
 // a fractional layer count) is an error naming it, never read as absent.
 var (
-	intFields = []string{"decoder_sparse_step", "ffn_hidden_size", "head_dim", "hidden_size", "intermediate_size",
+	intFields = []string{"decoder_sparse_step", "first_k_dense_replace", "kv_lora_rank", "moe_router_group_topk",
+		"moe_router_num_groups", "n_group", "n_routed_experts", "n_shared_experts", "num_nextn_predict_layers",
+		"original_max_position_embeddings", "q_lora_rank", "qk_head_dim", "qk_nope_head_dim", "qk_pos_emb_head_dim",
+		"qk_rope_head_dim", "topk_group", "v_head_dim", "ffn_hidden_size", "head_dim", "hidden_size", "intermediate_size",
 		"kv_channels", "make_vocab_size_divisible_by", "max_position_embeddings", "moe_ffn_hidden_size",
 		"moe_intermediate_size", "moe_router_topk", "moe_shared_expert_intermediate_size", "num_attention_heads",
 		"num_experts", "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "num_layers",
 		"num_local_experts", "num_query_groups", "seq_length", "shared_expert_intermediate_size", "vocab_size"}
-	floatFields = []string{"layernorm_epsilon", "norm_epsilon", "rms_norm_eps", "rope_scaling_factor", "rope_theta",
+	floatFields = []string{"beta_fast", "beta_slow", "moe_router_topk_scaling_factor", "mscale", "mscale_all_dim",
+		"routed_scaling_factor", "rotary_scaling_factor", "layernorm_epsilon", "norm_epsilon", "rms_norm_eps", "rope_scaling_factor", "rope_theta",
 		"rotary_base", "rotary_percent", "rotary_seq_len_interpolation_factor"}
 	strFields = []string{"hidden_act", "model_type", "moe_router_load_balancing_type", "moe_router_score_function",
-		"normalization", "position_embedding_type"}
+		"normalization", "position_embedding_type", "rope_type"}
 )
 
 // checkTypes refuses a known field whose value has the wrong type; where

@@ -47,6 +47,22 @@ type Config struct {
 	SharedFFN  int64 `json:"moe_shared_expert_intermediate_size,omitempty"`
 	SharedGate bool  `json:"moe_shared_expert_gate,omitempty"`
 	NormTopK   bool  `json:"norm_topk_prob,omitempty"`
+	// DeepSeek-V3 (deepseek.go; zero elsewhere): multi-latent attention
+	// (q_lora_rank 0: no query LoRA, HF q_proj), leading dense layers
+	// (first_k_dense_replace), and the sigmoid router with its correction
+	// bias, scaling factor and expert groups (0: none).
+	MLA         bool    `json:"multi_latent_attention,omitempty"`
+	QLoraRank   int64   `json:"q_lora_rank,omitempty"`
+	KVLoraRank  int64   `json:"kv_lora_rank,omitempty"`
+	QKNopeDim   int64   `json:"qk_head_dim,omitempty"`
+	QKRopeDim   int64   `json:"qk_pos_emb_head_dim,omitempty"`
+	VHeadDim    int64   `json:"v_head_dim,omitempty"`
+	DenseLayers int64   `json:"first_k_dense_replace,omitempty"`
+	ScoreFunc   string  `json:"moe_router_score_function,omitempty"` // "" is softmax
+	ExpertBias  bool    `json:"moe_router_enable_expert_bias,omitempty"`
+	TopKScale   float64 `json:"moe_router_topk_scaling_factor,omitempty"`
+	Groups      int64   `json:"moe_router_num_groups,omitempty"`
+	GroupTopK   int64   `json:"moe_router_group_topk,omitempty"`
 	// Unsupported lists what a Hugging Face config asks for that the
 	// Megatron model cannot compute (sliding windows, other rope types):
 	// exporting it back to HF is exact, writing Megatron is refused.
@@ -55,11 +71,16 @@ type Config struct {
 
 // RopeScaling is config.json's rope_scaling.
 type RopeScaling struct {
-	Type          string  `json:"rope_type"` // "llama3" or "linear"
+	Type          string  `json:"rope_type"` // "llama3", "linear" or "yarn" (deepseek_v3)
 	Factor        float64 `json:"factor"`
 	LowFreq       float64 `json:"low_freq_factor,omitempty"`
 	HighFreq      float64 `json:"high_freq_factor,omitempty"`
 	OriginalMaxPE int64   `json:"original_max_position_embeddings,omitempty"`
+	// YaRN (Megatron's MLA YarnRotaryEmbedding, HF rope_type yarn).
+	BetaFast     float64 `json:"beta_fast,omitempty"`
+	BetaSlow     float64 `json:"beta_slow,omitempty"`
+	MScale       float64 `json:"mscale,omitempty"`
+	MScaleAllDim float64 `json:"mscale_all_dim,omitempty"`
 }
 
 // Megatron's llama3 scaling constants: RotaryEmbedding._apply_scaling
@@ -150,7 +171,6 @@ var refusedArgs = []struct {
 	why  string
 }{
 	{"apply_residual_connection_post_layernorm", isFalse, "residuals taken after the norm"},
-	{"multi_latent_attention", isFalse, "multi-latent attention (the deepseek families)"},
 	{"qk_l2_norm", isFalse, "L2-normalised queries and keys"},
 	{"attention_output_gate", isFalse, "a gated attention output"},
 	{"heterogeneous_layers_config_path", isNone, "heterogeneous layers"},
@@ -158,7 +178,6 @@ var refusedArgs = []struct {
 	{"softmax_scale", isNone, "a non-default softmax scale"},
 	{"mtp_num_layers", isZero, "multi-token-prediction layers"},
 	{"no_rope_freq", isNone, "layers without RoPE"},
-	{"rotary_scaling_factor", isOne, "YaRN rotary scaling"},
 }
 
 func isFalse(v any) bool { return v == nil || v == false }
@@ -197,7 +216,7 @@ func FromArgs(a Args) (*Config, error) {
 		return nil, err
 	}
 	c := &Config{Norm: "RMSNorm", Activation: "swiglu", RotaryPercent: 1}
-	for _, step := range []func(Args, *Config) error{geometryFromArgs, moeFromArgs, refuseArgs, normFromArgs, ropeFromArgs, biasFromArgs} {
+	for _, step := range []func(Args, *Config) error{geometryFromArgs, moeFromArgs, refuseArgs, normFromArgs, ropeFromArgs, biasFromArgs, mlaFromArgs} {
 		if err := step(a, c); err != nil {
 			return nil, err
 		}
@@ -464,10 +483,17 @@ func hfCommon(f *Family, c *Config) map[string]any {
 	}
 	if s := c.RopeScaling; s != nil {
 		rs := map[string]any{"rope_type": s.Type, "factor": s.Factor}
-		if s.Type == "llama3" {
+		switch s.Type {
+		case "llama3":
 			rs["low_freq_factor"] = s.LowFreq
 			rs["high_freq_factor"] = s.HighFreq
 			rs["original_max_position_embeddings"] = s.OriginalMaxPE
+		case "yarn":
+			rs["original_max_position_embeddings"] = s.OriginalMaxPE
+			rs["beta_fast"] = s.BetaFast
+			rs["beta_slow"] = s.BetaSlow
+			rs["mscale"] = s.MScale
+			rs["mscale_all_dim"] = s.MScaleAllDim
 		}
 		m["rope_scaling"] = rs
 	}
@@ -545,6 +571,12 @@ func hfRead(m map[string]any, c *Config) error {
 					s.LowFreq, s.HighFreq, s.OriginalMaxPE))
 			}
 		case "linear":
+		case "yarn":
+			if c.Family == "deepseek_v3" {
+				yarnFromHF(Args(rs), c, s)
+			} else {
+				c.Unsupported = append(c.Unsupported, `rope_scaling type "yarn"`)
+			}
 		case "default":
 			s = nil
 		default:

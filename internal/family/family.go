@@ -83,8 +83,14 @@ type Role struct {
 	// minus one.
 	Norm bool
 	// When says whether the role exists in a model of the config (nil:
-	// always).
-	When func(c *Config) bool
+	// always); Layers whether a per-layer role exists at layer l (nil:
+	// at every layer; deepseek_v3's dense and MoE layers).
+	When   func(c *Config) bool
+	Layers func(c *Config, l int) bool
+	// TEReplicated: megatron-core's TE spec holds the role whole on
+	// every tensor-parallel rank (MLA's down projections, TELinear
+	// 'duplicated'), where the local spec splits it by TP.
+	TEReplicated bool
 	// Names per naming: a template with {L} (layer) and {E} (expert),
 	// alternatives that older versions wrote after a '|' (the first is
 	// written, all are read); "" where the framework has no such
@@ -115,7 +121,7 @@ type Family struct {
 
 // All returns the table, a row per family.
 func All() []*Family {
-	return []*Family{llama(), mistral(), qwen2(), qwen3(), mixtral(), qwen2MoE(), qwen3MoE()}
+	return []*Family{llama(), mistral(), qwen2(), qwen3(), mixtral(), qwen2MoE(), qwen3MoE(), deepseekV3()}
 }
 
 // Names lists the families.
@@ -156,6 +162,20 @@ func (f *Family) Present(c *Config) []Role {
 		}
 	}
 	return out
+}
+
+// At reports whether role r exists at layer l (-1: a global role) of a
+// model of config c.
+func (r Role) At(c *Config, l int) bool {
+	return r.Layers == nil || l < 0 || r.Layers(c, l)
+}
+
+// TPIn is the role's tensor-parallel rule in naming n.
+func (r Role) TPIn(n Naming) TP {
+	if n == CoreTE && r.TEReplicated {
+		return Replicated
+	}
+	return r.TP
 }
 
 // Role returns a role by name.

@@ -60,7 +60,7 @@ func TestFromArgs(t *testing.T) {
 			return ""
 		}},
 		{"rope scaling", with(llamaArgs(), "use_rope_scaling", true, "rope_scaling_factor", 32.0), "llama", "", func(c *Config) string {
-			want := RopeScaling{"llama3", 32, 1, 4, 8192}
+			want := RopeScaling{Type: "llama3", Factor: 32, LowFreq: 1, HighFreq: 4, OriginalMaxPE: 8192}
 			if c.RopeScaling == nil || *c.RopeScaling != want {
 				return fmt.Sprintf("%+v", c.RopeScaling)
 			}
@@ -346,7 +346,9 @@ func TestHFConfigRoundTrip(t *testing.T) {
 	}
 	base.Vocab = 10
 	mods := map[string]func(c *Config){
-		"llama":   func(c *Config) { c.RopeScaling = &RopeScaling{"llama3", 8, 1, 4, 8192} },
+		"llama": func(c *Config) {
+			c.RopeScaling = &RopeScaling{Type: "llama3", Factor: 8, LowFreq: 1, HighFreq: 4, OriginalMaxPE: 8192}
+		},
 		"mistral": func(c *Config) {},
 		"qwen2":   func(c *Config) { c.QKVBias = true },
 		"qwen3":   func(c *Config) { c.QKNorm = true; c.HeadDim = 6 },
@@ -355,6 +357,11 @@ func TestHFConfigRoundTrip(t *testing.T) {
 			c.QKVBias, c.Experts, c.TopK, c.MoEFFN, c.SharedFFN, c.SharedGate = true, 4, 2, 6, 10, true
 		},
 		"qwen3_moe": func(c *Config) { c.QKNorm, c.HeadDim, c.Experts, c.TopK, c.MoEFFN, c.NormTopK = true, 6, 4, 1, 6, true },
+		"deepseek_v3": func(c *Config) {
+			c.QueryGroups, c.QKNorm, c.MLA, c.QLoraRank, c.KVLoraRank, c.QKNopeDim, c.QKRopeDim, c.VHeadDim, c.HeadDim = 4, true, true, 6, 4, 4, 2, 3, 6
+			c.Experts, c.TopK, c.MoEFFN, c.SharedFFN, c.NormTopK, c.DenseLayers = 4, 2, 5, 10, true, 1
+			c.ScoreFunc, c.ExpertBias, c.TopKScale, c.Groups, c.GroupTopK = "sigmoid", true, 2.5, 2, 1
+		},
 	}
 	for _, f := range All() {
 		c := *base

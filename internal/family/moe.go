@@ -289,7 +289,9 @@ func qwen2MoE() *Family {
 
 // moeFromArgs reads Megatron's MoE arguments (megatron/core/transformer/
 // transformer_config.py field names; --num-experts is args.num_experts)
-// and refuses the routing options no family here computes.
+// and refuses the routing options no family here computes. With
+// multi_latent_attention (deepseek_v3) the DeepSeek routing options are
+// read instead (deepseekRoutingFromArgs).
 func moeFromArgs(a Args, c *Config) error {
 	n, _ := a.int("num_experts")
 	if n <= 0 {
@@ -314,30 +316,45 @@ func moeFromArgs(a Args, c *Config) error {
 		return err
 	}
 	c.NormTopK = !pre
-	if fr, ok := a["moe_layer_freq"]; ok && fr != nil && !isOne(fr) {
-		return fmt.Errorf("args.moe_layer_freq is %v: dense MLP layers between MoE layers are not mapped (every layer must be MoE)", fr)
-	}
-	if s, ok := a.str("moe_router_score_function"); ok && s != "softmax" {
-		return fmt.Errorf("args.moe_router_score_function is %s: the MoE families %s route with softmax", s, strings.Join(moeNames(), ", "))
+	mla, err := a.bool("multi_latent_attention")
+	if err != nil {
+		return err
 	}
 	if s, ok := a.str("moe_router_load_balancing_type"); ok && s == "sinkhorn" {
 		return fmt.Errorf("args.moe_router_load_balancing_type is sinkhorn: Megatron routes its training tokens by Sinkhorn, Hugging Face by top-k")
 	}
-	for _, r := range []struct {
+	type refusal struct {
 		name string
 		off  func(any) bool
 		why  string
-	}{
+	}
+	refused := []refusal{
 		{"moe_expert_capacity_factor", isNone, "an expert capacity (tokens dropped)"},
-		{"moe_router_enable_expert_bias", isFalse, "a routing bias (the deepseek families)"},
-		{"moe_router_topk_scaling_factor", isNone, "scaled routing weights"},
-		{"moe_router_num_groups", isNone, "group-limited routing"},
-		{"moe_router_group_topk", isNone, "group-limited routing"},
 		{"moe_input_jitter_eps", isNone, "input jitter"},
 		{"moe_latent_size", isNone, "latent MoE"},
-	} {
+	}
+	families := moeNames()
+	if mla {
+		families = []string{"deepseek_v3"}
+		if err := deepseekRoutingFromArgs(a, c); err != nil {
+			return err
+		}
+	} else {
+		if fr, ok := a["moe_layer_freq"]; ok && fr != nil && !isOne(fr) {
+			return fmt.Errorf("args.moe_layer_freq is %v: dense MLP layers between MoE layers are not mapped (every layer must be MoE; deepseek_v3's leading dense layers need multi_latent_attention)", fr)
+		}
+		if s, ok := a.str("moe_router_score_function"); ok && s != "softmax" {
+			return fmt.Errorf("args.moe_router_score_function is %s: the MoE families %s route with softmax (deepseek_v3's sigmoid router needs multi_latent_attention)", s, strings.Join(moeNames(), ", "))
+		}
+		refused = append(refused,
+			refusal{"moe_router_enable_expert_bias", isFalse, "a routing bias (deepseek_v3, with multi_latent_attention)"},
+			refusal{"moe_router_topk_scaling_factor", isNone, "scaled routing weights"},
+			refusal{"moe_router_num_groups", isNone, "group-limited routing"},
+			refusal{"moe_router_group_topk", isNone, "group-limited routing"})
+	}
+	for _, r := range refused {
 		if v, ok := a[r.name]; ok && !r.off(v) {
-			return fmt.Errorf("args.%s is %v (%s): the MoE families %s do not compute it", r.name, v, r.why, strings.Join(moeNames(), ", "))
+			return fmt.Errorf("args.%s is %v (%s): the MoE families %s do not compute it", r.name, v, r.why, strings.Join(families, ", "))
 		}
 	}
 	return nil
@@ -346,6 +363,8 @@ func moeFromArgs(a Args, c *Config) error {
 // moeFamily picks the MoE row of a config read from Megatron args.
 func moeFamily(c *Config) string {
 	switch {
+	case c.MLA:
+		return "deepseek_v3"
 	case c.SharedFFN > 0:
 		return "qwen2_moe"
 	case c.QKNorm:
@@ -371,5 +390,8 @@ func (c *Config) moeMegatronArgs(a map[string]any) {
 	a["moe_shared_expert_gate"] = c.SharedGate
 	if c.SharedFFN > 0 {
 		a["moe_shared_expert_intermediate_size"] = c.SharedFFN
+	}
+	if c.MLA {
+		c.deepseekMegatronArgs(a)
 	}
 }

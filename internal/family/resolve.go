@@ -179,10 +179,12 @@ func (s *Source) rolesIn(group []Naming, m *Matcher, present map[string]bool, pa
 			unmatched = append(unmatched, p.Name)
 			continue
 		}
+		claimed := false
 		for _, r := range s.F.Roles {
-			if r.Names[mt.Naming] != mt.Role.Names[mt.Naming] {
+			if r.Names[mt.Naming] != mt.Role.Names[mt.Naming] || !r.At(s.C, mt.Layer) {
 				continue
 			}
+			claimed = true
 			if !present[r.Name] {
 				absent = append(absent, fmt.Sprintf("%s (%s)", p.Name, r.Name))
 				continue
@@ -192,6 +194,9 @@ func (s *Source) rolesIn(group []Naming, m *Matcher, present map[string]bool, pa
 				dup = fmt.Errorf("%s and %s are both the %s of layer %d", prev, p.Name, r.Name, mt.Layer)
 			}
 			byRole[k] = p.Name
+		}
+		if !claimed { // a MoE name on a dense layer, or the other way round
+			absent = append(absent, fmt.Sprintf("%s (%s: not at layer %d)", p.Name, mt.Role.Name, mt.Layer))
 		}
 	}
 	return byRole, unmatched, absent, dup
@@ -230,9 +235,11 @@ func (s *Source) layers(r Role) []int {
 	if r.Scope == Global {
 		return []int{-1}
 	}
-	out := make([]int, s.C.Layers)
-	for i := range out {
-		out[i] = i
+	var out []int
+	for l := 0; l < int(s.C.Layers); l++ {
+		if r.At(s.C, l) {
+			out = append(out, l)
+		}
 	}
 	return out
 }
@@ -315,6 +322,9 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 	present := s.F.Present(s.C)
 	for l := 0; l < int(s.C.Layers); l++ {
 		for i, r := range present {
+			if !r.At(s.C, l) {
+				continue
+			}
 			switch {
 			case r.Scope == Layer:
 				if err := emit(r, l, -1); err != nil {
@@ -326,6 +336,9 @@ func (s *Source) Unfused(target Naming) ([]Tensor, error) {
 					for _, x := range present[i:] {
 						if x.Scope != Expert {
 							break
+						}
+						if !x.At(s.C, l) {
+							continue
 						}
 						if err := emit(x, l, e); err != nil {
 							return nil, err

@@ -9,7 +9,8 @@ import (
 
 // ScalarArgs returns the attributes of a saved argparse.Namespace whose
 // values are bools, ints, finite floats or strings, by name (None, lists and
-// objects such as torch dtypes are left out); nil for None. Anything else
+// objects such as torch dtypes are left out; listArgs keep their lists of
+// ints as []any); nil for None. Anything else
 // than a Namespace-like object is an error naming path: a malformed args
 // entry is never read as "no arguments".
 func ScalarArgs(path string, v pyobj.Value) (map[string]any, error) {
@@ -38,10 +39,27 @@ func ScalarArgs(path string, v pyobj.Value) (map[string]any, error) {
 			if !math.IsInf(x, 0) && !math.IsNaN(x) {
 				out[name] = x
 			}
+		case *pyobj.List:
+			if listArgs[name] {
+				ints := make([]any, len(x.Items))
+				for j, it := range x.Items {
+					n, ok := it.(int64)
+					if !ok {
+						return nil, fmt.Errorf("%s: args.%s holds %s, not an int", path, name, pyobj.Repr(it))
+					}
+					ints[j] = n
+				}
+				out[name] = ints
+			}
 		}
 	}
 	return out, nil
 }
+
+// listArgs are the arguments whose list values change the model's layers
+// (Megatron's moe_layer_freq pattern: [0]*k + [1]*n is k dense layers
+// before n MoE layers); dropping them would read the model as another.
+var listArgs = map[string]bool{"moe_layer_freq": true}
 
 // TrainingDType reads the training dtype from Megatron-style arguments
 // (bf16, fp16 flags): "bfloat16", "float16", "float32", or "" when

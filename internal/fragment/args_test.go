@@ -1,6 +1,7 @@
 package fragment
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -29,6 +30,7 @@ func TestScalarArgs(t *testing.T) {
 		{"args a string", "Namespace(bf16=True)", "", "not an argparse.Namespace"},
 		{"no attribute dict", &pyobj.Object{Class: &pyobj.Global{Module: "argparse", Name: "Namespace"}}, "", "holds no attribute dict"},
 		{"attribute not a string", ns(int64(3), true), "", "not a string"},
+		{"layer pattern not ints", ns("moe_layer_freq", &pyobj.List{Items: []pyobj.Value{int64(0), "1"}}), "", "args.moe_layer_freq holds \"1\", not an int"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -46,5 +48,21 @@ func TestScalarArgs(t *testing.T) {
 				t.Fatalf("dtype %q, want %q", dt, c.dtype)
 			}
 		})
+	}
+}
+
+// TestScalarArgsLists: moe_layer_freq's list (leading dense layers) is
+// kept; other lists are left out.
+func TestScalarArgsLists(t *testing.T) {
+	ns := &pyobj.Object{Class: &pyobj.Global{Module: "argparse", Name: "Namespace"}, State: pyobj.DictOf(
+		"moe_layer_freq", &pyobj.List{Items: []pyobj.Value{int64(0), int64(1), int64(1)}},
+		"moe_aux_loss_coeff", &pyobj.List{Items: []pyobj.Value{0.0}}, "num_layers", int64(3))}
+	args, err := ScalarArgs("ckpt/model.pt", ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"moe_layer_freq": []any{int64(0), int64(1), int64(1)}, "num_layers": int64(3)}
+	if !reflect.DeepEqual(args, want) {
+		t.Fatalf("%v, want %v", args, want)
 	}
 }

@@ -36,6 +36,10 @@ type Copier struct {
 	// it returns errKernelUnsupported when the fallback must be used.
 	kernel   func(dst *os.File, dstOff int64, src *os.File, srcOff int64, n int) (int, error)
 	noKernel bool // the kernel refused once: do not ask again
+	// Last is the CRC-32 of the bytes the last successful CopyRangeCRC
+	// copied: the source's bytes, which a reader that verifies files
+	// from what it reads can count as read (atomic.State.Record).
+	Last uint32
 }
 
 // errKernelUnsupported means the in-kernel copy is not available for
@@ -68,7 +72,11 @@ func (c *Copier) CopyRangeCRC(dst *os.File, dstOff int64, src *os.File, srcOff, 
 		}
 		n, srcOff, dstOff = n-int64(k), srcOff+int64(k), dstOff+int64(k)
 	}
-	return c.copyBuffered(crc, dst, dstOff, src, srcOff, n)
+	crc, err := c.copyBuffered(crc, dst, dstOff, src, srcOff, n)
+	if err == nil {
+		c.Last = crc
+	}
+	return crc, err
 }
 
 // hash extends crc with n bytes of f at off, read through the buffer.

@@ -325,8 +325,9 @@ func CreateLayout(path string, l *Layout) (*Writer, error) {
 		w.Abort()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	// Pre-size so that concurrent WriteAt calls never extend the file.
-	if err := f.Truncate(l.Size()); err != nil {
+	// Pre-size so that concurrent WriteAt calls never extend the file
+	// (blocks reserved where the filesystem can: fsutil.Presize).
+	if err := fsutil.Presize(f, l.Size()); err != nil {
 		return fail(err)
 	}
 	if _, err := f.WriteAt(l.header, 0); err != nil {
@@ -359,9 +360,38 @@ func (w *Writer) WriteAt(i int, p []byte, off int64) error {
 	if err := fsutil.WriteAt(w.f, p, w.Layout.Offset(i)+off); err != nil {
 		return fmt.Errorf("%s: tensor %q: %w", w.path, name, err)
 	}
+	w.written(i, off, int64(len(p)))
+	return nil
+}
+
+// written records a range of entry i as written and, as Commit syncs,
+// starts writing it to disk (the sync then finds most of the work done).
+func (w *Writer) written(i int, off, n int64) {
+	fsutil.StartWriteback(w.f, w.Layout.Offset(i)+off, n)
 	w.mu.Lock()
-	w.pieces[i] = append(w.pieces[i], span{off, int64(len(p))})
+	w.pieces[i] = append(w.pieces[i], span{off, n})
 	w.mu.Unlock()
+}
+
+// CopyFrom copies n bytes of src at srcOff to byte off of entry i's
+// payload through c, in the kernel where it can (fsutil.Copier; c.Last is
+// then the CRC-32 of the bytes copied). Safe for concurrent use with
+// disjoint ranges, one Copier per goroutine.
+func (w *Writer) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error {
+	if i < 0 || i >= len(w.Layout.Entries) {
+		return fmt.Errorf("%s: no tensor %d", w.path, i)
+	}
+	name, size := w.Layout.Entries[i].Name, w.Layout.nbytes[i]
+	if off < 0 || n < 0 || off > size || n > size-off {
+		return fmt.Errorf("%s: tensor %q: copy of %d bytes at %d outside its %d bytes", w.path, name, n, off, size)
+	}
+	if n == 0 {
+		return nil
+	}
+	if _, err := c.CopyRangeCRC(w.f, w.Layout.Offset(i)+off, src, srcOff, n); err != nil {
+		return fmt.Errorf("%s: tensor %q: %w", w.path, name, err)
+	}
+	w.written(i, off, n)
 	return nil
 }
 

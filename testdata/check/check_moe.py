@@ -40,6 +40,16 @@ CASES = {
                   "Qwen3MoeForCausalLM"),
     "qwen2_moe": (["--add-qkv-bias", "--moe-shared-expert-intermediate-size", "40", "--moe-shared-expert-gate",
                    "--moe-router-topk", "3"], "Qwen2MoeForCausalLM"),
+    # Multi-latent attention (local spec: q/kv norms as modules, column-parallel down projections), layer 0
+    # dense, two MoE layers with two shared experts, the sigmoid router with its expert bias, a scaling factor
+    # and group-limited routing (2 groups, 1 chosen: Megatron scores a group by its top topk/group_topk = 2
+    # experts, as transformers always does); no GQA (MLA refuses it).
+    "deepseek_v3": (["--num-layers", "3", "--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16",
+                     "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8", "--qk-layernorm",
+                     "--rope-type", "rope", "--moe-layer-freq", "[0]+[1]*2", "--moe-shared-expert-intermediate-size", "48",
+                     "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                     "--moe-router-topk-scaling-factor", "2.5", "--moe-router-num-groups", "2",
+                     "--moe-router-group-topk", "1", "--moe-router-topk", "2"], "DeepseekV3ForCausalLM"),
 }
 VOCAB, SEQ, BATCH = 96, 16, 2
 COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--group-query-attention",
@@ -52,6 +62,50 @@ COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "
           "--use-cpu-initialization", "--no-gradient-accumulation-fusion", "--transformer-impl", "local",
           "--vocab-size", str(VOCAB), "--no-rope-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion",
           "--no-masked-softmax-fusion", "--no-persist-layer-norm"]
+
+
+def argv(case):
+    """The pretrain_gpt.py command line of a case."""
+    common = COMMON
+    if case == "deepseek_v3":
+        i = common.index("--group-query-attention")
+        common = common[:i] + common[i + 3:]
+    return ["pretrain_gpt.py"] + common + CASES[case][0]
+
+
+def layer_spec(case, args, cfg):
+    """The local spec: one layer spec for every layer, or (deepseek_v3's dense and MoE layers) the block spec
+    megatron-core builds from moe_layer_freq."""
+    if case == "deepseek_v3":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization=args.normalization)
+        for spec in block.layer_specs:
+            spec.submodules.self_attention.submodules.core_attention = MLACoreAttention
+        return block
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    return get_gpt_layer_local_spec(args.num_experts, False, args.qk_layernorm, normalization=args.normalization)
+
+
+class MLACoreAttention(torch.nn.Module):
+    """Causal softmax attention with MLA's key and value widths, for the local spec on CPU.
+
+    megatron-core 0.19's local spec cannot build MLA: MLASelfAttention passes k_channels and v_channels to its
+    core attention, which only Transformer Engine's DotProductAttention takes (the local DotProductAttention
+    refuses them). This stands in for that kernel alone: softmax(q k^T * softmax_scale) v over the causal mask,
+    with MLA's own softmax_scale (yarn mscale included); every projection, norm and RoPE is Megatron's.
+    """
+
+    def __init__(self, softmax_scale=None, **kwargs):  # Attention builds it once before MLA rebuilds it
+        super().__init__()
+        self.softmax_scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        assert packed_seq_params is None and attention_bias is None
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [s, b, n, d] -> [b, n, s, d]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, n * v_head_dim]
+
 
 
 def batch():
@@ -82,19 +136,17 @@ def megatron(case, out):
     from megatron.core import parallel_state as ps
     from megatron.core import dist_checkpointing
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
     ps.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(1234)
-    extra, _ = CASES[case]
-    sys.argv = ["pretrain_gpt.py"] + COMMON + extra
+    sys.argv = argv(case)
     args = parse_args()
     args.rank, args.world_size = 0, 1
     validate_args(args, {})
     args.padded_vocab_size = VOCAB
     cfg = core_transformer_config_from_args(args)
-    spec = get_gpt_layer_local_spec(args.num_experts, False, args.qk_layernorm, normalization=args.normalization)
+    spec = layer_spec(case, args, cfg)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
                      pre_process=True, post_process=True, share_embeddings_and_output_weights=False,
                      position_embedding_type="rope", rotary_percent=1.0, rotary_base=args.rotary_base)
@@ -104,6 +156,11 @@ def megatron(case, out):
             norm = "layernorm" in n or n.endswith("norm.weight")
             scale = 1.0 if "router" in n else 0.2  # a clear routing margin
             p.copy_(torch.randn(p.shape, generator=g) * (0.1 if norm else scale) + (1.0 if norm else 0.0))
+        for n, b in model.named_buffers():
+            if n.endswith("router.expert_bias"):
+                # Non-negative: sigmoid + bias stays positive, where transformers' group mask (0.0) and
+                # Megatron's (-inf) choose alike.
+                b.copy_(torch.rand(b.shape, generator=g) * 0.2)
     model.eval()
     ids = batch()
     pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, -1)
@@ -136,6 +193,16 @@ def hf_config(case, args):
                   num_attention_heads=args.num_attention_heads, num_key_value_heads=args.num_query_groups,
                   max_position_embeddings=SEQ, rms_norm_eps=args.layernorm_epsilon, rope_theta=args.rotary_base,
                   tie_word_embeddings=False, num_experts_per_tok=args.moe_router_topk)
+    if case == "deepseek_v3":
+        common["num_key_value_heads"] = args.num_attention_heads
+        return transformers.DeepseekV3Config(
+            intermediate_size=args.ffn_hidden_size, moe_intermediate_size=args.moe_ffn_hidden_size,
+            n_shared_experts=args.moe_shared_expert_intermediate_size // args.moe_ffn_hidden_size,
+            n_routed_experts=args.num_experts, routed_scaling_factor=args.moe_router_topk_scaling_factor,
+            kv_lora_rank=args.kv_lora_rank, q_lora_rank=args.q_lora_rank, qk_rope_head_dim=args.qk_pos_emb_head_dim,
+            v_head_dim=args.v_head_dim, qk_nope_head_dim=args.qk_head_dim, n_group=args.moe_router_num_groups,
+            topk_group=args.moe_router_group_topk, first_k_dense_replace=args.moe_layer_freq.index(1),
+            norm_topk_prob=True, rope_interleave=True, attention_bias=False, **common)
     if case == "mixtral":
         return transformers.MixtralConfig(intermediate_size=args.moe_ffn_hidden_size, num_local_experts=args.num_experts,
                                           **common)
@@ -161,6 +228,8 @@ def own_mapping(case, sd, args):
     H = args.num_attention_heads
     out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
            "model.norm.weight": sd["decoder.final_layernorm.weight"], "lm_head.weight": sd["output_layer.weight"]}
+    if case == "deepseek_v3":
+        return own_mapping_deepseek(sd, args, out)
     moe = "block_sparse_moe" if case == "mixtral" else "mlp"
     names = ("w1", "w3", "w2") if case == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     for layer in range(args.num_layers):
@@ -192,6 +261,36 @@ def own_mapping(case, sd, args):
             out[h + "mlp.shared_expert.up_proj.weight"] = up
             out[h + "mlp.shared_expert.down_proj.weight"] = sd[p + "mlp.shared_experts.linear_fc2.weight"]
             out[h + "mlp.shared_expert_gate.weight"] = sd[p + "mlp.shared_experts.gate_weight"]
+    return out
+
+
+def own_mapping_deepseek(sd, args, out):
+    """megatron-core MLA local names -> DeepseekV3ForCausalLM names: one tensor each, no row permutation
+    (both take the rotary dims in adjacent pairs: Megatron's mla_rotary_interleaved, transformers'
+    rope_interleave)."""
+    for layer in range(args.num_layers):
+        p, h = f"decoder.layers.{layer}.", f"model.layers.{layer}."
+        a, m = p + "self_attention.", h + "self_attn."
+        for hf, mc in (("q_a_proj", "linear_q_down_proj"), ("q_a_layernorm", "q_layernorm"), ("q_b_proj", "linear_q_up_proj"),
+                       ("kv_a_proj_with_mqa", "linear_kv_down_proj"), ("kv_a_layernorm", "kv_layernorm"),
+                       ("kv_b_proj", "linear_kv_up_proj"), ("o_proj", "linear_proj")):
+            out[m + hf + ".weight"] = sd[a + mc + ".weight"]
+        out[h + "input_layernorm.weight"] = sd[p + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = sd[p + "pre_mlp_layernorm.weight"]
+        if args.moe_layer_freq[layer] == 0:
+            gate, up = torch.chunk(sd[p + "mlp.linear_fc1.weight"], 2, dim=0)
+            out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate, up
+            out[h + "mlp.down_proj.weight"] = sd[p + "mlp.linear_fc2.weight"]
+            continue
+        out[h + "mlp.gate.weight"] = sd[p + "mlp.router.weight"]
+        out[h + "mlp.gate.e_score_correction_bias"] = sd[p + "mlp.router.expert_bias"]
+        for e in range(args.num_experts):
+            gate, up = torch.chunk(sd[p + f"mlp.experts.local_experts.{e}.linear_fc1.weight"], 2, dim=0)
+            out[h + f"mlp.experts.{e}.gate_proj.weight"], out[h + f"mlp.experts.{e}.up_proj.weight"] = gate, up
+            out[h + f"mlp.experts.{e}.down_proj.weight"] = sd[p + f"mlp.experts.local_experts.{e}.linear_fc2.weight"]
+        gate, up = torch.chunk(sd[p + "mlp.shared_experts.linear_fc1.weight"], 2, dim=0)
+        out[h + "mlp.shared_experts.gate_proj.weight"], out[h + "mlp.shared_experts.up_proj.weight"] = gate, up
+        out[h + "mlp.shared_experts.down_proj.weight"] = sd[p + "mlp.shared_experts.linear_fc2.weight"]
     return out
 
 
@@ -233,6 +332,9 @@ def hfsave(case, out):
     with torch.no_grad():
         for n, p in m.named_parameters():
             p.add_(torch.randn(p.shape) * 0.05)
+        for n, b in m.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(torch.rand(b.shape) * 0.2)  # non-negative, as in the megatron phase
     ids = batch()
     with torch.no_grad():
         logits = m(ids).logits
@@ -251,6 +353,9 @@ MODEL_ARGS = ["num_layers", "hidden_size", "num_attention_heads", "num_query_gro
               "moe_shared_expert_gate", "qk_layernorm", "add_qkv_bias", "add_bias_linear", "swiglu", "normalization",
               "untie_embeddings_and_output_weights", "tensor_model_parallel_size", "expert_model_parallel_size",
               "expert_tensor_parallel_size", "position_embedding_type"]
+MLA_ARGS = ["multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+            "rope_type", "moe_layer_freq", "moe_router_score_function", "moe_router_enable_expert_bias",
+            "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk"]
 
 
 def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
@@ -267,7 +372,6 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     import megatron.training.arguments as marguments
     from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
@@ -275,12 +379,11 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
     marguments.get_device_arch_version = lambda: 9  # no GPU to ask: only picks which TP performance note applies
     ps.initialize_model_parallel(tp, 1, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     model_parallel_cuda_manual_seed(1234)
-    extra, _ = CASES[case]
     deg = ["--tensor-model-parallel-size", str(tp), "--expert-model-parallel-size", str(ep),
            "--expert-tensor-parallel-size", str(etp)]
     # No --sequence-parallel: the local spec's torch norms refuse it, and MoELayer asks for it only in
     # training (moe_layer.py forward); evaluation computes the same logits without it.
-    sys.argv = ["pretrain_gpt.py"] + COMMON + extra + deg
+    sys.argv = argv(case) + deg
     args = parse_args()
     args.rank, args.world_size = rank, world
     validate_args(args, {})
@@ -288,12 +391,13 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
     path = get_checkpoint_name(mg, 0, release=True)
     sd = torch.load(path, weights_only=False)
     wa = sd["args"]
-    bad = {k: (getattr(wa, k, "absent"), getattr(args, k)) for k in MODEL_ARGS if getattr(wa, k, "absent") != getattr(args, k)}
+    keys = MODEL_ARGS + (MLA_ARGS if case == "deepseek_v3" else [])
+    bad = {k: (getattr(wa, k, "absent"), getattr(args, k)) for k in keys if getattr(wa, k, "absent") != getattr(args, k)}
     if bad:
         sys.exit(f"{path}: args ucp wrote differ from Megatron's parse (written, parsed): {bad}")
     args.padded_vocab_size = wa.padded_vocab_size
     cfg = core_transformer_config_from_args(args)
-    spec = get_gpt_layer_local_spec(args.num_experts, False, args.qk_layernorm, normalization=args.normalization)
+    spec = layer_spec(case, args, cfg)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=wa.padded_vocab_size, max_sequence_length=SEQ,
                      pre_process=True, post_process=True, share_embeddings_and_output_weights=False,
                      position_embedding_type="rope", rotary_percent=1.0, rotary_base=args.rotary_base)

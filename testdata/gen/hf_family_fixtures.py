@@ -81,7 +81,7 @@ import transformers  # noqa: E402  (after the shim is completed)
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM)
 
 GEOM = dict(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=40, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0)
@@ -115,6 +115,22 @@ MOE_CASES = {
 }
 
 
+# DeepSeek-V3 (internal/family/deepseek.go), seeded apart again: multi-latent attention with q LoRA, layer 0
+# dense, 4 routed experts top-2 in 2 groups (1 chosen), 2 shared experts, routed_scaling_factor 2.5, yarn RoPE;
+# the routers' e_score_correction_bias buffers get distinct values too. fp32 (the Megatron round trip writes
+# every weight in the training dtype).
+DS_CASES = {
+    "deepseek_v3_fp32": (DeepseekV3Config, DeepseekV3ForCausalLM,
+                         dict(tie_word_embeddings=False, num_hidden_layers=4, num_key_value_heads=4, first_k_dense_replace=1,
+                              n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=2,
+                              moe_intermediate_size=12, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=12,
+                              kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6,
+                              rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}),
+                         torch.float32, 6000),
+}
+
+
 # The torch.save layouts (save_pretrained with safe_serialization=False: pytorch_model.bin, or
 # pytorch_model-0000i-of-0000n.bin + pytorch_model.bin.index.json) of some cases above: the same seed, so
 # the same weights; testdata/fixtures/hf_family_bin/<case> holds them, and the script checks that the
@@ -132,6 +148,9 @@ def build(seed, ccls, mcls, over, dt):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(0.5 * torch.randn_like(p) + 0.01 * k)
+        for pn, b in model.named_buffers():
+            if pn.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.rand_like(b))
     return cfg, model.to(dt)
 
 
@@ -169,6 +188,7 @@ def main(out, only=None):
         listing = json.load(open(os.path.join(out, "cases.json")))
     todo = [(1000 + i, n, c) for i, (n, c) in enumerate(sorted(CASES.items()))]
     todo += [(2000 + i, n, c) for i, (n, c) in enumerate(sorted(MOE_CASES.items()))]
+    todo += [(3000 + i, n, c) for i, (n, c) in enumerate(sorted(DS_CASES.items()))]
     for seed, name, (ccls, mcls, over, dt, shard) in todo:
         if only and name not in only:
             continue

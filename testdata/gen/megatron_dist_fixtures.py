@@ -319,6 +319,10 @@ def build(case, rank, world):
     # on chunk 0); build then returns lists of DDP modules and models.
     vpp = case.get("vpp")
     vkw = dict(virtual_pipeline_model_parallel_size=vpp) if vpp else {}
+    # first/last: an uneven split (--decoder-first/last-pipeline-num-layers, TransformerConfig's
+    # num_layers_in_first/last_pipeline_stage).
+    ukw = {k: case[c] for k, c in (("num_layers_in_first_pipeline_stage", "first"),
+                                   ("num_layers_in_last_pipeline_stage", "last")) if case.get(c)}
     ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep, **vkw)
     bf16 = case["dtype"] == "bf16"
     dt = torch.bfloat16 if bf16 else torch.float32
@@ -328,7 +332,7 @@ def build(case, rank, world):
         activation_func=torch.nn.functional.silu, add_bias_linear=False,
         tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True, **vkw,
+        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True, **vkw, **ukw,
         **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=g["ffn"], expert_model_parallel_size=ep)
            if experts else {}),
     )

@@ -26,6 +26,8 @@ src, case_dir, case_name = sys.argv[1], sys.argv[2], sys.argv[3]
 TP, PP, DP = (int(x) for x in sys.argv[4:7])
 SHARDING = sys.argv[7] if len(sys.argv) > 7 else "fully_reshardable"
 VPP = int(os.environ.get("UCP_VPP", "0")) or None  # model chunks per stage (--vpp)
+# Layers of the first and last pipeline stage (--decoder-first/last-pipeline-num-layers; 0: not set).
+FIRST, LAST = (int(x) or None for x in os.environ.get("UCP_FIRST_LAST", "0,0").split(","))
 # UCP_OWN=1: `written/` is the fixture's own checkpoint (the load-time baseline); its model weights
 # are the live ones (fp32 norms of the unwrapped bf16 model), compared with truth weight directly.
 OWN = os.environ.get("UCP_OWN") == "1"
@@ -49,7 +51,7 @@ def worker(rank, world, port):
     from megatron.core import dist_checkpointing
 
     case = dict(gen.CASES[case_name])
-    case.update(tp=TP, pp=PP, dp=DP, vpp=VPP, f16module=case.get("f16module") or SHARDING == "dp_reshardable" and not OWN)
+    case.update(tp=TP, pp=PP, dp=DP, vpp=VPP, first=FIRST, last=LAST, f16module=case.get("f16module") or SHARDING == "dp_reshardable" and not OWN)
     # The vocabulary as a run at TP pads it (ucp writes that padding, zeros).
     case["geom"] = dict(case.get("geom", {}), padded_vocab=gen.padded_vocab(TP))
     cfg, ddp, model, opt = gen.build(case, rank, world)
@@ -113,7 +115,8 @@ def worker(rank, world, port):
         if bad:
             print("FAIL", case_dir, *bad[:20], sep="\n  ")
         else:
-            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP}: "
+            uneven = f" (first, last stage layers {FIRST}, {LAST})" if FIRST or LAST else ""
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP}{uneven}: "
                   f"{n} tensors equal to the truth ({SHARDING}), one training step taken; load {load_s:.2f}s", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -26,6 +26,10 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 			func(src string) (*fragment.Table, error) {
 				return deepspeed.Index(context.Background(), src, deepspeed.Options{})
 			}},
+		{"llama tp2", Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 2, DP: 3, Seed: 7, Llama: true},
+			func(src string) (*fragment.Table, error) {
+				return deepspeed.Index(context.Background(), src, deepspeed.Options{})
+			}},
 		{"zero3", Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 1, DP: 3, Seed: 7, Zero3: true},
 			func(src string) (*fragment.Table, error) {
 				return deepspeed.IndexZero3(context.Background(), src, deepspeed.Zero3Options{})
@@ -48,8 +52,20 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 			if cfg.Zero3 {
 				rows = int64(padded) // no universal info: the padded table is the parameter
 			}
+			index := map[string]int{} // the generator's parameter numbers
+			vocabs := 0
+			for i, p := range cfg.params() {
+				index[p.name] = i
+				if p.vocab {
+					vocabs++
+				}
+			}
 			checked := 0
-			for pi, p := range tbl.Params {
+			for _, p := range tbl.Params {
+				pi, ok := index[p.Name]
+				if !ok {
+					t.Fatalf("parameter %s is not the generator's", p.Name)
+				}
 				for si, st := range states {
 					got, shape, err := testkit.ReadAtomic(filepath.Join(dst, atomic.StatePath(p.Name, st)))
 					if err != nil {
@@ -66,7 +82,7 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 					}
 				}
 			}
-			if want := 3 * (cfg.Params() - (int64(padded)-rows)*int64(cfg.Hidden)); int64(checked) != want {
+			if want := 3 * (cfg.Params() - int64(vocabs)*(int64(padded)-rows)*int64(cfg.Hidden)); int64(checked) != want {
 				t.Fatalf("checked %d elements, want %d", checked, want)
 			}
 		})

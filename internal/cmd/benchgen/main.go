@@ -18,6 +18,7 @@ func main() {
 	flag.IntVar(&c.TP, "tp", c.TP, "tensor parallel degree")
 	flag.IntVar(&c.DP, "dp", c.DP, "data parallel degree")
 	flag.BoolVar(&c.Zero3, "zero3", false, "write ZeRO-3 (bf16, TP 1) instead of ZeRO-2 with TP")
+	flag.BoolVar(&c.Llama, "llama", false, "Megatron-DeepSpeed's Llama layout with its training arguments (a model family reshard --to megatron knows)")
 	flag.Parse()
 	if c.Zero3 && !flagSet("tp") {
 		c.TP = 1
@@ -30,6 +31,9 @@ func main() {
 	kind := "ZeRO-2"
 	if c.Zero3 {
 		kind = "ZeRO-3"
+	}
+	if c.Llama {
+		kind += " Llama"
 	}
 	fmt.Printf("wrote %d parameters (%s, hidden %d, %d layers, TP %d x DP %d) to %s in %.1fs\n",
 		c.Params(), kind, c.Hidden, c.Layers, c.TP, c.DP, *out, time.Since(start).Seconds())

@@ -18,6 +18,7 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -121,16 +122,18 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt ExportOptions
 	sizes := make([]int64, opt.Shards)
 	var pkl []byte
 	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, opt.Force, opt.NoSync, func(tmp string) error {
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(opt.Workers)
-		for rank := 0; rank < opt.Shards; rank++ {
-			g.Go(func() error {
-				n, err := writeRank(gctx, r, tmp, rank, keys, opt)
-				sizes[rank] = n
-				return err
-			})
-		}
-		if err := g.Wait(); err != nil {
+		if err := r.VerifyingReads(func() error {
+			g, gctx := errgroup.WithContext(ctx)
+			g.SetLimit(opt.Workers)
+			for rank := 0; rank < opt.Shards; rank++ {
+				g.Go(func() error {
+					n, err := writeRank(gctx, r, tmp, rank, keys, opt)
+					sizes[rank] = n
+					return err
+				})
+			}
+			return g.Wait()
+		}); err != nil {
 			return err
 		}
 		var err error
@@ -540,7 +543,8 @@ func keyString(k pyobj.Value) (string, error) {
 }
 
 // writeRank writes __<rank>_0.distcp: rank 0's bytes items first, then
-// the rank's chunk of every tensor, each a complete torch.save stream.
+// the rank's chunk of every tensor, each a complete torch.save stream. The
+// streams' places are laid out first, then opt.Workers write them at once.
 func writeRank(ctx context.Context, r *atomic.Reader, dir string, rank int, keys []*outKey, opt ExportOptions) (int64, error) {
 	name := fmt.Sprintf("__%d_0.distcp", rank)
 	path := filepath.Join(dir, name)
@@ -549,7 +553,7 @@ func writeRank(ctx context.Context, r *atomic.Reader, dir string, rank int, keys
 		return 0, err
 	}
 	w := &rankWriter{r: r, f: f, name: name, path: path}
-	err = w.write(ctx, rank, keys)
+	err = w.write(ctx, rank, keys, max(opt.Workers, 1))
 	if err == nil && !opt.NoSync {
 		err = f.Sync()
 	}
@@ -565,11 +569,24 @@ type rankWriter struct {
 	name string
 	path string
 	at   int64
-	buf  []byte
-	out  []byte
 }
 
-func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey) error {
+// streamBufs are one worker's buffers and its copier (chunks stored in the
+// output dtype are copied in the kernel).
+type streamBufs struct {
+	buf, out []byte
+	copier   fsutil.Copier
+}
+
+// stream is one tensor chunk's torch.save stream at its place in the file.
+type stream struct {
+	k    *outKey
+	ch   *outChunk
+	l    *torchfile.Layout
+	base int64
+}
+
+func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey, workers int) error {
 	if rank == 0 {
 		for _, k := range keys {
 			if k.tensor {
@@ -582,53 +599,72 @@ func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey) error 
 			w.at += int64(len(k.data))
 		}
 	}
+	var streams []stream
 	for _, k := range keys {
 		for i := range k.chunks {
 			if k.chunks[i].rank != rank {
 				continue
 			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			info, err := w.tensor(k, k.chunks[i])
+			l, err := torchfile.NewLayout("archive", &torchfile.Blob{DType: k.dt, Shape: k.chunks[i].size})
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", w.path, k.key, err)
 			}
-			k.chunks[i].info = info
+			streams = append(streams, stream{k: k, ch: &k.chunks[i], l: l, base: w.at})
+			k.chunks[i].info = StorageInfo{RelativePath: w.name, Offset: w.at, Length: l.Size()}
+			w.at += l.Size()
 		}
 	}
-	return nil
+	if err := fsutil.Presize(w.f, w.at); err != nil {
+		return err
+	}
+	bufs := make(chan *streamBufs, workers)
+	for range workers {
+		bufs <- &streamBufs{}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(workers)
+	for _, s := range streams {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			b := <-bufs
+			defer func() { bufs <- b }()
+			if err := w.tensor(b, s); err != nil {
+				return fmt.Errorf("%s: %s: %w", w.path, s.k.key, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
-// pieceElems bounds the elements converted at once.
-const pieceElems = 4 << 20
+// pieceElems bounds the elements converted at once: buffers that stay in
+// the CPU's cache (layout.Chunk).
+const pieceElems = layout.Chunk
 
 // tensor writes one chunk as a torch.save stream of a contiguous tensor.
-func (w *rankWriter) tensor(k *outKey, ch outChunk) (StorageInfo, error) {
-	l, err := torchfile.NewLayout("archive", &torchfile.Blob{DType: k.dt, Shape: ch.size})
-	if err != nil {
-		return StorageInfo{}, err
-	}
-	base := w.at
+func (w *rankWriter) tensor(b *streamBufs, s stream) error {
+	k, ch, l, base := s.k, *s.ch, s.l, s.base
 	for _, s := range l.Head() {
 		if _, err := w.f.WriteAt(s.Data, base+s.Off); err != nil {
-			return StorageInfo{}, err
+			return err
 		}
 	}
 	data := base + l.BlobOffset(0)
 	var crc uint32
 	if k.blob != nil {
 		if int64(len(k.blob.Data)) != k.blob.NBytes() {
-			return StorageInfo{}, fmt.Errorf("%d bytes for %v%v", len(k.blob.Data), k.blob.DType, k.blob.Shape)
+			return fmt.Errorf("%d bytes for %v%v", len(k.blob.Data), k.blob.DType, k.blob.Shape)
 		}
 		if _, err := w.f.WriteAt(k.blob.Data, data); err != nil {
-			return StorageInfo{}, err
+			return err
 		}
 		crc = crc32.ChecksumIEEE(k.blob.Data)
 	} else {
 		st, err := w.r.OpenState(k.param, k.state)
 		if err != nil {
-			return StorageInfo{}, err
+			return err
 		}
 		defer st.Close()
 		row := int64(1)
@@ -642,44 +678,52 @@ func (w *rankWriter) tensor(k *outKey, ch outChunk) (StorageInfo, error) {
 		n := torchfile.Numel(ch.size)
 		es := int64(k.dt.Size())
 		if st.DType != k.dt && st.DType != dtype.Float32 {
-			return StorageInfo{}, fmt.Errorf("%s: %v, cannot be written as %v", st.Path, st.DType, k.dt)
+			return fmt.Errorf("%s: %v, cannot be written as %v", st.Path, st.DType, k.dt)
+		}
+		if src, at := st.File(); src != nil && st.DType == k.dt {
+			// Stored as written: copied in the kernel, the CRC taken on the way.
+			c, err := b.copier.CopyRangeCRC(w.f, data, src, at+start*es, n*es)
+			if err != nil {
+				return err
+			}
+			st.Record(start, n, c)
+			crc, n = c, 0
 		}
 		for done := int64(0); done < n; {
 			m := min(n-done, pieceElems)
 			if st.DType == k.dt {
 				// Kept as stored (and float32 to float32): no conversion.
-				w.out = grow(w.out, es*m)
-				if err := st.ReadRange(start+done, m, w.out); err != nil {
-					return StorageInfo{}, err
+				b.out = grow(b.out, es*m)
+				if err := st.ReadRange(start+done, m, b.out); err != nil {
+					return err
 				}
 			} else {
-				w.buf = grow(w.buf, 4*m)
-				if err := st.ReadRange(start+done, m, w.buf); err != nil {
-					return StorageInfo{}, err
+				b.buf = grow(b.buf, 4*m)
+				if err := st.ReadRange(start+done, m, b.buf); err != nil {
+					return err
 				}
-				w.out = grow(w.out, es*m)
-				if err := fromFloat32(w.out, w.buf, k.dt); err != nil {
-					return StorageInfo{}, err
+				b.out = grow(b.out, es*m)
+				if err := fromFloat32(b.out, b.buf, k.dt); err != nil {
+					return err
 				}
 			}
-			if err := fsutil.WriteAt(w.f, w.out, data+done*es); err != nil {
-				return StorageInfo{}, err
+			if err := fsutil.WriteAt(w.f, b.out, data+done*es); err != nil {
+				return err
 			}
-			crc = crc32.Update(crc, crc32.IEEETable, w.out)
+			crc = crc32.Update(crc, crc32.IEEETable, b.out)
 			done += m
 		}
 	}
 	tail, err := l.Tail([]uint32{crc})
 	if err != nil {
-		return StorageInfo{}, err
+		return err
 	}
 	for _, s := range tail {
 		if _, err := w.f.WriteAt(s.Data, base+s.Off); err != nil {
-			return StorageInfo{}, err
+			return err
 		}
 	}
-	w.at += l.Size()
-	return StorageInfo{RelativePath: w.name, Offset: base, Length: l.Size()}, nil
+	return nil
 }
 
 func grow(b []byte, n int64) []byte {

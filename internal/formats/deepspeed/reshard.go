@@ -72,7 +72,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st := &ReshardStats{Notes: p.notes}
 	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
-		return p.write(ctx, tmp, st)
+		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -521,7 +521,7 @@ func (p *plan) write(ctx context.Context, dir string, st *ReshardStats) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if err := p.writeOptim12(dir, t, r, cfg, st); err != nil {
+			if err := p.writeOptim12(ctx, dir, t, r, cfg, st); err != nil {
 				return err
 			}
 		}
@@ -760,7 +760,7 @@ type (
 
 // writeOptim12 writes the ZeRO-1/2 (or BF16_Optimizer) optimizer file of
 // TP rank t, DP rank r.
-func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
+func (p *plan) writeOptim12(ctx context.Context, dir string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
 	D := p.o.DP
 	var fills []fill
 	states := pyobj.NewDict(pyobj.PlainDict)
@@ -836,7 +836,7 @@ func (p *plan) writeOptim12(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSt
 		osd.Set("param_slice_mappings", &mappings)
 	}
 	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", p.version)
-	return p.writeFile(filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
+	return p.writeFile(ctx, filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
 }
 
 func withState(ps []fillPiece, state string) []fillPiece {
@@ -856,8 +856,8 @@ func zeroStageEnum(stage int) pyobj.Enum {
 
 // writeFile writes root, streaming the fills' tensors (cast to each blob's
 // dtype) and zeros between their pieces; blobs with Data are written as is.
-func (p *plan) writeFile(path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
-	n, err := layout.WriteFile(p.r, path, root, fills)
+func (p *plan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
+	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
 	if err != nil {
 		return err
 	}
@@ -911,7 +911,7 @@ func (p *plan) writeModelStates(ctx context.Context, path string, t, r int, cfg 
 	if err := p.clientState(f, tmpl, state); err != nil {
 		return err
 	}
-	return p.writeFile(path, state, fills, st)
+	return p.writeFile(ctx, path, state, fills, st)
 }
 
 // engineState is the engine's part of a model-state file (engineKeys):

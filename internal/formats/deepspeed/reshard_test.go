@@ -34,6 +34,7 @@ func reshardTo(t *testing.T, a string, o ReshardOptions) string {
 		t.Fatal(err)
 	}
 	save := filepath.Join(t.TempDir(), "save")
+	o.NoSync = true // durability is not under test: fsyncs would only slow the suite
 	if _, err := Reshard(context.Background(), r, filepath.Join(save, "global_step9"), o); err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func (p *plan) writeZero3(ctx context.Context, dir string, t int, cfg *pyobj.Dic
 		if err := p.writeModelStates(ctx, filepath.Join(dir, name), t, r, cfg, st); err != nil {
 			return err
 		}
-		if err := p.writeOptim3(dir, t, r, cfg, st); err != nil {
+		if err := p.writeOptim3(ctx, dir, t, r, cfg, st); err != nil {
 			return err
 		}
 	}
@@ -96,7 +96,7 @@ func (p *plan) writeZero3(ctx context.Context, dir string, t int, cfg *pyobj.Dic
 // writeOptim3 writes DeepSpeedZeroOptimizer_Stage3's rigid state of DP
 // rank r: per sub-group the flat fp32 partition (each parameter's
 // ceil(n/D) slice, zero padded) and the torch optimizer's state of it.
-func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
+func (p *plan) writeOptim3(ctx context.Context, dir string, t, r int, cfg *pyobj.Dict, st *ReshardStats) error {
 	D := p.o.DP
 	var fills []fill
 	states := pyobj.NewDict(pyobj.PlainDict)
@@ -151,5 +151,5 @@ func (p *plan) writeOptim3(dir string, t, r int, cfg *pyobj.Dict, st *ReshardSta
 	osd.Set("optimizer_state_dict", pyobj.DictOf("state", states, "param_groups", &pgroups))
 	osd.Set("fp32_flat_groups", &flats)
 	root := pyobj.DictOf("optimizer_state_dict", osd, "ds_config", cfg, "ds_version", p.version)
-	return p.writeFile(filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
+	return p.writeFile(ctx, filepath.Join(dir, p.OptimName(t, r)), root, fills, st)
 }

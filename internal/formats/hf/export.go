@@ -158,8 +158,11 @@ func Export(ctx context.Context, r *atomic.Reader, dst string, opt Options) (*St
 	}
 	var files []string
 	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, opt.Force, opt.NoSync, func(tmp string) error {
-		var err error
-		if files, err = writeShards(ctx, r, tmp, shards, opt); err != nil {
+		if err := r.VerifyingReads(func() error {
+			var err error
+			files, err = writeShards(ctx, r, tmp, shards, opt)
+			return err
+		}); err != nil {
 			return err
 		}
 		if config != nil {

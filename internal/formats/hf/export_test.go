@@ -176,8 +176,8 @@ func TestExportErrors(t *testing.T) {
 		opt  Options
 		want string
 	}{
-		{"unknown arch", r, "a", Options{Arch: "gpt5"}, `unknown model family "gpt5" (known: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe)`},
-		{"not a family", legacy, "b", Options{Arch: "llama"}, "args.normalization is LayerNorm: the families llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe use RMSNorm; --arch llama names the family only"},
+		{"unknown arch", r, "a", Options{Arch: "gpt5"}, `unknown model family "gpt5" (known: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v3)`},
+		{"not a family", legacy, "b", Options{Arch: "llama"}, "args.normalization is LayerNorm: the families llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 use RMSNorm; --arch llama names the family only"},
 		{"auto not a family", legacy, "b2", Options{Arch: ArchAuto}, "none of the known families"},
 		{"shard below every tensor", r, "c", Options{MaxShard: 10}, "below every tensor"},
 		{"existing dst", r, "existing", Options{}, "already exists (use --force"},

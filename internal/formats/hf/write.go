@@ -14,6 +14,7 @@ import (
 	ucpatomic "github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/safetensors"
 	"github.com/ucp-project/ucp/internal/torchfile"
@@ -45,7 +46,7 @@ func shardName(torch bool, i, n int) string {
 // sink is one output file being written: safetensors.Writer or
 // torchfile.Writer.
 type sink interface {
-	WriteAt(i int, p []byte, off int64) error
+	layout.Sink
 	Commit() error
 	Abort()
 }
@@ -167,12 +168,15 @@ func createSink(path string, shard []*Tensor, opt Options) (sink, []int, error) 
 // of the memory budget over the float32 input and the output bytes.
 func chunkElems(opt Options, dt dtype.DType) int64 {
 	n := opt.Memory / int64(opt.Workers) / int64(4+dt.Size())
-	return max(4096, min(n, 16<<20))
+	return max(4096, min(n, layout.Chunk))
 }
 
 // tensorBufs are one worker's input (as stored), float32 and cast output
 // buffers.
-type tensorBufs struct{ in, f32, out []byte }
+type tensorBufs struct {
+	in, f32, out []byte
+	mover        layout.Mover // copies and casts tensors without AddOne
+}
 
 func growBuf(b []byte, n int64) []byte {
 	if int64(cap(b)) < n {
@@ -194,6 +198,16 @@ func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs
 			return err
 		}
 		ss := int64(st.DType.Size())
+		if !t.AddOne {
+			err := b.mover.Range(w, i, at*es, st, p.Start, p.Len, t.DType)
+			st.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.Name, err)
+			}
+			progress(ss*p.Len, es*p.Len)
+			at += p.Len
+			continue
+		}
 		b.in = growBuf(b.in, ss*min(chunk, numel(t.Shape)))
 		for done := int64(0); done < p.Len; {
 			if err := ctx.Err(); err != nil {

@@ -29,14 +29,17 @@ type Args struct {
 	VocabSize            int64 // 0 when args has none
 	SwiGLU               bool
 	Untie                bool
-	DP, CP, World        int
-	DistOpt              bool
-	OverlapGradReduce    bool
-	OverlapParamGather   bool // overlap_param_gather_with_optimizer_step: no buckets
-	BucketSize           int64
-	NumBuckets           int64
-	GradFP32             bool // accumulate_allreduce_grads_in_fp32
-	UnevenPipeline       []string
+	// MLALocal: multi-latent attention in megatron-core's local spec, whose
+	// down projections are column-parallel (TE's are whole on every rank).
+	MLALocal           bool
+	DP, CP, World      int
+	DistOpt            bool
+	OverlapGradReduce  bool
+	OverlapParamGather bool // overlap_param_gather_with_optimizer_step: no buckets
+	BucketSize         int64
+	NumBuckets         int64
+	GradFP32           bool // accumulate_allreduce_grads_in_fp32
+	UnevenPipeline     []string
 }
 
 // attr returns args.name, or false when the Namespace has no such attribute.
@@ -124,6 +127,10 @@ func parseArgs(path string, root *pyobj.Dict) (*Args, error) {
 	a.BucketSize = opt("ddp_bucket_size", 0)
 	a.NumBuckets = opt("ddp_num_buckets", 0)
 	a.GradFP32 = optBool("accumulate_allreduce_grads_in_fp32", false)
+	if mla := optBool("multi_latent_attention", false); mla && err == nil {
+		impl, _ := a.attr("transformer_impl")
+		a.MLALocal = impl == "local"
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -151,7 +151,7 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 		st.Notes = []string{fmt.Sprintf("the %s source's weights only, as a 'release' checkpoint (no optimizer state): Megatron loads it as iteration 0; start with --finetune", r.Manifest.Source.Format)}
 	}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
-		return w.write(ctx, tmp, iterDir, st)
+		return r.VerifyingReads(func() error { return w.write(ctx, tmp, iterDir, st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -512,7 +512,7 @@ func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardSt
 			return err
 		}
 		path := filepath.Join(tmp, commonFile)
-		n, err := layout.WriteFile(w.p.r, path, common, nil)
+		n, err := layout.WriteFile(ctx, w.p.r, path, common, nil, layout.WriteOptions{Sync: !w.o.NoSync})
 		if err != nil {
 			return err
 		}

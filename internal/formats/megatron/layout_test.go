@@ -78,12 +78,33 @@ func TestNames(t *testing.T) {
 		{"embedding.position_embeddings.weight", 0, 0, "embedding.position_embeddings.weight", kindRep},
 		{"decoder.layers.0.mlp.router.weight", 0, 0, "decoder.layers.0.mlp.router.weight", kindRep},
 		{"mtp.layers.0.eh_proj.weight", 0, 0, "mtp.layers.0.eh_proj.weight", kindUnknown},
+		{"decoder.layers.0.self_attention.linear_q_up_proj.weight", 1, 0, "decoder.layers.1.self_attention.linear_q_up_proj.weight", kindCol},
+		{"decoder.layers.0.self_attention.linear_kv_up_proj.weight", 1, 0, "decoder.layers.1.self_attention.linear_kv_up_proj.weight", kindCol},
+		{"decoder.layers.0.self_attention.linear_q_proj.weight", 1, 0, "decoder.layers.1.self_attention.linear_q_proj.weight", kindCol},
+		{"decoder.layers.0.self_attention.kv_layernorm.weight", 1, 0, "decoder.layers.1.self_attention.kv_layernorm.weight", kindRep},
+		{"decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight", 1, 0, "decoder.layers.1.self_attention.linear_kv_up_proj.layer_norm_weight", kindRep},
+		// MLA's down projections: by spec (mlaDownKind).
+		{"decoder.layers.0.self_attention.linear_kv_down_proj.weight", 1, 0, "decoder.layers.1.self_attention.linear_kv_down_proj.weight", kindUnknown},
 	} {
 		if got := globalName(c.local, c.layer, c.exper); got != c.want {
 			t.Errorf("globalName(%s, %d, %d) = %s, want %s", c.local, c.layer, c.exper, got, c.want)
 		}
 		if k := splitKind(c.local, true); k != c.kind {
 			t.Errorf("%s: %v, want %v", c.local, k, c.kind)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		local bool
+		want  kind
+	}{
+		{"decoder.layers.0.self_attention.linear_q_down_proj.weight", true, kindCol},
+		{"decoder.layers.0.self_attention.linear_kv_down_proj.weight", true, kindCol},
+		{"decoder.layers.0.self_attention.linear_kv_down_proj.weight", false, kindRep},
+		{"decoder.layers.0.self_attention.linear_qkv.weight", true, kindUnknown},
+	} {
+		if k := mlaDownKind(c.name, c.local); k != c.want {
+			t.Errorf("mlaDownKind(%s, local %v) = %v, want %v", c.name, c.local, k, c.want)
 		}
 	}
 }

@@ -144,7 +144,7 @@ func (b *builder) readModels() error {
 		}
 		for _, lp := range f.params {
 			k := splitKind(lp.local, false)
-			needSwiGLU = needSwiGLU || k == kindCol || k == kindGrouped1
+			needSwiGLU = needSwiGLU || k == kindCol && reFC1.MatchString(lp.local) || k == kindGrouped1
 			needVocab = needVocab || k == kindVocab || lp.tied
 		}
 	}
@@ -330,6 +330,9 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 		k = kindRep
 	}
 	if k == kindUnknown {
+		k = mlaDownKind(first.lp.local, a.MLALocal)
+	}
+	if k == kindUnknown {
 		if T > 1 {
 			return nil, fmt.Errorf("%s: %s: unknown tensor-parallel layout (not a Megatron GPT parameter name ucp knows); cannot merge %d tensor-parallel shards",
 				first.f.rd.model, first.lp.local, T)
@@ -340,7 +343,7 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	if err != nil {
 		return nil, err
 	}
-	if unknown := splitKind(first.lp.local, a.SwiGLU) == kindUnknown && !buffer; unknown {
+	if unknown := splitKind(first.lp.local, a.SwiGLU) == kindUnknown && mlaDownKind(first.lp.local, a.MLALocal) == kindUnknown && !buffer; unknown {
 		pl.info.TPKnown = false // kept whole at TP 1 by default, not by a rule
 	}
 	// Copies per TP rank, in folder order: the first is placed, the others

@@ -32,6 +32,11 @@ var (
 	reQKV   = regexp.MustCompile(`\.(linear_qkv|query_key_value)\.(weight|bias)$`)
 	reFC1   = regexp.MustCompile(`\.(linear_fc1|dense_h_to_4h)\.(weight|bias)\d*$`)
 	reRow   = regexp.MustCompile(`\.(linear_proj|linear_fc2|dense|dense_4h_to_h)\.weight\d*$`)
+	// Multi-latent attention: the up projections (and q without LoRA) are
+	// column-parallel in both specs; the down projections only in the
+	// local spec (mlaDownKind).
+	reMLACol  = regexp.MustCompile(`\.self_attention\.(linear_q_proj|linear_q_up_proj|linear_kv_up_proj)\.weight$`)
+	reMLADown = regexp.MustCompile(`\.self_attention\.(linear_q_down_proj|linear_kv_down_proj)\.weight$`)
 	// Replicated on every TP rank: norms (TE fuses them into the next
 	// linear as layer_norm_*), row-parallel biases, the router, learned
 	// position embeddings.
@@ -67,10 +72,26 @@ func splitKind(name string, swiglu bool) kind {
 		return kindCol
 	case reRow.MatchString(name):
 		return kindRow
+	case reMLACol.MatchString(name):
+		return kindCol
 	case reRep.MatchString(name):
 		return kindRep
 	}
 	return kindUnknown
+}
+
+// mlaDownKind is the split of an MLA down projection: column-parallel in
+// megatron-core's local spec (ColumnParallelLinear, output gathered),
+// whole on every rank in the TE spec (TELinear 'duplicated'); kindUnknown
+// for other names.
+func mlaDownKind(name string, local bool) kind {
+	switch {
+	case !reMLADown.MatchString(name):
+		return kindUnknown
+	case local:
+		return kindCol
+	}
+	return kindRep
 }
 
 // isExpert reports whether a parameter belongs to the routed experts,

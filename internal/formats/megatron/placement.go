@@ -2,6 +2,7 @@ package megatron
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ucp-project/ucp/internal/fragment"
 )
@@ -240,7 +241,9 @@ func (b *builder) checkShape(where string, k kind, local string, full []int64) e
 			return fmt.Errorf("%s: the row-parallel weight has %d rows but args.hidden_size is %d", where, full[0], H)
 		}
 	case kindCol, kindSwiGLU:
-		if len(full) == 2 && full[1] != H {
+		// MLA's up projections read the q and kv LoRA ranks, not the hidden state.
+		up := strings.Contains(local, ".linear_q_up_proj.") || strings.Contains(local, ".linear_kv_up_proj.")
+		if len(full) == 2 && full[1] != H && !up {
 			return fmt.Errorf("%s: the column-parallel weight has %d columns but args.hidden_size is %d", where, full[1], H)
 		}
 	}

@@ -127,10 +127,17 @@ func familyDegrees(r *atomic.Reader, c *family.Config, o ReshardOptions) (T, EP,
 	checks := []divides{{"attention heads", c.Heads, T, "--tp"}, {"query groups", c.QueryGroups, T, "--tp"}}
 	switch {
 	case c.Experts > 0:
-		// Every layer is MoE: no dense MLP is built, ffn_hidden_size unused.
+		// Every layer is MoE but deepseek_v3's leading dense ones: their
+		// FFN is split by TP.
 		checks = append(checks, divides{"experts", c.Experts, EP, "--ep"}, divides{"expert FFN size", c.MoEFFN, ETP, "--expert-tp"})
 		if c.SharedFFN > 0 {
 			checks = append(checks, divides{"shared expert FFN size", c.SharedFFN, T, "--tp"})
+		}
+		if c.DenseLayers > 0 {
+			checks = append(checks, divides{"FFN size", c.FFN, T, "--tp"})
+		}
+		if c.MLA && o.Spec == "local" { // ColumnParallelLinear down projections
+			checks = append(checks, divides{"q_lora_rank", c.QLoraRank, T, "--tp"}, divides{"kv_lora_rank + qk_pos_emb_head_dim", c.KVLoraRank + c.QKRopeDim, T, "--tp"})
 		}
 	case EP > 1 || o.ETP > 0 && o.ETP != T:
 		return 0, 0, 0, fmt.Errorf("%s: --ep %d, --expert-tp %d: the %s model has no experts", r.Dir, EP, o.ETP, c.Family)
@@ -165,9 +172,13 @@ func (p *rsPlan) familyParams(c *family.Config, slicer *layout.FamilySlicer, fam
 		if r0.Scope == family.Expert {
 			n = ETP
 		}
+		parts := fam.Parts(c, r0)
+		for i := range parts {
+			parts[i].TP = parts[i].TPIn(naming) // MLA's down projections: whole on every rank in the TE spec
+		}
 		ts := make([]virtTensor, n)
 		for t := range ts {
-			ft, err := slicer.SliceExpert(fam.Parts(c, r0), layer, expert, n, t, false, p.vocab)
+			ft, err := slicer.SliceExpert(parts, layer, expert, n, t, false, p.vocab)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", p.r.Dir, name, err)
 			}
@@ -188,16 +199,18 @@ func (p *rsPlan) familyParams(c *family.Config, slicer *layout.FamilySlicer, fam
 		case r0.Name != "embed":
 			s, v = P-1, V-1
 		}
-		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: key, routed: expert >= 0, expert: expert})
+		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: key, routed: expert >= 0, expert: expert, fp32: r0.Name == "router_bias"})
 		return nil
 	}
 	// megatron-core's module order: embedding; per layer the norms and
-	// linears as TransformerLayer registers them (a MoE layer's MLP:
-	// router, experts, shared experts, moe_layer.py MoELayer); final norm,
-	// output layer. SequentialMLP holds each expert's fc1 and fc2
-	// together, TEGroupedMLP every fc1 then every fc2.
-	order := []string{"attn_norm", "o_proj", "o_bias", "q_proj", "q_bias", "q_norm", "k_norm", "mlp_norm", "gate_proj", "gate_bias", "down_proj", "down_bias",
-		"router", "experts", "shared_gate", "shared_down", "shared_expert_gate"}
+	// linears as TransformerLayer registers them (MLA: linear_proj, then
+	// the q and kv projections, then their norms, multi_latent_attention.py;
+	// a MoE layer's MLP: router, experts, shared experts, moe_layer.py
+	// MoELayer); final norm, output layer. SequentialMLP holds each
+	// expert's fc1 and fc2 together, TEGroupedMLP every fc1 then every fc2.
+	order := []string{"attn_norm", "o_proj", "o_bias", "q_proj", "q_bias", "q_down", "q_up", "kv_down", "kv_up", "q_down_norm", "kv_down_norm",
+		"q_norm", "k_norm", "mlp_norm", "moe_norm", "gate_proj", "gate_bias", "down_proj", "down_bias",
+		"router", "router_bias", "experts", "shared_gate", "shared_down", "shared_expert_gate"}
 	present := map[string]family.Role{}
 	for _, x := range fam.Present(c) {
 		present[x.Name] = x
@@ -210,12 +223,12 @@ func (p *rsPlan) familyParams(c *family.Config, slicer *layout.FamilySlicer, fam
 	for l := 0; l < p.layers; l++ {
 		for _, n := range order {
 			if n == "experts" {
-				if err := p.addExperts(present, l, int(c.Experts), add); err != nil {
+				if err := p.addExperts(c, present, l, int(c.Experts), add); err != nil {
 					return err
 				}
 				continue
 			}
-			if x, ok := present[n]; ok {
+			if x, ok := present[n]; ok && x.At(c, l) {
 				if err := add(x, l, -1); err != nil {
 					return err
 				}
@@ -244,9 +257,9 @@ func (p *rsPlan) familyParams(c *family.Config, slicer *layout.FamilySlicer, fam
 
 // addExperts adds a layer's routed experts in the order the layer spec
 // registers them.
-func (p *rsPlan) addExperts(present map[string]family.Role, l, n int, add func(family.Role, int, int) error) error {
+func (p *rsPlan) addExperts(c *family.Config, present map[string]family.Role, l, n int, add func(family.Role, int, int) error) error {
 	gate, ok := present["expert_gate"]
-	if !ok {
+	if !ok || !gate.At(c, l) {
 		return nil
 	}
 	down := present["expert_down"]
@@ -296,6 +309,8 @@ func familyArgs(c *family.Config, dt dtype.DType, te bool, div int64) *pyobj.Obj
 		switch i := v.(type) {
 		case int: // pickled as a Python int
 			v = int64(i)
+		case []any: // moe_layer_freq's pattern: a Python list
+			v = &pyobj.List{Items: i}
 		}
 		d.Set(k, v)
 	}

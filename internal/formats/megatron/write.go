@@ -65,6 +65,9 @@ type rsParam struct {
 	// the expert TP rank.
 	routed bool
 	expert int
+	// fp32: kept in float32 whatever the training dtype (the router's
+	// expert_bias: megatron-core router.py _maintain_float32_expert_bias).
+	fp32 bool
 }
 
 // outFile is one model_optim_rng.pt of a pipeline stage: the dense
@@ -134,7 +137,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
-		return p.write(ctx, tmp, st)
+		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -455,7 +458,7 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 			if err := os.Mkdir(sub, 0o755); err != nil {
 				return err
 			}
-			if err := p.writeRank(filepath.Join(sub, modelFile), f, s, st); err != nil {
+			if err := p.writeRank(ctx, filepath.Join(sub, modelFile), f, s, st); err != nil {
 				return err
 			}
 		}
@@ -512,7 +515,7 @@ func expertFiles(T, D, EP, ETP int) ([]outFile, error) {
 }
 
 // writeRank writes model_optim_rng.pt of rank file f, pipeline stage s.
-func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) error {
+func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, st *ReshardStats) error {
 	t := f.t
 	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
@@ -545,7 +548,11 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 			if p.te && strings.HasSuffix(mod, ".self_attention.linear_proj") && (i == 0 || linearModule(list[i-1].local) != mod) {
 				md.Set(strings.TrimSuffix(mod, "linear_proj")+"core_attention._extra_state", nil)
 			}
-			md.Set(rp.local, blob(rp.src, fragment.FP32, p.dt))
+			dt := p.dt
+			if rp.fp32 {
+				dt = dtype.Float32
+			}
+			md.Set(rp.local, blob(rp.src, fragment.FP32, dt))
 			if mod != "" && (i+1 == len(list) || linearModule(list[i+1].local) != mod) {
 				md.Set(mod+"._extra_state", nil)
 			}
@@ -563,7 +570,7 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 		members = append(members, list...)
 	}
 	if p.release { // weights only: loaded with --finetune --no-load-optim
-		return p.writeFile(path, root, fills, st)
+		return p.writeFile(ctx, path, root, fills, st)
 	}
 	var opt pyobj.Value
 	var err error
@@ -581,11 +588,11 @@ func (p *rsPlan) writeRank(path string, f outFile, s int, st *ReshardStats) erro
 			root.Set(k, v)
 		}
 	}
-	if err := p.writeFile(path, root, fills, st); err != nil {
+	if err := p.writeFile(ctx, path, root, fills, st); err != nil {
 		return err
 	}
 	if p.o.DistOptimizer {
-		return p.writeDistrib(filepath.Join(filepath.Dir(path), distribFile), t, s, st)
+		return p.writeDistrib(ctx, filepath.Join(filepath.Dir(path), distribFile), t, s, st)
 	}
 	return nil
 }
@@ -644,7 +651,7 @@ func (p *rsPlan) ofEPRank(list []rsParam, e int) []rsParam {
 }
 
 // reLinear matches the parameters of modules that save '_extra_state'.
-var reLinear = regexp.MustCompile(`^(.*\.(?:linear_qkv|linear_proj|linear_fc1|linear_fc2)|output_layer)\.[^.]+$`)
+var reLinear = regexp.MustCompile(`^(.*\.(?:linear_qkv|linear_proj|linear_fc1|linear_fc2|linear_q_proj|linear_q_down_proj|linear_q_up_proj|linear_kv_down_proj|linear_kv_up_proj)|output_layer)\.[^.]+$`)
 
 // linearModule returns the module of a parameter that saves
 // '_extra_state', or "".
@@ -734,7 +741,7 @@ func blobScalar(b *torchfile.Blob) (float64, error) {
 // per DDP buffer (model chunk, then dtype) one fp32 tensor per state of
 // numel_unpadded elements, each parameter at its place in Megatron's
 // bucket layout with the bucket-end padding removed, zeros between.
-func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
+func (p *rsPlan) writeDistrib(ctx context.Context, path string, t, s int, st *ReshardStats) error {
 	a, err := p.targetArgsParsed(path)
 	if err != nil {
 		return err
@@ -776,7 +783,7 @@ func (p *rsPlan) writeDistrib(path string, t, s int, st *ReshardStats) error {
 		buf.Set(p.bufferDTypes(a), world)
 		root.Set(int64(v), buf)
 	}
-	return p.writeFile(path, root, fills, st)
+	return p.writeFile(ctx, path, root, fills, st)
 }
 
 // targetArgsParsed reads targetArgs as the loading run's Args (bucket
@@ -954,8 +961,8 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 
 // writeFile writes one torch.save file, streaming each tensor from its
 // atomic states.
-func (p *rsPlan) writeFile(path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
-	n, err := layout.WriteFile(p.r, path, root, fills)
+func (p *rsPlan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
+	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,7 @@ func reshardAtomic(t *testing.T, a string, o ReshardOptions) string {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(t.TempDir(), "save")
+	o.NoSync = true // durability is not under test: fsyncs would only slow the suite
 	if _, err := Reshard(context.Background(), r, dst, o); err != nil {
 		t.Fatal(err)
 	}
