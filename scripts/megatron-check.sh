@@ -30,6 +30,7 @@ fx=$here/testdata/fixtures/megatron_dist
 # source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable)
 # | VPP written (model chunks per stage; default none) | layers of the first,last pipeline stage
 # (--decoder-first/last-pipeline-num-layers; 0 not set; default an even split).
+# | EP written (MoE fixtures; default the source's).
 # legacy:FIXTURE migrates formats: the fixture is first written by ucp as a legacy --ckpt-format torch
 # save (TP 2 x DP 2, distributed optimizer: distrib_optim.pt, a layout real Megatron loads, RESHARD.md),
 # and that legacy checkpoint is the source converted and written as torch_dist.
@@ -56,19 +57,27 @@ cases=(
   "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 2 2 dp_reshardable 0 1,0"
   "core0_19_g4_tp2_dp2_bf16_dprs g4_tp2_dp2_bf16_dprs 1 3 1 dp_reshardable 0 0,2"
   "legacy:core0_19_tp2_dp2_bf16_fullrs tp2_dp2_bf16_fullrs 2 1 1 dp_reshardable"
+  "core0_19_moe_tp2_ep2_fp32_fullrs moe_tp2_ep2_fp32_fullrs 2 1 2 fully_reshardable 0 0,0 1"
+  "core0_19_moe_tp2_fp32_dprs moe_tp2_fp32_dprs 2 1 2 fully_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_ep2_fp32_fullrs moe_tp2_ep2_fp32_fullrs 1 1 2 fully_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_fp32_dprs moe_tp2_fp32_dprs 1 2 2 fully_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_ep2_fp32_dprs moe_tp2_ep2_fp32_dprs 2 1 2 dp_reshardable 0 0,0 1"
+  "core0_19_moe_tp2_fp32_dprs moe_tp2_fp32_dprs 2 1 2 dp_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_ep2_fp32_fullrs moe_tp2_ep2_fp32_fullrs 1 1 4 dp_reshardable 0 0,0 2"
 )
 failed=0
 for c in "${cases[@]}"; do
   [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
-  read -r fixture gencase tp pp dp sharding vpp uneven <<<"$c"
+  read -r fixture gencase tp pp dp sharding vpp uneven ep <<<"$c"
   [ "${vpp:-0}" = 0 ] && vpp=
   IFS=, read -r first last <<<"${uneven:-0,0}"
   sharding=${sharding:-fully_reshardable}
+  epflag=(); [ -n "$ep" ] && epflag=(--ep "$ep")
   tag=; [ "${fixture#legacy:}" != "$fixture" ] && tag=.legacy
   vflag=(); [ -n "$vpp" ] && vflag=(--vpp "$vpp") && tag=.vpp$vpp$tag
   [ "$first" != 0 ] && vflag+=(--decoder-first-pipeline-num-layers "$first") && tag=.first$first$tag
   [ "$last" != 0 ] && vflag+=(--decoder-last-pipeline-num-layers "$last") && tag=.last$last$tag
-  dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp.$sharding$tag
+  dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp${ep:+.ep$ep}.$sharding$tag
   mkdir -p "$dir"
   case $fixture in
   legacy:*)
@@ -79,12 +88,12 @@ for c in "${cases[@]}"; do
   *) "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic" --quiet ;;
   esac
   "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
-    --tp "$tp" --pp "$pp" "${vflag[@]}" --dp "$dp" --dist-optim-sharding "$sharding" --quiet
+    --tp "$tp" --pp "$pp" "${vflag[@]}" --dp "$dp" "${epflag[@]}" --dist-optim-sharding "$sharding" --quiet
   cp "$fx/$fixture/truth.pt" "$dir/"
   rel=${dir#"$work"/}
   ok=0
   for attempt in 1 2 3; do
-    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" UCP_FIRST_LAST="$first,$last" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" >"$dir/log" 2>&1; then
+    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" UCP_FIRST_LAST="$first,$last" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" $ep >"$dir/log" 2>&1; then
       ok=1; break
     fi
     grep -q '^FAIL' "$dir/log" && break # a real difference: no retry
@@ -94,7 +103,7 @@ for c in "${cases[@]}"; do
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: $fixture -> TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
+    echo "FAIL core $core: $fixture -> TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp${ep:+ EP $ep} $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
   fi
 done
 # Megatron-DeepSpeed -> Megatron-LM with the optimizer: the llama-family Megatron-DeepSpeed fixture,

@@ -9,8 +9,6 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fragment"
-	"github.com/ucp-project/ucp/internal/pyobj"
-	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // VerifyingReads checks each state file opened from the bytes read of it
@@ -44,26 +42,14 @@ func TestVerifyingReads(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := sampleCheckpoint(t)
 			path := filepath.Join(dir, atomic.StatePath("w", fragment.FP32))
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := torchfile.Open(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pv, _ := f.Root.(*pyobj.Dict).Get("param")
-			off := pv.(*torchfile.Tensor).FileOffset()
-			f.Close()
-			switch {
-			case c.flipHdr:
-				b[5] ^= 1 // inside the first local header's fixed fields (version needed): still opens
-			case c.flip >= 0:
-				b[off+c.flip] ^= 1
-			}
-			if err := os.WriteFile(path, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			flipState(t, path, func(b []byte, off int64) {
+				switch {
+				case c.flipHdr:
+					b[5] ^= 1 // inside the first local header's fixed fields (version needed): still opens
+				case c.flip >= 0:
+					b[off+c.flip] ^= 1
+				}
+			})
 			r, err := atomic.OpenReader(dir, atomic.ReaderOptions{Verify: true})
 			if err != nil {
 				t.Fatal(err)

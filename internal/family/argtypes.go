@@ -22,8 +22,11 @@ var (
 	floatFields = []string{"beta_fast", "beta_slow", "moe_router_topk_scaling_factor", "mscale", "mscale_all_dim",
 		"routed_scaling_factor", "rotary_scaling_factor", "layernorm_epsilon", "norm_epsilon", "rms_norm_eps", "rope_scaling_factor", "rope_theta",
 		"rotary_base", "rotary_percent", "rotary_seq_len_interpolation_factor"}
-	strFields = []string{"hidden_act", "model_type", "moe_router_load_balancing_type", "moe_router_score_function",
-		"normalization", "position_embedding_type", "rope_type"}
+	strFields = []string{"hidden_act", "model_type", "moe_router_score_function", "normalization",
+		"position_embedding_type"}
+	// strListFields may be a string or a list of strings (core 0.19 saves
+	// moe_router_load_balancing_type as a list).
+	strListFields = []string{"moe_router_load_balancing_type"}
 )
 
 // checkTypes refuses a known field whose value has the wrong type; where
@@ -55,9 +58,35 @@ func (a Args) checkTypes(where string) error {
 			bad = append(bad, fmt.Sprintf("%s is %v (%T), not a string", k, v, v))
 		}
 	}
+	for _, k := range strListFields {
+		if _, err := a.strs(k); err != nil {
+			bad = append(bad, err.Error())
+		}
+	}
 	if len(bad) > 0 {
 		sort.Strings(bad)
 		return fmt.Errorf("%s: %s", where, bad[0])
 	}
 	return nil
+}
+
+// strs reads a field that is a string or a list of strings.
+func (a Args) strs(name string) ([]string, error) {
+	switch v := a[name].(type) {
+	case nil:
+		return nil, nil
+	case string:
+		return []string{v}, nil
+	case []any:
+		out := make([]string, len(v))
+		for i, x := range v {
+			s, ok := x.(string)
+			if !ok {
+				return nil, fmt.Errorf("%s holds %v (%T), not a string", name, x, x)
+			}
+			out[i] = s
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("%s is %v (%T), not a string or a list of strings", name, a[name], a[name])
 }

@@ -75,18 +75,9 @@ func TestDeepseekFromArgs(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := FromArgs(tc.args)
-			if err == nil {
-				err = c.Check()
-			}
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want %q", err, tc.err)
-				}
+			c := fromArgsCase(t, tc.args, tc.err)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.Family != "deepseek_v3" || c.QueryGroups != c.Heads {
 				t.Fatalf("family %s, %d query groups", c.Family, c.QueryGroups)

@@ -111,18 +111,9 @@ func TestFromArgs(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := FromArgs(tc.args)
-			if err == nil {
-				err = c.Check()
-			}
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want %q", err, tc.err)
-				}
+			c := fromArgsCase(t, tc.args, tc.err)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.Family != tc.family {
 				t.Fatalf("family %s, want %s", c.Family, tc.family)
@@ -486,4 +477,24 @@ func TestArgsTypes(t *testing.T) {
 			t.Errorf("%v: got %v, want an error containing %q", tc.a, err, tc.want)
 		}
 	}
+}
+
+// fromArgsCase reads args as a family config and checks it; with wantErr
+// it wants an error holding it and returns nil.
+func fromArgsCase(t *testing.T, args Args, wantErr string) *Config {
+	t.Helper()
+	c, err := FromArgs(args)
+	if err == nil {
+		err = c.Check()
+	}
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("error %v, want %q", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -3,6 +3,7 @@ package family
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 )
 
@@ -320,8 +321,12 @@ func moeFromArgs(a Args, c *Config) error {
 	if err != nil {
 		return err
 	}
-	if s, ok := a.str("moe_router_load_balancing_type"); ok && s == "sinkhorn" {
-		return fmt.Errorf("args.moe_router_load_balancing_type is sinkhorn: Megatron routes its training tokens by Sinkhorn, Hugging Face by top-k")
+	lb, err := a.strs("moe_router_load_balancing_type")
+	if err != nil {
+		return fmt.Errorf("args.%w", err)
+	}
+	if slices.Contains(lb, "sinkhorn") {
+		return fmt.Errorf("args.moe_router_load_balancing_type is %v: Megatron routes its training tokens by Sinkhorn, Hugging Face by top-k", a["moe_router_load_balancing_type"])
 	}
 	type refusal struct {
 		name string

@@ -30,6 +30,9 @@ func TestMoEFromArgs(t *testing.T) {
 		{"expert bias", moeArgs("moe_router_enable_expert_bias", true), "", "moe_router_enable_expert_bias", Config{}},
 		{"sigmoid", moeArgs("moe_router_score_function", "sigmoid"), "", "moe_router_score_function is sigmoid", Config{}},
 		{"sinkhorn", moeArgs("moe_router_load_balancing_type", "sinkhorn"), "", "sinkhorn", Config{}},
+		{"sinkhorn in core 0.19's list", moeArgs("moe_router_load_balancing_type", []any{"sinkhorn"}), "", "[sinkhorn]", Config{}},
+		{"aux loss list", moeArgs("moe_router_load_balancing_type", []any{"aux_loss"}), "mixtral", "", Config{Experts: 4, TopK: 2, MoEFFN: 6, NormTopK: true}},
+		{"load balancing not strings", moeArgs("moe_router_load_balancing_type", []any{int64(1)}), "", "moe_router_load_balancing_type holds 1", Config{}},
 		{"layer freq", moeArgs("moe_layer_freq", []any{int64(0), int64(1)}), "", "moe_layer_freq", Config{}},
 		{"scaling", moeArgs("moe_router_topk_scaling_factor", 2.5), "", "moe_router_topk_scaling_factor", Config{}},
 		{"groups", moeArgs("moe_router_num_groups", int64(2)), "", "moe_router_num_groups", Config{}},
@@ -38,18 +41,9 @@ func TestMoEFromArgs(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := FromArgs(tc.args)
-			if err == nil {
-				err = c.Check()
-			}
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want %q", err, tc.err)
-				}
+			c := fromArgsCase(t, tc.args, tc.err)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			got := Config{Experts: c.Experts, TopK: c.TopK, MoEFFN: c.MoEFFN, SharedFFN: c.SharedFFN, SharedGate: c.SharedGate, NormTopK: c.NormTopK}
 			if c.Family != tc.family || !reflect.DeepEqual(got, tc.want) {

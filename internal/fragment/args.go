@@ -9,8 +9,8 @@ import (
 
 // ScalarArgs returns the attributes of a saved argparse.Namespace whose
 // values are bools, ints, finite floats or strings, by name (None, lists and
-// objects such as torch dtypes are left out; listArgs keep their lists of
-// ints as []any); nil for None. Anything else
+// objects such as torch dtypes are left out; listArgs keep their lists
+// as []any); nil for None. Anything else
 // than a Namespace-like object is an error naming path: a malformed args
 // entry is never read as "no arguments".
 func ScalarArgs(path string, v pyobj.Value) (map[string]any, error) {
@@ -40,26 +40,31 @@ func ScalarArgs(path string, v pyobj.Value) (map[string]any, error) {
 				out[name] = x
 			}
 		case *pyobj.List:
-			if listArgs[name] {
-				ints := make([]any, len(x.Items))
-				for j, it := range x.Items {
-					n, ok := it.(int64)
-					if !ok {
-						return nil, fmt.Errorf("%s: args.%s holds %s, not an int", path, name, pyobj.Repr(it))
-					}
-					ints[j] = n
-				}
-				out[name] = ints
+			kind, ok := listArgs[name]
+			if !ok {
+				continue
 			}
+			items := make([]any, len(x.Items))
+			for j, it := range x.Items {
+				if _, isInt := it.(int64); kind == "an int" && !isInt || kind == "a string" && !isString(it) {
+					return nil, fmt.Errorf("%s: args.%s holds %s, not %s", path, name, pyobj.Repr(it), kind)
+				}
+				items[j] = it
+			}
+			out[name] = items
 		}
 	}
 	return out, nil
 }
 
-// listArgs are the arguments whose list values change the model's layers
-// (Megatron's moe_layer_freq pattern: [0]*k + [1]*n is k dense layers
-// before n MoE layers); dropping them would read the model as another.
-var listArgs = map[string]bool{"moe_layer_freq": true}
+// listArgs are the arguments whose list values change the model's math,
+// by the type of their items; dropping them would read the model as
+// another. Megatron's moe_layer_freq pattern [0]*k + [1]*n is k dense
+// layers before n MoE layers; core 0.19 saves moe_router_load_balancing_type
+// as a list of strings (one per layer group), earlier cores as a string.
+var listArgs = map[string]string{"moe_layer_freq": "an int", "moe_router_load_balancing_type": "a string"}
+
+func isString(v pyobj.Value) bool { _, ok := v.(string); return ok }
 
 // TrainingDType reads the training dtype from Megatron-style arguments
 // (bf16, fp16 flags): "bfloat16", "float16", "float32", or "" when

@@ -51,18 +51,36 @@ func TestScalarArgs(t *testing.T) {
 	}
 }
 
-// TestScalarArgsLists: moe_layer_freq's list (leading dense layers) is
-// kept; other lists are left out.
+// TestScalarArgsLists: moe_layer_freq's list (leading dense layers) and
+// core 0.19's list of router load-balancing types are kept; other lists are
+// left out; a kept list holding another type is an error naming it.
 func TestScalarArgsLists(t *testing.T) {
-	ns := &pyobj.Object{Class: &pyobj.Global{Module: "argparse", Name: "Namespace"}, State: pyobj.DictOf(
+	ns := func(kv ...any) *pyobj.Object {
+		return &pyobj.Object{Class: &pyobj.Global{Module: "argparse", Name: "Namespace"}, State: pyobj.DictOf(kv...)}
+	}
+	args, err := ScalarArgs("ckpt/model.pt", ns(
 		"moe_layer_freq", &pyobj.List{Items: []pyobj.Value{int64(0), int64(1), int64(1)}},
-		"moe_aux_loss_coeff", &pyobj.List{Items: []pyobj.Value{0.0}}, "num_layers", int64(3))}
-	args, err := ScalarArgs("ckpt/model.pt", ns)
+		"moe_router_load_balancing_type", &pyobj.List{Items: []pyobj.Value{"sinkhorn"}},
+		"moe_aux_loss_coeff", &pyobj.List{Items: []pyobj.Value{0.0}}, "num_layers", int64(3)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{"moe_layer_freq": []any{int64(0), int64(1), int64(1)}, "num_layers": int64(3)}
+	want := map[string]any{"moe_layer_freq": []any{int64(0), int64(1), int64(1)},
+		"moe_router_load_balancing_type": []any{"sinkhorn"}, "num_layers": int64(3)}
 	if !reflect.DeepEqual(args, want) {
 		t.Fatalf("%v, want %v", args, want)
+	}
+	for _, c := range []struct {
+		name string
+		item pyobj.Value
+		want string
+	}{
+		{"moe_layer_freq", "1", `args.moe_layer_freq holds "1", not an int`},
+		{"moe_router_load_balancing_type", int64(1), "args.moe_router_load_balancing_type holds 1, not a string"},
+	} {
+		_, err := ScalarArgs("ckpt/model.pt", ns(c.name, &pyobj.List{Items: []pyobj.Value{c.item}}))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "ckpt/model.pt") {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
 	}
 }

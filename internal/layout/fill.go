@@ -186,8 +186,9 @@ func (m *Mover) Close() {
 	}
 }
 
-// state opens param's state, or reuses the one open.
-func (m *Mover) state(r *atomic.Reader, param, state string) (*atomic.State, error) {
+// Open opens param's state, or returns the one the Mover holds open; the
+// Mover closes it (Close, or the next Open of another).
+func (m *Mover) Open(r *atomic.Reader, param, state string) (*atomic.State, error) {
 	if m.st != nil && m.st.Param == param && m.st.Name == state {
 		return m.st, nil
 	}
@@ -204,7 +205,7 @@ func (m *Mover) fill(r *atomic.Reader, w Sink, t fillTask) error {
 	if t.pc == nil {
 		return m.Zeros(w, t.i, t.at*t.stride, t.n*t.stride)
 	}
-	s, err := m.state(r, t.pc.Param, t.pc.State)
+	s, err := m.Open(r, t.pc.Param, t.pc.State)
 	if err != nil {
 		return err
 	}

@@ -2,15 +2,18 @@
 torch_dist` at the written degrees and must give the source fixture's live truth bit for bit, then
 train a step.
 
-    python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP [SHARDING]
+    python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP [SHARDING [EP]]
 
 CASE_DIR holds `written/` (ucp's save folder) and the source fixture's `truth.pt`; CASE is the
 source's generator case (megatron_dist_fixtures.CASES: the model geometry). Each of TP·PP·DP ranks
 (gloo, one process each) builds the fixture's GPTModel with Megatron's DDP and distributed optimizer at
-the new degrees, every parameter and optimizer state NaN first, then does what the training loop's
-load does: `dist_checkpointing.load` of `{'model': model.sharded_state_dict(), 'optimizer':
-optimizer.sharded_state_dict(model_sd, is_loading=True, metadata={'distrib_optim_sharding_type':
-SHARDING})}` (fully_reshardable unless given; for dp_reshardable a bf16 model is wrapped in
+the new degrees (EP: the expert-parallel size of an MoE case, default the case's), every parameter and
+optimizer state NaN first, then does what the training loop's load does
+(megatron/training/checkpointing.py load_checkpoint): the sharded-state-dict metadata is the
+checkpoint's own `content_metadata` (`dist_checkpointing.load_content_metadata`; it must name SHARDING,
+and for a ChainedOptimizer it says whether keys carry `chained_<k>.`), then `dist_checkpointing.load` of
+`{'model': model.sharded_state_dict(metadata=...), 'optimizer': optimizer.sharded_state_dict(model_sd,
+is_loading=True, metadata=...)}` (fully_reshardable unless given; for dp_reshardable a bf16 model is wrapped in
 Float16Module as pretrain_gpt.py wraps it, so that DDP builds the buffers of a training run), `model.load_state_dict`, `optimizer.load_state_dict`. The live model and the
 optimizer's fp32 main parameters and Adam moments are gathered over every rank (the fixture
 generator's local_truth/merge) and compared with truth.pt: states exactly, weights with the truth's fp32
@@ -25,6 +28,7 @@ import time
 src, case_dir, case_name = sys.argv[1], sys.argv[2], sys.argv[3]
 TP, PP, DP = (int(x) for x in sys.argv[4:7])
 SHARDING = sys.argv[7] if len(sys.argv) > 7 else "fully_reshardable"
+EP = int(sys.argv[8]) if len(sys.argv) > 8 else None
 VPP = int(os.environ.get("UCP_VPP", "0")) or None  # model chunks per stage (--vpp)
 # Layers of the first and last pipeline stage (--decoder-first/last-pipeline-num-layers; 0: not set).
 FIRST, LAST = (int(x) or None for x in os.environ.get("UCP_FIRST_LAST", "0,0").split(","))
@@ -54,22 +58,39 @@ def worker(rank, world, port):
     case.update(tp=TP, pp=PP, dp=DP, vpp=VPP, first=FIRST, last=LAST, f16module=case.get("f16module") or SHARDING == "dp_reshardable" and not OWN)
     # The vocabulary as a run at TP pads it (ucp writes that padding, zeros).
     case["geom"] = dict(case.get("geom", {}), padded_vocab=gen.padded_vocab(TP))
+    if EP is not None:
+        case.update(ep=EP)
     cfg, ddp, model, opt = gen.build(case, rank, world)
     gen.nan_before_load(model, opt)
     save = os.path.join(case_dir, "written")
     it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
     t0 = time.time()
+    # The training loop's load takes the metadata the checkpoint was saved with (content_metadata);
+    # the fixtures themselves (UCP_OWN) were saved without it, as before core 0.13.
+    meta = dist_checkpointing.load_content_metadata(it)
+    if meta is None and OWN:
+        meta = {"distrib_optim_sharding_type": SHARDING}
+    if meta is None or meta.get("distrib_optim_sharding_type") != SHARDING:
+        sys.exit(f"FAIL {case_dir}: content_metadata {meta}, want distrib_optim_sharding_type {SHARDING}")
+    from megatron.core import parallel_state as ps
+
+    meta = dict(meta, dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True))
     # Model chunks under 'model0', 'model1', ... with a virtual pipeline, as the training loop's
     # generate_state_dict names them (megatron/training/checkpointing.py, core_v0.19.0).
     ms = gen.chunks(model)
     keys = [f"model{i}" for i in range(len(ms))] if VPP else ["model"]
-    state = {k: m.sharded_state_dict() for k, m in zip(keys, ms)}
-    state["optimizer"] = opt.sharded_state_dict(dict(state) if VPP else state["model"], is_loading=True,
-                                                metadata={"distrib_optim_sharding_type": SHARDING})
+    state = {k: m.sharded_state_dict(metadata=meta) for k, m in zip(keys, ms)}
+    state["optimizer"] = opt.sharded_state_dict(dict(state) if VPP else state["model"], is_loading=True, metadata=meta)
     loaded = dist_checkpointing.load(state, it)
     for k, m in zip(keys, ms):
         m.load_state_dict(loaded[k])
-    opt.load_state_dict(loaded["optimizer"])
+    # core 0.19's load_parameter_state_from_dp_reshardable lacks the @torch.no_grad() of
+    # load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main
+    # params are views of the model's, and its copy_ raises "a view of a leaf Variable that requires
+    # grad is being used in an in-place operation"; Megatron's own fp32 dp_reshardable fixture
+    # fails the same way (UCP_OWN=1). The load runs under no_grad, as the fully_reshardable one does.
+    with torch.no_grad():
+        opt.load_state_dict(loaded["optimizer"])
     load_s = time.time() - t0
     steps = {float(st["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for st in o.optimizer.state.values()}
     pieces = [None] * world
@@ -116,7 +137,7 @@ def worker(rank, world, port):
             print("FAIL", case_dir, *bad[:20], sep="\n  ")
         else:
             uneven = f" (first, last stage layers {FIRST}, {LAST})" if FIRST or LAST else ""
-            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP}{uneven}: "
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP} EP {case.get('ep', 1)}{uneven}: "
                   f"{n} tensors equal to the truth ({SHARDING}), one training step taken; load {load_s:.2f}s", flush=True)
     dist.barrier()
     dist.destroy_process_group()

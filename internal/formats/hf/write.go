@@ -63,6 +63,16 @@ func writeShards(ctx context.Context, r *ucpatomic.Reader, dir string, shards []
 	for range opt.Workers {
 		bufs <- &tensorBufs{}
 	}
+	defer func() {
+		for range opt.Workers {
+			(<-bufs).mover.Close()
+		}
+	}()
+	progress := func(read, written int64) {
+		if opt.Progress != nil {
+			opt.Progress(0, read, written)
+		}
+	}
 	for i, shard := range shards {
 		name := shardName(opt.Torch, i, len(shards))
 		names = append(names, name)
@@ -75,14 +85,20 @@ func writeShards(ctx context.Context, r *ucpatomic.Reader, dir string, shards []
 		for j, t := range shard {
 			weightMap[t.Name] = name
 			total += t.NBytes()
+			if !t.AddOne {
+				// Cut into ranges the workers share: one large tensor (the
+				// embedding) would otherwise keep one worker busy alone.
+				if err := rangeTasks(gctx, g, r, w, bufs, index[j], t, progress); err != nil {
+					g.Wait()
+					w.Abort()
+					return nil, err
+				}
+				continue
+			}
 			g.Go(func() error {
 				b := <-bufs
 				defer func() { bufs <- b }()
-				return writeTensor(gctx, r, w, b, index[j], t, chunkElems(opt, t.DType), func(read, written int64) {
-					if opt.Progress != nil {
-						opt.Progress(0, read, written)
-					}
-				})
+				return writeTensor(gctx, r, w, b, index[j], t, chunkElems(opt, t.DType), progress)
 			})
 		}
 		if err := g.Wait(); err != nil {
@@ -175,7 +191,7 @@ func chunkElems(opt Options, dt dtype.DType) int64 {
 // buffers.
 type tensorBufs struct {
 	in, f32, out []byte
-	mover        layout.Mover // copies and casts tensors without AddOne
+	mover        layout.Mover // copies and casts tensors without AddOne (rangeTasks)
 }
 
 func growBuf(b []byte, n int64) []byte {
@@ -185,9 +201,10 @@ func growBuf(b []byte, n int64) []byte {
 	return b[:n]
 }
 
-// writeTensor streams one tensor: ranged reads of each piece, written at
-// their offsets as they are when the state file already has the tensor's
-// dtype (frozen parameters and buffers), else cast to it.
+// writeTensor streams one tensor with AddOne (Megatron's
+// apply_layernorm_1p norm weights: 1 added before the cast) through the
+// worker's buffers: ranged reads of each piece, cast and written at their
+// offsets.
 func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs, i int, t *Tensor, chunk int64, progress func(read, written int64)) error {
 	es := int64(t.DType.Size())
 	b.out = growBuf(b.out, es*min(chunk, numel(t.Shape)))
@@ -198,16 +215,6 @@ func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs
 			return err
 		}
 		ss := int64(st.DType.Size())
-		if !t.AddOne {
-			err := b.mover.Range(w, i, at*es, st, p.Start, p.Len, t.DType)
-			st.Close()
-			if err != nil {
-				return fmt.Errorf("%s: %w", t.Name, err)
-			}
-			progress(ss*p.Len, es*p.Len)
-			at += p.Len
-			continue
-		}
 		b.in = growBuf(b.in, ss*min(chunk, numel(t.Shape)))
 		for done := int64(0); done < p.Len; {
 			if err := ctx.Err(); err != nil {
@@ -229,6 +236,43 @@ func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs
 			at += m
 		}
 		st.Close()
+	}
+	if at != numel(t.Shape) {
+		return fmt.Errorf("%s: pieces give %d elements for shape %v", t.Name, at, t.Shape)
+	}
+	return nil
+}
+
+// rangeJob bounds the elements of one task of rangeTasks.
+const rangeJob = 1 << 20
+
+// rangeTasks adds to g one task per range of at most rangeJob elements of
+// tensor t (blob i of w): copied or cast from its atomic fp32 state by
+// the workers' Movers.
+func rangeTasks(ctx context.Context, g *errgroup.Group, r *ucpatomic.Reader, w sink, bufs chan *tensorBufs, i int, t *Tensor, progress func(read, written int64)) error {
+	es := int64(t.DType.Size())
+	var at int64
+	for _, p := range t.Pieces {
+		for done := int64(0); done < p.Len; done += rangeJob {
+			n, start, pos, param := min(rangeJob, p.Len-done), p.Start+done, at+done, p.Param
+			g.Go(func() error {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				b := <-bufs
+				defer func() { bufs <- b }()
+				st, err := b.mover.Open(r, param, "fp32")
+				if err != nil {
+					return err
+				}
+				if err := b.mover.Range(w, i, pos*es, st, start, n, t.DType); err != nil {
+					return fmt.Errorf("%s: %w", t.Name, err)
+				}
+				progress(int64(st.DType.Size())*n, es*n)
+				return nil
+			})
+		}
+		at += p.Len
 	}
 	if at != numel(t.Shape) {
 		return fmt.Errorf("%s: pieces give %d elements for shape %v", t.Name, at, t.Shape)

@@ -50,6 +50,7 @@ type distReader struct {
 	args   *pyobj.Object // nil: saved outside Megatron's training loop
 	tp, pp int
 	ep     int // expert parallel: from the bucketed expert optimizer state, else args, else 1
+	etp    int // expert tensor parallel: args, else TP
 	swiglu bool
 	vocab  int64 // true vocabulary rows (0: keep the padding)
 	table  *fragment.Table
@@ -250,6 +251,12 @@ func (r *distReader) geometry() error {
 		return err
 	}
 	r.ep = int(max(ep, 1))
+	// Routed experts are cut over the expert-TP ranks (default TP).
+	etp, err := r.argInt("expert_tensor_parallel_size", int64(tp))
+	if err != nil {
+		return err
+	}
+	r.etp = int(max(etp, 1))
 	if sw, ok, err := r.argBool("swiglu"); err != nil {
 		return err
 	} else if ok {
@@ -468,7 +475,7 @@ func (r *distReader) boxState(name string, p *distParam, t *dcp.Tensor) (*fragme
 // fc1 in one shard per rank, the rank's local [W_r; V_r], as the legacy
 // reader does, so the pattern is Shard-NC either way.
 func (r *distReader) swigluState(st *fragment.State, p *distParam, t *dcp.Tensor, pre int) (*fragment.State, error) {
-	shards := make([]fragment.Shard, r.tp)
+	shards := make([]fragment.Shard, r.cut(p))
 	for tp := range shards {
 		sh, err := r.tpShard(p, tp)
 		if err != nil {
@@ -504,10 +511,10 @@ func (r *distReader) swigluState(st *fragment.State, p *distParam, t *dcp.Tensor
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("%s: %q: chunk at %v of sizes %v is not a SwiGLU half of a tensor-parallel rank (TP %d)", r.dir, t.Key, ch.Offsets, ch.Sizes, r.tp)
+			return nil, fmt.Errorf("%s: %q: chunk at %v of sizes %v is not a SwiGLU half of a tensor-parallel rank (TP %d)", r.dir, t.Key, ch.Offsets, ch.Sizes, r.cut(p))
 		}
 	}
-	if r.tp == 1 {
+	if r.cut(p) == 1 {
 		for i := range st.Shards {
 			st.Shards[i].Maps = nil // [W; V] whole: the two boxes are the identity
 		}
@@ -695,4 +702,13 @@ func moduleName(name string) string {
 		}
 	}
 	return name
+}
+
+// cut is the tensor-parallel size a parameter is cut over: the expert-TP
+// size for routed experts, TP for the rest.
+func (r *distReader) cut(p *distParam) int {
+	if isExpert(p.name) && r.etp > 0 {
+		return r.etp
+	}
+	return r.tp
 }

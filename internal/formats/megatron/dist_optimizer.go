@@ -383,13 +383,14 @@ func (r *distReader) dpDomains(subs []map[int]*dpGroup) error {
 	if err := r.pipelineChunks(); err != nil {
 		return err
 	}
-	// Expert domains are the ranks of the TP x EP x PP group.
+	// Expert domains are the ranks of the expert TP x EP x PP group.
 	if m := len(subs[1]); m > 0 {
-		if m%(r.tp*pp) != 0 {
-			return fmt.Errorf("%s: %d expert dp_group_idx domains do not split over TP %d x PP %d", r.dir, m, r.tp, pp)
+		U := max(r.etp, 1)
+		if m%(U*pp) != 0 {
+			return fmt.Errorf("%s: %d expert dp_group_idx domains do not split over expert TP %d x PP %d", r.dir, m, U, pp)
 		}
-		if ep := m / (r.tp * pp); r.ep > 1 && ep != r.ep {
-			return fmt.Errorf("%s: args.expert_model_parallel_size is %d but the expert optimizer state has %d = TP %d x EP %d x PP %d domains", r.dir, r.ep, m, r.tp, ep, pp)
+		if ep := m / (U * pp); r.ep > 1 && ep != r.ep {
+			return fmt.Errorf("%s: args.expert_model_parallel_size is %d but the expert optimizer state has %d = expert TP %d x EP %d x PP %d domains", r.dir, r.ep, m, U, ep, pp)
 		} else {
 			r.ep = ep
 		}
@@ -543,7 +544,7 @@ func (r *distReader) tpShard(p *distParam, tp int) (fragment.Shard, error) {
 	case kindRow:
 		pat = fragment.Split{Dim: 1}
 	case kindSwiGLU:
-		sp, err := fragment.EqualSubParams(0, 2, full[0], r.tp)
+		sp, err := fragment.EqualSubParams(0, 2, full[0], r.cut(p))
 		if err != nil {
 			return fragment.Shard{}, fmt.Errorf("%s: %s: %w", r.dir, p.name, err)
 		}
@@ -551,7 +552,10 @@ func (r *distReader) tpShard(p *distParam, tp int) (fragment.Shard, error) {
 	default:
 		return fragment.Shard{}, fmt.Errorf("%s: %s: unknown tensor-parallel layout, so its place in the optimizer buckets cannot be derived", r.dir, p.name)
 	}
-	sh, err := pat.Shard(full, tp, r.tp)
+	// A domain's rank tp is a TP rank (dense) or an expert-TP rank (expert
+	// optimizer); a parameter of the other kind is listed but not held
+	// (mapGbuf's include), so its rank is only kept in range.
+	sh, err := pat.Shard(full, tp%r.cut(p), r.cut(p))
 	if err != nil {
 		return fragment.Shard{}, fmt.Errorf("%s: %s: %w", r.dir, p.name, err)
 	}
@@ -763,10 +767,10 @@ func (r *distReader) mapGbuf(g *dpGroup, gb int) error {
 	// 1 the experts (of EP rank ep) are in the expert optimizer's buffers
 	// only; domain tp + TP*(ep + EP*pp) of the TP x EP x PP group.
 	include := func(sp stageParam) bool { return true }
-	if r.ep > 1 {
-		ep := 0
+	if r.ep > 1 || r.etp > 0 && r.etp != r.tp {
+		ep, U := 0, max(r.etp, 1)
 		if g.sub == 1 {
-			tp, ep, pp = g.idx%r.tp, g.idx/r.tp%r.ep, g.idx/(r.tp*r.ep)
+			tp, ep, pp = g.idx%U, g.idx/U%r.ep, g.idx/(U*r.ep)
 		}
 		nle := r.numExperts() / r.ep
 		include = func(sp stageParam) bool {

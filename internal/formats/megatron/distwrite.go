@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -121,7 +122,7 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 	}
 	// torch_dist holds the distributed optimizer's state (fully_reshardable).
 	o.DistOptimizer = true
-	o.distCkpt = true
+	o.torchDist = true
 	p, err := planMegatron(r, o.ReshardOptions)
 	if err != nil {
 		return nil, err
@@ -272,7 +273,7 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 	}
 	for _, mk := range ordered {
 		if n := len(mk.size); n > 0 && mk.size[0] == int64(p.layers) && strings.HasPrefix(mk.key, "decoder.layers.") {
-			if err := coversLayers(mk, p.layers); err != nil {
+			if err := coversLayers(mk, p.layers, strings.Contains(mk.key, expertKey), p.experts); err != nil {
 				return nil, fmt.Errorf("%s: %w", p.r.Dir, err)
 			}
 		}
@@ -285,14 +286,18 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 }
 
 // modelKey is the model tensor key of global shape full (a layer's: with
-// the leading layer axis), added to model and ordered when new.
-func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key string, layer int, full []int64) *dwKey {
+// the leading layer axis; an expert's: with the expert axis after it),
+// added to model and ordered when new.
+func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key string, layer, expert int, full []int64) *dwKey {
 	if mk, ok := model[key]; ok {
 		return mk
 	}
 	size := full
+	if expert >= 0 {
+		size = append([]int64{int64(w.p.experts)}, size...)
+	}
 	if layer >= 0 {
-		size = append([]int64{int64(w.p.layers)}, full...)
+		size = append([]int64{int64(w.p.layers)}, size...)
 	}
 	mk := &dwKey{key: key, dt: w.p.dt, size: size}
 	model[key] = mk
@@ -308,7 +313,8 @@ func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
 	model := map[string]*dwKey{}
 	var ordered []*dwKey
 	for _, e := range p.r.Manifest.Params {
-		key, layer := distKey(e.Name)
+		ekey, expert := distExpertKey(e.Name)
+		key, layer := distKey(ekey)
 		k := splitKind(e.Name, w.swiglu)
 		if k == kindUnknown || k == kindGrouped1 || k == kindGrouped2 {
 			return nil, fmt.Errorf("%s: parameter %s: no torch_dist layout known for it", p.r.Dir, e.Name)
@@ -317,16 +323,28 @@ func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
 		if k == kindVocab && p.vocab > 0 {
 			full[0] = p.vocab
 		}
-		mk := w.modelKey(model, &ordered, key, layer, full)
+		mk := w.modelKey(model, &ordered, key, layer, expert, full)
 		s := w.stageOf(e.Name, layer)
-		for t := 0; t < T; t++ {
-			bs, err := boxes(k, full, T, t)
+		// Routed experts are cut over the expert-TP ranks U; the chunk of
+		// expert-TP rank u on EP rank e goes to the file of stage rank
+		// u + U*e's TP rank (rank order tp-cp-ep-dp-pp): any file loads.
+		cut, fileOf := T, func(t int) int { return t + T*s }
+		if expert >= 0 {
+			U, e := p.etp, expert/(p.experts/p.ep)
+			cut, fileOf = U, func(u int) int { return (u+U*e)%T + T*s }
+		}
+		for t := 0; t < cut; t++ {
+			bs, err := boxes(k, full, cut, t)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
 			}
 			for _, b := range bs {
-				ch := &dwChunk{rank: t + T*s, offsets: b[0], size: b[1], src: e.Name,
+				ch := &dwChunk{rank: fileOf(t), offsets: b[0], size: b[1], src: e.Name,
 					pieces: []layout.StatePiece{{Param: e.Name, Shard: boxShard(b[0], b[1], e.Shape), N: torchfile.Numel(b[1])}}}
+				if expert >= 0 {
+					ch.offsets = append([]int64{int64(expert)}, ch.offsets...)
+					ch.size = append([]int64{1}, ch.size...)
+				}
 				if layer >= 0 {
 					ch.offsets = append([]int64{int64(layer)}, ch.offsets...)
 					ch.size = append([]int64{1}, ch.size...)
@@ -381,6 +399,18 @@ func (w *distWriter) itemKeys(model []*dwKey) error {
 			w.items = append(w.items, &dwKey{key: fmt.Sprintf("%s._extra_state/shard_%d_%d", mod, l, L), data: none})
 		}
 	}
+	// Each expert's linears: one ShardedObject per (layer, expert),
+	// shard_<l>.<g>_<L>.<E> (SequentialMLP and TEGroupedMLP alike).
+	for _, mod := range []string{"linear_fc1", "linear_fc2"} {
+		if !slices.Contains(order, "decoder.layers."+expertKey+mod+".weight") {
+			continue
+		}
+		for l := 0; l < L; l++ {
+			for g := 0; g < p.experts; g++ {
+				w.items = append(w.items, &dwKey{key: fmt.Sprintf("decoder.layers.%s%s._extra_state/shard_%d.%d_%d.%d", expertKey, mod, l, g, L, p.experts), data: none})
+			}
+		}
+	}
 	if w.o.Core == Core019 {
 		common, err := w.common()
 		if err != nil {
@@ -395,15 +425,28 @@ func (w *distWriter) itemKeys(model []*dwKey) error {
 	return nil
 }
 
-// coversLayers checks that a stacked key has every layer's chunks.
-func coversLayers(k *dwKey, L int) error {
-	seen := make([]bool, L)
-	for _, ch := range k.chunks {
-		seen[ch.offsets[0]] = true
+// coversLayers checks that a stacked key has every layer's chunks and,
+// for experts, every expert's of every layer.
+func coversLayers(k *dwKey, L int, experts bool, E int) error {
+	n := 1
+	if experts {
+		n = E
 	}
-	for l, ok := range seen {
-		if !ok {
-			return fmt.Errorf("%s: layer %d has no tensor (torch_dist stacks every layer under one key)", k.key, l)
+	seen := make([]bool, L*n)
+	for _, ch := range k.chunks {
+		i := int(ch.offsets[0]) * n
+		if experts {
+			i += int(ch.offsets[1])
+		}
+		seen[i] = true
+	}
+	for i, ok := range seen {
+		switch {
+		case ok:
+		case experts:
+			return fmt.Errorf("%s: layer %d expert %d has no tensor (torch_dist stacks every layer's experts under one key)", k.key, i/n, i%n)
+		default:
+			return fmt.Errorf("%s: layer %d has no tensor (torch_dist stacks every layer under one key)", k.key, i)
 		}
 	}
 	return nil
@@ -478,11 +521,30 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 	}
 	opt := ov.(*pyobj.Dict)
 	if w.o.OptimSharding == DPReshardable {
-		// The optimizer's state_dict items are dp_group_idx_G ShardedObjects.
-		opt = pyobj.NewDict(pyobj.PlainDict)
+		// The optimizer's state_dict items are dp_group_idx_G ShardedObjects:
+		// the common state keeps the sharding type only, per sub-optimizer.
+		if p.chained() {
+			opt = pyobj.NewDict(pyobj.PlainDict)
+			for i := range p.subOptimizers() {
+				opt.Set(int64(i), pyobj.NewDict(pyobj.PlainDict))
+			}
+		} else {
+			opt = pyobj.NewDict(pyobj.PlainDict)
+		}
 	}
 	if w.o.Core != Core015 || w.o.OptimSharding == DPReshardable {
-		opt.Set("param_state_sharding_type", w.o.OptimSharding)
+		subs := []*pyobj.Dict{opt}
+		if p.chained() {
+			// {0: dense, 1: expert}: each sub-optimizer's own dict.
+			subs = nil
+			for _, k := range opt.Keys() {
+				v, _ := opt.Get(k)
+				subs = append(subs, v.(*pyobj.Dict))
+			}
+		}
+		for _, d := range subs {
+			d.Set("param_state_sharding_type", w.o.OptimSharding)
+		}
 	}
 	c.Set("optimizer", opt)
 	for _, k := range []string{"opt_param_scheduler", "lr_scheduler", "num_floating_point_operations_so_far"} {
@@ -490,6 +552,7 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 			c.Set(k, v)
 		}
 	}
+	c.Set("content_metadata", w.contentMetadata())
 	return c, nil
 }
 
@@ -587,4 +650,22 @@ func (w *distWriter) metadata(final string) *dcp.Metadata {
 		md.Attrs = map[string]pyobj.Value{"mcore_data": mcore}
 	}
 	return md
+}
+
+// contentMetadata is the content_metadata dist_checkpointing.save stores
+// in the common state and Megatron's load_checkpoint reads back to build
+// the sharded state dicts it loads (megatron/training/checkpointing.py
+// _build_sharded_state_dict_metadata, _clean_metadata_for_serialization;
+// without it the load takes the pre-0.13 sharding types): the optimizer
+// sharding type, no singleton local shards, and no chained_<k>. prefix on a
+// ChainedOptimizer's fully_reshardable keys.
+func (w *distWriter) contentMetadata() *pyobj.Dict {
+	m := pyobj.NewDict(pyobj.PlainDict)
+	m.Set("distrib_optim_sharding_type", w.o.OptimSharding)
+	if w.o.OptimSharding == FullyReshardable {
+		m.Set("distrib_optim_fully_reshardable_mem_efficient", false)
+	}
+	m.Set("singleton_local_shards", false)
+	m.Set("chained_optim_avoid_prefix", true)
+	return m
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strings"
 
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
@@ -37,11 +36,6 @@ var dprsStates = [][2]string{{fragment.FP32, "param"}, {fragment.ExpAvg, "exp_av
 // megatron/core/optimizer/distrib_optimizer.py at core_v0.19.0.
 func (w *distWriter) dprsKeys() error {
 	p := w.p
-	for _, e := range p.r.Manifest.Params {
-		if strings.Contains(e.Name, expertName) {
-			return fmt.Errorf("%s: %s: --dist-optim-sharding %s with MoE experts is not written yet: use %s", p.r.Dir, e.Name, DPReshardable, FullyReshardable)
-		}
-	}
 	a, err := p.targetArgsParsed(p.r.Dir + " (args at the target degrees)")
 	if err != nil {
 		return err
@@ -50,11 +44,14 @@ func (w *distWriter) dprsKeys() error {
 	if err != nil {
 		return err
 	}
-	T, D := p.o.TP, p.o.DP
-	// param_layout.py bucket_end_divisor: lcm(DP, 128[, 2^16]).
-	div := lcm(int64(D), 128)
-	if busbw {
-		div = lcm(div, 1<<16)
+	// param_layout.py bucket_end_divisor: lcm(DP, 128[, 2^16]), DP being
+	// the buffer's data-parallel size (the expert-DP size for experts).
+	divOf := func(d int) int64 {
+		div := lcm(int64(d), 128)
+		if busbw {
+			div = lcm(div, 1<<16)
+		}
+		return div
 	}
 	var all []rsParam
 	for _, st := range p.chunks {
@@ -73,7 +70,14 @@ func (w *distWriter) dprsKeys() error {
 	if err != nil {
 		return err
 	}
-	sd := ov.(*pyobj.Dict)
+	sds := []*pyobj.Dict{ov.(*pyobj.Dict)}
+	if p.chained() {
+		sds = nil
+		for _, k := range ov.(*pyobj.Dict).Keys() {
+			v, _ := ov.(*pyobj.Dict).Get(k)
+			sds = append(sds, v.(*pyobj.Dict))
+		}
+	}
 	dts := p.bufferDTypes(a)
 	// Args saved without accumulate_allreduce_grads_in_fp32 (outside the
 	// training loop) get arguments.py's bf16 rule: fp32 grads unless
@@ -88,14 +92,82 @@ func (w *distWriter) dprsKeys() error {
 		}
 	}
 	dtName := fmt.Sprintf("(torch.%s, torch.%s)", dts[0].(pyobj.DType).DType, dts[1].(pyobj.DType).DType)
-	for s := range p.chunks {
-		for t := 0; t < T; t++ {
-			if err := w.dprsRank(a, s, t, div, dts, dtName, sd); err != nil {
-				return err
-			}
+	for _, dom := range w.dprsDomains(divOf, sds) {
+		if err := w.dprsRank(a, dom, dts, dtName); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// dprsDomain is one data_parallel_group_idx of one (sub-)optimizer: its
+// key prefix, rank file, buffers' parameters per model chunk with the rank
+// of their tensors (rankTensor: the TP rank, the expert-TP rank for the
+// expert optimizer's), data-parallel size and bucket-end divisor,
+// state_dict entries.
+type dprsDomain struct {
+	pre   string
+	rank  int
+	s     int
+	lists [][]rsParam
+	tp    int
+	total int64
+	D     int
+	div   int64
+	sd    *pyobj.Dict
+}
+
+// dprsDomains lists the domains: G = t + T·s of the dense optimizer (all
+// parameters when not chained) and, with expert parallelism, the expert
+// optimizer's G = u + U·(e + EP·s) (optimizer/__init__.py
+// expt_model_parallel_rank: the rank in the expert TP x EP x PP group),
+// holding EP rank e's experts of stage s cut at expert-TP rank u, over the
+// expert-DP size T·D/(EP·U); keys get chained_<k>. prefixes
+// (ChainedOptimizer.sharded_state_dict with a non-fully-reshardable type).
+func (w *distWriter) dprsDomains(divOf func(int) int64, sds []*pyobj.Dict) []dprsDomain {
+	p := w.p
+	T, D := p.o.TP, p.o.DP
+	chained := p.chained()
+	pre := func(k, g int) string {
+		if chained {
+			return fmt.Sprintf("chained_%d.optimizer.distributed.dp_group_idx_%d.", k, g)
+		}
+		return fmt.Sprintf("optimizer.distributed.dp_group_idx_%d.", g)
+	}
+	keep := func(s int, f func(rsParam) bool) [][]rsParam {
+		out := make([][]rsParam, len(p.chunks[s]))
+		for v, list := range p.chunks[s] {
+			for _, rp := range list {
+				if f(rp) {
+					out[v] = append(out[v], rp)
+				}
+			}
+		}
+		return out
+	}
+	var doms []dprsDomain
+	for s := range p.chunks {
+		for t := 0; t < T; t++ {
+			G := t + T*s
+			doms = append(doms, dprsDomain{pre: pre(0, G), rank: G, s: s, tp: t, total: p.stageNumel(t, s), D: D, div: divOf(D), sd: sds[0],
+				lists: keep(s, func(rp rsParam) bool { return !chained || !rp.routed })})
+		}
+	}
+	if !chained {
+		return doms
+	}
+	U, EP := p.etp, p.ep
+	nle, De := p.experts/EP, T*D/(EP*U)
+	for s := range p.chunks {
+		for e := 0; e < EP; e++ {
+			for u := 0; u < U; u++ {
+				G := u + U*(e+EP*s)
+				doms = append(doms, dprsDomain{pre: pre(1, G), rank: (u+U*e)%T + T*s, s: s, tp: u, total: p.stageNumel((u+U*e)%T, s), D: De, div: divOf(De), sd: sds[1],
+					lists: keep(s, func(rp rsParam) bool { return rp.routed && rp.expert/nle == e })})
+			}
+		}
+	}
+	return doms
 }
 
 // bucketChunks are the chunks DP ranks 0..D-1 save of one bucket of u
@@ -103,8 +175,9 @@ func (w *distWriter) dprsKeys() error {
 // rank its parameters' ranges (in[i] indexes list and lay, by start) and
 // the gaps between them (zeros), nothing past u
 // (sharded_param_state_dp_reshardable: a gap is saved unless it starts at
-// or past the unpadded end).
-func (w *distWriter) bucketChunks(rank, t int, list []rsParam, lay layoutResult, in []int, u, local int64, D int) []*dwChunk {
+// or past the unpadded end); tp is the rank of the list's tensors
+// (rankTensor).
+func (w *distWriter) bucketChunks(rank, tp int, list []rsParam, lay layoutResult, in []int, u, local int64, D int) []*dwChunk {
 	var out []*dwChunk
 	gap := func(from, to int64) {
 		if to > from {
@@ -115,7 +188,7 @@ func (w *distWriter) bucketChunks(rank, t int, list []rsParam, lay layoutResult,
 		lo, hi := d*local, min((d+1)*local, u)
 		cur := lo
 		for _, i := range in {
-			shape, pcs := w.p.rankTensor(list[i].src, t)
+			shape, pcs := w.p.rankTensor(list[i].src, tp)
 			s, e := lay.start[i], lay.start[i]+torchfile.Numel(shape)
 			a, b := max(s, lo), min(e, hi)
 			if a >= b {
@@ -147,14 +220,12 @@ func lcm(a, b int64) int64 {
 // dprsRank adds model-parallel rank (s, t)'s dp_reshardable items: each
 // bucket's states chunked per DP rank, the bucket sizes and the optimizer's
 // state_dict() entries.
-func (w *distWriter) dprsRank(a *Args, s, t int, div int64, dts pyobj.Tuple, dtName string, sd *pyobj.Dict) error {
+func (w *distWriter) dprsRank(a *Args, dom dprsDomain, dts pyobj.Tuple, dtName string) error {
 	p := w.p
-	T, D := p.o.TP, p.o.DP
-	G := t + T*s
-	pre := fmt.Sprintf("optimizer.distributed.dp_group_idx_%d.", G)
+	pre, div, D, sd := dom.pre, dom.div, dom.D, dom.sd
 	padded, unpadded := &pyobj.List{}, &pyobj.List{}
-	for v, list := range p.chunks[s] {
-		lay := p.bufferLayout(a, t, s, v)
+	for v, list := range dom.lists {
+		lay := p.listLayout(a, dom.s, v, list, dom.tp, dom.total)
 		var pads []pyobj.Value
 		for b, u := range lay.unpadded {
 			pads = append(pads, (u+div-1)/div*div)
@@ -165,7 +236,7 @@ func (w *distWriter) dprsRank(a *Args, s, t int, div int64, dts pyobj.Tuple, dtN
 				}
 			}
 			sort.Slice(in, func(x, y int) bool { return lay.start[in[x]] < lay.start[in[y]] })
-			chunks := w.bucketChunks(G, t, list, lay, in, u, (u+div-1)/div*div/int64(D), D)
+			chunks := w.bucketChunks(dom.rank, dom.tp, list, lay, in, u, (u+div-1)/div*div/int64(D), D)
 			for _, state := range dprsStates {
 				k := &dwKey{key: fmt.Sprintf("%sgbuf_idx_%d.dtype_%s.bucket_idx_%d.%s", pre, v, dtName, b, state[1]), dt: dtype.Float32, size: []int64{u}}
 				for _, ch := range chunks {

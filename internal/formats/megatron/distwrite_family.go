@@ -42,7 +42,7 @@ func (w *distWriter) familyModelKeys() ([]*dwKey, error) {
 				if err != nil {
 					return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, name, err)
 				}
-				mk := w.modelKey(model, &ordered, key, layer, full)
+				mk := w.modelKey(model, &ordered, key, layer, -1, full)
 				for t := 0; t < T; t++ {
 					shape, pcs := p.rankTensor(rp.src, t)
 					bs, err := boxes(k, full, T, t)

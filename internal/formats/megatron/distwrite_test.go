@@ -40,6 +40,20 @@ var distWriteCases = []struct {
 	// A real TP 2 x PP 2 tied source (saved with args) to one rank and to dp_reshardable at DP 2.
 	{"dist/core0_19_tp2_pp2_tied_bf16_dprs_args", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}}},
 	{"dist/core0_19_tp2_pp2_tied_bf16_dprs_args", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 2}, OptimSharding: DPReshardable}},
+	// MoE (real core 0.19 SequentialMLP, 4 experts): EP 2 -> 1, 1 -> 2, 1 -> 4 at expert TP 1,
+	// expert TP 2 at TP 1, with PP 2, as core 0.15 and 0.18.
+	{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}}},
+	{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}}},
+	{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}},
+	{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 4, ETP: 1}, Core: Core018}},
+	{"dist/core0_19_moe_tp2_ep2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 4, EP: 2, ETP: 2}}},
+	{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 2, EP: 2}, Core: Core015}},
+	// MoE as dp_reshardable: experts in the dense buffers (EP 1), in the expert optimizer's
+	// buckets over expert-DP (EP 2, 4), at expert TP 1 (expert domains U x EP).
+	{"dist/core0_19_moe_tp2_ep2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2, EP: 2}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 4, EP: 4, ETP: 1}, OptimSharding: DPReshardable}},
+	{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1, EP: 1, ETP: 1}, OptimSharding: DPReshardable, Core: Core018}},
 	// A real bf16 Float16Module run with 4 query groups (one DDP buffer) to TP 4 and to DP 4.
 	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 4, PP: 1, DP: 1}, OptimSharding: DPReshardable}},
 	{"dist/core0_19_g4_tp2_dp2_bf16_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 4}, OptimSharding: DPReshardable}},
@@ -95,15 +109,27 @@ func writeDist(t *testing.T, a string, o DistOptions) string {
 // before anything is written.
 func TestDistWriteRefused(t *testing.T) {
 	a := convertFixture(t, "tp2_gqa_swiglu")
+	moe := convertFixture(t, "dist/core0_19_moe_tp2_fp32_dprs")
+	grouped := convertFixture(t, "moe_groupedmlp_tp2_ep2_distopt")
 	for _, c := range []struct {
 		o    DistOptions
 		want string
+		src  string // "" : a
 	}{
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}, Core: "0.16"}, "--megatron-core \"0.16\""},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}, OptimSharding: "fully_sharded_bucket_space"}, "--dist-optim-sharding"},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 3, PP: 1, DP: 1}}, "does not divide"},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}, Core: "0.16"}, "--megatron-core \"0.16\"", ""},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1}, OptimSharding: "fully_sharded_bucket_space"}, "--dist-optim-sharding", ""},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 3, PP: 1, DP: 1}}, "does not divide", ""},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 2, EP: 2}}, "the model has no experts", ""},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 3, EP: 3}}, "--ep 3 does not divide the 4 experts", moe},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1, EP: 2}}, "expert parallel 2 x expert tensor parallel 2 does not divide the 2 ranks", moe},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1, ETP: 3}}, "expert tensor parallel 3 does not divide", moe},
+		{DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}, "GroupedMLP (weight1/weight2)", grouped},
 	} {
-		r, err := atomic.OpenReader(a, atomic.ReaderOptions{})
+		src := a
+		if c.src != "" {
+			src = c.src
+		}
+		r, err := atomic.OpenReader(src, atomic.ReaderOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,16 +202,20 @@ func TestDistWriteDPReshardableLayout(t *testing.T) {
 	for _, c := range []struct {
 		fixture string
 		core    string
-		dp      int
+		dp, ep  int
 	}{
-		{"core0_19_tp2_fp32_dprs", Core019, 1},
-		{"core0_18_tp2_fp32_dprs", Core018, 1},
+		{"core0_19_tp2_fp32_dprs", Core019, 1, 1},
+		{"core0_18_tp2_fp32_dprs", Core018, 1, 1},
 		// bf16 wrapped in Float16Module (one buffer of bf16 parameters), DP 2.
-		{"core0_19_g4_tp2_dp2_bf16_dprs", Core019, 2},
+		{"core0_19_g4_tp2_dp2_bf16_dprs", Core019, 2, 1},
+		// MoE: experts in the dense buffers (EP 1), and in the expert
+		// optimizer's own buffers over expert-DP (EP 2: chained_0/chained_1).
+		{"core0_19_moe_tp2_fp32_dprs", Core019, 1, 1},
+		{"core0_19_moe_tp2_ep2_fp32_dprs", Core019, 2, 2},
 	} {
 		t.Run(c.fixture, func(t *testing.T) {
 			a := convertFixture(t, "dist/"+c.fixture)
-			save := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: c.dp}, Core: c.core, OptimSharding: DPReshardable})
+			save := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: c.dp, EP: c.ep}, Core: c.core, OptimSharding: DPReshardable})
 			want := optimizerEntries(t, filepath.Join(testkit.Fixture("megatron_dist", c.fixture, "checkpoint"), "iter_0000002"))
 			got := optimizerEntries(t, filepath.Join(save, "iter_0000002"))
 			if len(want) == 0 {
@@ -217,7 +247,7 @@ func optimizerEntries(t *testing.T, dir string) map[string]string {
 	}
 	out := map[string]string{}
 	for _, e := range md.Entries {
-		if !strings.HasPrefix(e.Key, "optimizer.distributed.") {
+		if !strings.HasPrefix(e.Key, "optimizer.distributed.") && !strings.Contains(e.Key, ".optimizer.distributed.") {
 			continue
 		}
 		if e.Bytes {
@@ -295,5 +325,89 @@ func TestDistWriteTasksSameBytes(t *testing.T) {
 				t.Errorf("%s %s: %d bytes with one task per chunk, %d with many, differing", sh, name, len(x), len(y))
 			}
 		}
+	}
+}
+
+// TestDistWriteMoECommon: the common state of an MoE target as Megatron's
+// training loop writes it: a ChainedOptimizer's {0: dense, 1: expert}
+// param groups (is_expert_parallel False / True, the expert group derived
+// from an EP 1 source's dense one) exactly when the experts are
+// expert-parallel, and the content_metadata load_checkpoint reads.
+func TestDistWriteMoECommon(t *testing.T) {
+	for _, c := range []struct {
+		fixture string
+		o       DistOptions
+		experts []bool // is_expert_parallel of the groups, per sub-optimizer
+	}{
+		{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}, []bool{false, true}},
+		{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}}, []bool{false}},
+		{"dist/core0_19_moe_tp2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1, ETP: 1}, Core: Core018}, []bool{false, true}},
+		{"dist/core0_19_moe_tp2_ep2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}, OptimSharding: DPReshardable}, []bool{false, true}},
+		{"dist/core0_19_moe_tp2_ep2_fp32_dprs", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}, OptimSharding: DPReshardable}, []bool{false}},
+	} {
+		t.Run(fmt.Sprintf("%s_ep%d_etp%d_%s", c.fixture, c.o.EP, c.o.ETP, c.o.OptimSharding), func(t *testing.T) {
+			save := writeDist(t, convertFixture(t, c.fixture), c.o)
+			r, err := atomic.OpenReader(testkit.Convert(t, indexDist(t, save, Options{}), 2), atomic.ReaderOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, err := r.Load(atomic.ExtraState)
+			if err != nil {
+				t.Fatal(err)
+			}
+			extra := ev.(*pyobj.Dict)
+			sharding := c.o.OptimSharding
+			if sharding == "" {
+				sharding = FullyReshardable
+			}
+			cm, _ := extra.Get("content_metadata")
+			want := fmt.Sprintf(`{"distrib_optim_sharding_type": "%s", `, sharding)
+			if sharding == FullyReshardable {
+				want += `"distrib_optim_fully_reshardable_mem_efficient": False, `
+			}
+			want += `"singleton_local_shards": False, "chained_optim_avoid_prefix": True}`
+			if got := deepRepr(cm); got != want {
+				t.Errorf("content_metadata %s, want %s", got, want)
+			}
+			ov, _ := extra.Get("optimizer")
+			opt := ov.(*pyobj.Dict)
+			subs := []*pyobj.Dict{opt}
+			if len(c.experts) > 1 {
+				if keys := deepRepr(&pyobj.List{Items: opt.Keys()}); keys != "[0, 1]" {
+					t.Fatalf("chained optimizer keys %s, want [0, 1]", keys)
+				}
+				subs = nil
+				for _, k := range opt.Keys() {
+					v, _ := opt.Get(k)
+					subs = append(subs, v.(*pyobj.Dict))
+				}
+			}
+			if len(subs) != len(c.experts) {
+				t.Fatalf("%d sub-optimizers in the common state, want %d", len(subs), len(c.experts))
+			}
+			for i, want := range c.experts {
+				if st, _ := subs[i].Get("param_state_sharding_type"); st != sharding {
+					t.Errorf("sub-optimizer %d: param_state_sharding_type %v", i, st)
+				}
+				if sharding == DPReshardable {
+					// The groups are the domains' optimizer/shard_0_1 items
+					// (TestDistWriteDPReshardableLayout); nothing else is common.
+					if subs[i].Len() != 1 {
+						t.Errorf("sub-optimizer %d: %s, want the sharding type only", i, deepRepr(subs[i]))
+					}
+					continue
+				}
+				in, _ := subs[i].Get("optimizer")
+				gv, _ := in.(*pyobj.Dict).Get("param_groups")
+				for _, g := range gv.(*pyobj.List).Items {
+					if e, _ := g.(*pyobj.Dict).Get("is_expert_parallel"); e != want {
+						t.Errorf("sub-optimizer %d: a group with is_expert_parallel %v, want %v", i, e, want)
+					}
+				}
+				if st, _ := subs[i].Get("param_state_sharding_type"); st != sharding {
+					t.Errorf("sub-optimizer %d: param_state_sharding_type %v", i, st)
+				}
+			}
+		})
 	}
 }

@@ -62,10 +62,10 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	// The torch_dist writer always plans the distributed optimizer; of a
 	// weights-only source it writes the model only.
-	if !carry && (o.DistOptimizer && !o.distCkpt || o.Optimizer != "") {
+	if !carry && (o.DistOptimizer && !o.torchDist || o.Optimizer != "") {
 		return nil, fmt.Errorf("%s: converted from a %s checkpoint without optimizer state: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need Adam states", r.Dir, r.Manifest.Source.Format)
 	}
-	if carry && o.DistOptimizer && !o.distCkpt {
+	if carry && o.DistOptimizer && !o.torchDist {
 		return nil, fmt.Errorf("%s: --distributed-optimizer from a %s source is not written yet; leave it out (Megatron's non-distributed optimizer state is written)", r.Dir, r.Manifest.Source.Format)
 	}
 	p.dt = dtype.Float32

@@ -44,9 +44,10 @@ type ReshardOptions struct {
 	// transformer_impl); a Megatron source keeps its own.
 	Spec          string
 	Force, NoSync bool
-	// distCkpt: planned for the torch_dist writer (ReshardDist), which
-	// writes the distributed optimizer's state of a family source too.
-	distCkpt bool
+	// torchDist: planned for the torch_dist writer (ReshardDist), which
+	// writes Megatron-LM sources' experts (the legacy writer does not yet)
+	// and the distributed optimizer's state of a family source.
+	torchDist bool
 }
 
 // ReshardStats tell what was written.
@@ -107,6 +108,10 @@ type rsPlan struct {
 	ep, etp int
 	experts int
 	files   []outFile
+	// nDense: the dense optimizer's groups, first in groups (chained)
+	nDense int
+	// eshards: routed experts' shards per expert-TP rank
+	eshards []map[string]fragment.Shard
 }
 
 // Reshard writes the atomic checkpoint r (converted from a Megatron-LM
@@ -179,13 +184,13 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if m.Source.Format != "megatron" && m.Source.Format != DistFormat {
 		return planFamily(r, o) // weights of a known model family
 	}
-	if o.EP > 1 || o.ETP > 0 && o.ETP != o.TP {
-		return nil, fmt.Errorf("--ep %d, --expert-tp %d: a Megatron-LM source is written at its own expert layout only when it has experts, which --to megatron does not write yet", o.EP, o.ETP)
-	}
 	if o.Spec != "" {
 		return nil, fmt.Errorf("--megatron-spec is for sources not converted from Megatron-LM; this one keeps its own (args.transformer_impl)")
 	}
-	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, ep: 1, etp: o.TP}
+	p := &rsPlan{r: r, o: o, states: map[string][]string{}, steps: map[string]pyobj.Value{}, ep: max(o.EP, 1), etp: o.ETP}
+	if p.etp == 0 {
+		p.etp = o.TP
+	}
 	if err := p.loadExtra(); err != nil {
 		return nil, err
 	}
@@ -213,6 +218,11 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	}
 	if err := p.readOptim(); err != nil {
 		return nil, err
+	}
+	if p.experts > 0 {
+		if err := p.targetGroups(); err != nil {
+			return nil, err
+		}
 	}
 	if err := p.slices(model); err != nil {
 		return nil, err
@@ -271,11 +281,8 @@ func (p *rsPlan) readArgs() (layout.Model, error) {
 	if p.modelCP, err = args.Int("context_parallel_size", 1); err != nil {
 		return layout.Model{}, err
 	}
-	if n, err := args.Int("num_experts", 0); err != nil || n > 0 {
-		if err != nil {
-			return layout.Model{}, err
-		}
-		return layout.Model{}, fmt.Errorf("%s: a mixture-of-experts model (args.num_experts %d): --to megatron does not write expert layouts yet", r.Dir, n)
+	if err := p.readExperts(args); err != nil {
+		return layout.Model{}, err
 	}
 	// A bool that is not one is an error naming the file, not false.
 	if legacy, err := args.Bool("use_legacy_models", false); err != nil || legacy {
@@ -350,12 +357,24 @@ func (p *rsPlan) slices(model layout.Model) error {
 		switch {
 		case e.Frozen:
 			return fmt.Errorf("%s: frozen parameter or buffer %s: --to megatron writes trained parameters only", p.r.Dir, e.Name)
-		case isExpert(e.Name) || strings.HasPrefix(e.Name, "language_model."):
-			return fmt.Errorf("%s: parameter %s: --to megatron does not write expert or legacy-model layouts yet", p.r.Dir, e.Name)
+		case isGrouped(e.Name) || strings.HasPrefix(e.Name, "language_model."):
+			return fmt.Errorf("%s: parameter %s: --to megatron does not write GroupedMLP (weight1/weight2) or legacy-model layouts yet", p.r.Dir, e.Name)
+		case isExpert(e.Name) && findExpert(e.Name).local < 0:
+			return fmt.Errorf("%s: parameter %s: an expert parameter without an expert number, which --to megatron does not place", p.r.Dir, e.Name)
 		}
 		meta, err := layout.ReadMeta(filepath.Join(p.r.Dir, atomic.StatePath(e.Name, fragment.FP32)))
 		if err != nil {
 			return err
+		}
+		if isExpert(e.Name) {
+			// Routed experts are cut over the expert-TP ranks.
+			if err := p.expertSlices(model, e, meta); err != nil {
+				return err
+			}
+			if err := p.readStates(e); err != nil {
+				return err
+			}
+			continue
 		}
 		var padded int64
 		if T == srcT {
@@ -374,23 +393,31 @@ func (p *rsPlan) slices(model layout.Model) error {
 				p.vocab = sh.Shape[0] * int64(T)
 			}
 		}
-		var states []string
-		for _, f := range e.Files {
-			if f.State != fragment.StepState {
-				states = append(states, f.State)
-			}
-		}
-		p.states[e.Name] = fragment.StateOrder(states)
-		if len(p.states[e.Name]) == 0 || p.states[e.Name][0] != fragment.FP32 {
-			return fmt.Errorf("%s: parameter %s has no fp32 state", p.r.Dir, e.Name)
-		}
-		v, ok, err := p.r.Step(e.Name)
-		if err != nil {
+		if err := p.readStates(e); err != nil {
 			return err
 		}
-		if ok {
-			p.steps[e.Name] = v
+	}
+	return nil
+}
+
+// readStates records the optimizer states and the step of a parameter.
+func (p *rsPlan) readStates(e *atomic.ParamEntry) error {
+	var states []string
+	for _, f := range e.Files {
+		if f.State != fragment.StepState {
+			states = append(states, f.State)
 		}
+	}
+	p.states[e.Name] = fragment.StateOrder(states)
+	if len(p.states[e.Name]) == 0 || p.states[e.Name][0] != fragment.FP32 {
+		return fmt.Errorf("%s: parameter %s has no fp32 state", p.r.Dir, e.Name)
+	}
+	v, ok, err := p.r.Step(e.Name)
+	if err != nil {
+		return err
+	}
+	if ok {
+		p.steps[e.Name] = v
 	}
 	return nil
 }
@@ -419,6 +446,10 @@ func (p *rsPlan) place() error {
 			}
 			s, v = p.chunkOf(n)
 			local = globalName(e.Name, -p.split[s][v][0], 0)
+			if x := findExpert(e.Name); isExpert(e.Name) && x.local >= 0 {
+				p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: e.Name, routed: true, expert: x.local})
+				continue
+			}
 		case strings.HasPrefix(e.Name, "embedding."):
 			s, v = 0, 0
 			if isWordEmbedding(e.Name) {
@@ -576,8 +607,17 @@ func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, s
 	var err error
 	if p.o.DistOptimizer {
 		opt, err = p.distGroups(members)
+		if d, ok := opt.(*pyobj.Dict); ok && err == nil && p.chained() {
+			// ChainedOptimizer.state_dict(): a list, dense then expert.
+			l := &pyobj.List{}
+			for _, k := range d.Keys() {
+				v, _ := d.Get(k)
+				l.Items = append(l.Items, v)
+			}
+			opt = l
+		}
 	} else {
-		opt, err = p.optimizer(members, blob)
+		opt, err = p.chainedOptimizer(members, blob)
 	}
 	if err != nil {
 		return err
@@ -592,7 +632,7 @@ func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, s
 		return err
 	}
 	if p.o.DistOptimizer {
-		return p.writeDistrib(ctx, filepath.Join(filepath.Dir(path), distribFile), t, s, st)
+		return p.writeDistrib(ctx, filepath.Join(filepath.Dir(path), distribFile), f, s, st)
 	}
 	return nil
 }
@@ -600,13 +640,19 @@ func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, s
 // rankTensor is TP rank i's (the expert TP rank's for a routed expert)
 // tensor of the plan's tensor src as pieces of atomic states (state
 // fragment.FP32; the optimizer states follow the weights' pieces): a
-// family source's fused tensor, else the atomic parameter's shard. Both
-// writers read every target tensor through it.
+// family source's fused tensor, else the atomic parameter's shard (a
+// routed expert's from the expert-TP shards). Both writers read every
+// target tensor through it.
 func (p *rsPlan) rankTensor(src string, i int) ([]int64, []layout.StatePiece) {
 	if vt, ok := p.virt[src]; ok {
 		return vt[i].shape, vt[i].pieces
 	}
-	sh := p.shards[i][src]
+	var sh fragment.Shard
+	if isExpert(src) && p.eshards != nil {
+		sh = p.eshards[i][src] // i may pass TP: --expert-tp > --tp
+	} else {
+		sh = p.shards[i][src]
+	}
 	return sh.Shape, []layout.StatePiece{{Param: src, State: fragment.FP32, Shard: sh, N: torchfile.Numel(sh.Shape)}}
 }
 
@@ -628,6 +674,25 @@ func withState(pcs []layout.StatePiece, state string) []layout.StatePiece {
 		out[j] = pc
 	}
 	return out
+}
+
+// chainedOptimizer is the non-distributed optimizer's state of one rank:
+// optimizer's, or with expert-parallel experts ChainedOptimizer's list of
+// the dense and the expert sub-optimizer's (each its own ids from 0).
+func (p *rsPlan) chainedOptimizer(members []rsParam, blob func(name, state string, dt dtype.DType) *torchfile.Blob) (pyobj.Value, error) {
+	if !p.chained() {
+		return p.optimizer(members, p.groups, p.flags, blob)
+	}
+	out := &pyobj.List{}
+	for i := 0; i < 2; i++ {
+		groups, flags := p.subGroups(i)
+		v, err := p.optimizer(p.ofSub(members, i), groups, flags, blob)
+		if err != nil {
+			return nil, err
+		}
+		out.Items = append(out.Items, v)
+	}
+	return out, nil
 }
 
 // ofEPRank keeps the parameters EP rank e holds: every one but the routed
@@ -674,7 +739,7 @@ func (p *rsPlan) groupFlagsOf(rp rsParam) groupFlags {
 	if p.qkWD && (strings.Contains(rp.local, "q_layernorm.") || strings.Contains(rp.local, "k_layernorm.")) {
 		noWD = false
 	}
-	return groupFlags{noWD: noWD}
+	return groupFlags{noWD: noWD, expert: rp.routed && p.chained()}
 }
 
 // distGroups is DistributedOptimizer.state_dict(): the param groups
@@ -703,23 +768,34 @@ func (p *rsPlan) distGroups(members []rsParam) (pyobj.Value, error) {
 		}
 		break
 	}
-	groups := &pyobj.List{}
-	for _, grp := range p.groups {
-		gd := grp.Clone()
-		gd.Delete("params")
-		if step != nil {
-			gd.Set(fragment.StepState, step)
+	// A chained target (MoE with expert parallelism) saves one state dict
+	// per sub-optimizer (ChainedOptimizer.state_dict; torch_dist's common
+	// state keys them 0, 1).
+	subs := p.subOptimizers()
+	all := pyobj.NewDict(pyobj.PlainDict)
+	for i, sub := range subs {
+		groups := &pyobj.List{}
+		for _, grp := range sub {
+			gd := grp.Clone()
+			gd.Delete("params")
+			if step != nil {
+				gd.Set(fragment.StepState, step)
+			}
+			groups.Items = append(groups.Items, gd)
 		}
-		groups.Items = append(groups.Items, gd)
+		inner := pyobj.NewDict(pyobj.PlainDict)
+		inner.Set("param_groups", groups)
+		out := pyobj.NewDict(pyobj.PlainDict)
+		out.Set("optimizer", inner)
+		if gs, ok := p.optim.Get("grad_scaler"); ok && p.dt != dtype.Float32 {
+			out.Set("grad_scaler", gs)
+		}
+		if len(subs) == 1 {
+			return out, nil
+		}
+		all.Set(int64(i), out)
 	}
-	inner := pyobj.NewDict(pyobj.PlainDict)
-	inner.Set("param_groups", groups)
-	out := pyobj.NewDict(pyobj.PlainDict)
-	out.Set("optimizer", inner)
-	if gs, ok := p.optim.Get("grad_scaler"); ok && p.dt != dtype.Float32 {
-		out.Set("grad_scaler", gs)
-	}
-	return out, nil
+	return all, nil
 }
 
 // blobScalar is the value of a 0-dim float tensor.
@@ -741,16 +817,49 @@ func blobScalar(b *torchfile.Blob) (float64, error) {
 // per DDP buffer (model chunk, then dtype) one fp32 tensor per state of
 // numel_unpadded elements, each parameter at its place in Megatron's
 // bucket layout with the bucket-end padding removed, zeros between.
-func (p *rsPlan) writeDistrib(ctx context.Context, path string, t, s int, st *ReshardStats) error {
+func (p *rsPlan) writeDistrib(ctx context.Context, path string, f outFile, s int, st *ReshardStats) error {
 	a, err := p.targetArgsParsed(path)
 	if err != nil {
 		return err
 	}
+	var fills []layout.StateFill
+	var roots []pyobj.Value
+	any := false
+	for i, has := range p.distribSubs(f) {
+		if !has {
+			roots = append(roots, nil) // not DP rank 0 of this sub-optimizer's group
+			continue
+		}
+		root, fl, err := p.distribState(a, f, s, i)
+		if err != nil {
+			return err
+		}
+		roots, fills, any = append(roots, root), append(fills, fl...), true
+	}
+	if !any {
+		return nil // no rank loading this file is DP rank 0 of any group
+	}
+	if len(roots) == 1 {
+		return p.writeFile(ctx, path, roots[0], fills, st)
+	}
+	return p.writeFile(ctx, path, &pyobj.List{Items: roots}, fills, st)
+}
+
+// distribState is one sub-optimizer's get_parameter_state_dp_zero()
+// (sub 0: all parameters, or the dense ones; 1: the file's EP rank's
+// experts at its expert-TP rank), per model chunk's buffer.
+func (p *rsPlan) distribState(a *Args, f outFile, s, sub int) (*pyobj.Dict, []layout.StateFill, error) {
+	// The tensors' rank: the TP rank, the expert-TP rank for the experts.
+	t, i0 := f.t, f.t
+	if sub == 1 {
+		i0 = f.u
+	}
 	root := pyobj.NewDict(pyobj.PlainDict)
 	root.Set("buckets_coalesced", true)
 	var fills []layout.StateFill
-	for v, list := range p.chunks[s] {
-		lay := p.bufferLayout(a, t, s, v)
+	for v, all := range p.chunks[s] {
+		list := p.ofSub(p.ofEPRank(all, f.e), sub)
+		lay := p.listLayout(a, s, v, list, i0, p.stageNumel(t, s))
 		base := make([]int64, len(lay.unpadded)+1)
 		for i, u := range lay.unpadded {
 			base[i+1] = base[i] + u
@@ -762,9 +871,9 @@ func (p *rsPlan) writeDistrib(ctx context.Context, path string, t, s int, st *Re
 			f := layout.StateFill{Blob: b}
 			for i, rp := range list {
 				if !p.hasState(rp.src, state) {
-					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, p.srcName(rp.src), state)
+					return nil, nil, fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, p.srcName(rp.src), state)
 				}
-				_, pcs := p.rankTensor(rp.src, t)
+				_, pcs := p.rankTensor(rp.src, i0)
 				for _, pc := range withState(pcs, state) {
 					pc.At += base[lay.bucket[i]] + lay.start[i]
 					f.Pieces = append(f.Pieces, pc)
@@ -783,7 +892,7 @@ func (p *rsPlan) writeDistrib(ctx context.Context, path string, t, s int, st *Re
 		buf.Set(p.bufferDTypes(a), world)
 		root.Set(int64(v), buf)
 	}
-	return p.writeFile(ctx, path, root, fills, st)
+	return root, fills, nil
 }
 
 // targetArgsParsed reads targetArgs as the loading run's Args (bucket
@@ -806,19 +915,36 @@ func (p *rsPlan) bufferDTypes(a *Args) pyobj.Tuple {
 // it (distributed/param_and_grad_buffer.py, core >= 0.8 rules: reverse
 // order, 64-element starts, a shared embedding in a bucket of its own).
 func (p *rsPlan) bufferLayout(a *Args, t, s, v int) layoutResult {
+	return p.listLayout(a, s, v, p.chunks[s][v], t, p.stageNumel(t, s))
+}
+
+// stageNumel is the elements of TP rank t's parameters of stage s.
+func (p *rsPlan) stageNumel(t, s int) int64 {
 	var total int64
 	for _, list := range p.chunks[s] {
 		for _, rp := range list {
+			if p.chained() && isExpert(rp.src) {
+				continue // in the expert optimizer's buffers, cut at expert TP
+			}
 			total += p.rankNumel(rp.src, t)
 		}
 	}
+	return total
+}
+
+// listLayout places the parameters list (one DDP buffer of model chunk v
+// of stage s: all of the chunk's, or its dense or its expert-parallel ones)
+// with their tensors at rank tp (rankTensor: the TP rank, the expert-TP
+// rank for an expert buffer): reverse order, 64-element starts, a shared
+// embedding in a bucket of its own; total is the stage's elements
+// (ddp_num_buckets).
+func (p *rsPlan) listLayout(a *Args, s, v int, list []rsParam, tp int, total int64) layoutResult {
 	P, V := p.o.PP, len(p.chunks[s])
-	list := p.chunks[s][v]
 	lps := make([]layoutParam, len(list))
 	for i, rp := range list {
 		first, last := s == 0 && v == 0, s == P-1 && v == V-1
 		shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
-		lps[i] = layoutParam{numel: p.rankNumel(rp.src, t), shared: shared}
+		lps[i] = layoutParam{numel: p.rankNumel(rp.src, tp), shared: shared}
 	}
 	return computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
 }
@@ -837,13 +963,13 @@ func (p *rsPlan) hasState(param, state string) bool {
 // 'grad_scaler', 'fp32_from_fp16_params'), FP32Optimizer's bare torch
 // state dict for float32. Group g's members are the rank's parameters with
 // its flags; ids run over the groups in order, as torch numbers them.
-func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt dtype.DType) *torchfile.Blob) (pyobj.Value, error) {
+func (p *rsPlan) optimizer(members []rsParam, pgroups []*pyobj.Dict, pflags []groupFlags, blob func(name, state string, dt dtype.DType) *torchfile.Blob) (pyobj.Value, error) {
 	state := pyobj.NewDict(pyobj.PlainDict)
 	groups := &pyobj.List{}
 	mains := &pyobj.List{}
 	var id int64
 	used := 0
-	for g, grp := range p.groups {
+	for g, grp := range pgroups {
 		gd := grp.Clone()
 		if p.style == stepTorch {
 			gd.Delete(fragment.StepState) // torch AdamW groups hold none
@@ -851,7 +977,7 @@ func (p *rsPlan) optimizer(members []rsParam, blob func(name, state string, dt d
 		var ids []pyobj.Value
 		gm := &pyobj.List{}
 		for _, rp := range members {
-			if p.groupFlagsOf(rp) != p.flags[g] {
+			if p.groupFlagsOf(rp) != pflags[g] {
 				continue
 			}
 			used++

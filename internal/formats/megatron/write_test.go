@@ -131,13 +131,24 @@ func TestReshardRoundTrip(t *testing.T) {
 		{"tp1_pp4_untied", ReshardOptions{TP: 1, PP: 3, DP: 1, FirstStageLayers: 2}, []string{"mp_rank_00_000", "mp_rank_00_001", "mp_rank_00_002"}},
 		{"tp1_pp4_untied", ReshardOptions{TP: 2, PP: 2, DP: 2, LastStageLayers: 1, DistOptimizer: true}, nil},
 		{"pp2_vpp2_distopt", ReshardOptions{TP: 1, PP: 3, DP: 1, FirstStageLayers: 1, LastStageLayers: 1}, nil},
+		// MoE from real core 0.19 torch_dist sources (SequentialMLP, 4 experts): EP 2 -> 1 and
+		// 1 -> 2, 4, expert TP 1 (files of expertFiles), PP 2; the plain optimizer as
+		// ChainedOptimizer's [dense, expert] list, the distributed one with distrib_optim.pt
+		// [dense or None, expert or None] as each file's DP-rank-0 ranks save it.
+		{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}, []string{"mp_rank_00", "mp_rank_01"}},
+		{"dist/core0_19_moe_tp2_fp32_dprs", ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}, []string{"mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"}},
+		{"dist/core0_19_moe_tp2_ep2_fp32_dprs", ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 4, ETP: 1}, []string{"mp_rank_00_000", "mp_rank_00_002", "mp_rank_01_001", "mp_rank_01_003"}},
+		{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", ReshardOptions{TP: 1, PP: 2, DP: 2, EP: 2}, nil},
+		{"dist/core0_19_moe_tp2_ep2_fp32_fullrs", ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1, DistOptimizer: true}, nil},
+		{"dist/core0_19_moe_tp2_fp32_dprs", ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2, DistOptimizer: true}, nil},
+		{"dist/core0_19_moe_tp2_fp32_dprs", ReshardOptions{TP: 1, PP: 2, DP: 4, EP: 4, DistOptimizer: true}, nil},
 	}
 	atomics := map[string]string{} // converted once, in the parent test's temporary folder
 	for _, c := range cases {
 		if _, ok := atomics[c.fixture]; !ok {
 			atomics[c.fixture] = convertFixture(t, c.fixture)
 		}
-		name := fmt.Sprintf("%s/tp%d_pp%d_vpp%d_dp%d_f%d_l%d", c.fixture, c.o.TP, c.o.PP, c.o.VPP, c.o.DP, c.o.FirstStageLayers, c.o.LastStageLayers)
+		name := fmt.Sprintf("%s/tp%d_pp%d_vpp%d_dp%d_f%d_l%d_ep%d_etp%d_dist%v", c.fixture, c.o.TP, c.o.PP, c.o.VPP, c.o.DP, c.o.FirstStageLayers, c.o.LastStageLayers, c.o.EP, c.o.ETP, c.o.DistOptimizer)
 		t.Run(name, func(t *testing.T) {
 			a := atomics[c.fixture]
 			save := reshardAtomic(t, a, c.o)
@@ -149,7 +160,7 @@ func TestReshardRoundTrip(t *testing.T) {
 				t.Errorf("%s holds %q, want %s", trackerFile, got, it)
 			}
 			if c.dirs != nil {
-				ents, err := os.ReadDir(filepath.Join(save, "iter_0000010"))
+				ents, err := os.ReadDir(filepath.Join(save, fmt.Sprintf("iter_%07s", it)))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -271,7 +282,7 @@ func TestReshardRefused(t *testing.T) {
 		{"pp 0", gqa, ReshardOptions{TP: 1, PP: 0, DP: 1}, "--pp must be at least 1"},
 		{"dp 0", gqa, ReshardOptions{TP: 1, PP: 1, DP: 0}, "--dp must be at least 1"},
 		{"torch_dist without args", noArgs, ReshardOptions{TP: 1, PP: 1, DP: 1}, "no args Namespace"},
-		{"experts", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "mixture-of-experts"},
+		{"experts with a routing-bias buffer", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "frozen parameter or buffer decoder.layers.0.mlp.router.expert_bias"},
 		{"existing save folder", gqa, ReshardOptions{TP: 1, PP: 1, DP: 1}, "use --force"},
 	}
 	for _, c := range cases {
