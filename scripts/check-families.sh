@@ -5,7 +5,7 @@
 # (scripts/torch2-chroot.sh): for llama (3.1 rope scaling), mistral, qwen2 and qwen3,
 #   import: a random fp32 model saved by real transformers -> ucp convert --from hf -> ucp reshard --to megatron
 #           --tp 2 --megatron-spec local -> real megatron-core GPTModel at TP 2 loads it (strict) and must give
-#           transformers' logits;
+#           transformers' logits; again with --ckpt-format torch_dist (dist_checkpointing.load);
 #   export: that Megatron checkpoint -> ucp convert -> ucp export --to hf -> transformers from_pretrained must
 #           give megatron-core's logits; again with the checkpoint's args set to rotary_interleaved (llama31,
 #           qwen3): megatron-core computes interleaved RoPE, the export must reorder q/k rows to match.
@@ -32,6 +32,9 @@ for c in llama31 mistral qwen2 qwen3; do
   "$w/ucp" convert --quiet --from hf "$w/$c/hf" "$w/$c/atomic" >/dev/null
   "$w/ucp" reshard --quiet "$w/$c/atomic" "$w/$c/mg" --to megatron --tp 2 --megatron-spec local >/dev/null
   run megatron . "$c" "$c/mg" plain || fail=1
+  # The same weights as --ckpt-format torch_dist (megatron-core's dist_checkpointing.load).
+  "$w/ucp" reshard --quiet "$w/$c/atomic" "$w/$c/mgd" --to megatron --ckpt-format torch_dist --tp 2 --megatron-spec local >/dev/null
+  run megatron . "$c" "$c/mgd" dist || fail=1
   arch=auto; [ "$c" = mistral ] && arch=mistral   # Megatron's args cannot tell mistral from llama
   variants=plain; case $c in llama31|qwen3) variants="plain inter";; esac
   for v in $variants; do

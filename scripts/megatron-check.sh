@@ -106,32 +106,48 @@ for c in "${cases[@]}"; do
     echo "FAIL core $core: $fixture -> TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp${ep:+ EP $ep} $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
   fi
 done
-# Megatron-DeepSpeed -> Megatron-LM --ckpt-format torch with the optimizer: the llama-family
-# Megatron-DeepSpeed fixture, resharded at TP 2 and TP 1 (local spec, torch AdamW's step), loaded by
-# real megatron-core (testdata/check/megatron_torch_load.py): fp32 mains and Adam moments equal the
-# fixture's truth bit for bit, step 3, one optimizer step.
+# Megatron-DeepSpeed -> Megatron-LM with the optimizer: the llama-family Megatron-DeepSpeed fixture,
+# resharded (local spec, torch AdamW's step) as --ckpt-format torch (non-distributed optimizer) and as
+# torch_dist (fully_reshardable distributed optimizer), loaded by real megatron-core
+# (testdata/check/megatron_torch_load.py: load_state_dict of the file, or dist_checkpointing.load of the
+# model's and optimizer's sharded state dicts): weights, fp32 mains and Adam moments equal the fixture's
+# truth bit for bit, step 3, one optimizer step. Case: name | format | TP | DP.
 megds=$here/testdata/fixtures/deepspeed/megatron_llama_tp2_z1_bf16_dp4
 cp "$here/testdata/check/megatron_torch_load.py" "$work/"
-for tp in 2 1; do
-  [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"megds.tp$tp" && continue
-  dir=$work/megds.tp$tp
+megds_cases=(
+  "megds torch 2 1"
+  "megds torch 1 1"
+  "megds torch_dist 2 1"
+  "megds torch_dist 1 2"
+)
+for c in "${megds_cases[@]}"; do
+  [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
+  read -r _ format tp dp <<<"$c"
+  rel=megds.$format.tp$tp.dp$dp
+  dir=$work/$rel
   mkdir -p "$dir"
   "$ucp" convert "$megds/checkpoint" "$dir/atomic" --quiet
-  "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --tp "$tp" --megatron-spec local --megatron-optimizer adamw --quiet
+  if [ "$format" = torch ]; then
+    "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --tp "$tp" --megatron-spec local --megatron-optimizer adamw --quiet
+  else
+    "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
+      --tp "$tp" --dp "$dp" --megatron-spec local --megatron-optimizer adamw --quiet
+  fi
   cp "$megds/truth.pt" "$dir/"
-  if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_torch_load.py src "megds.tp$tp" "$tp" >"$dir/log" 2>&1; then
+  if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_torch_load.py src "$rel" "$tp" "$dp" "$format" >"$dir/log" 2>&1; then
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: Megatron-DeepSpeed megatron_llama_tp2_z1_bf16_dp4 -> Megatron TP $tp"; tail -30 "$dir/log"
+    echo "FAIL core $core: Megatron-DeepSpeed megatron_llama_tp2_z1_bf16_dp4 -> Megatron $format TP $tp DP $dp"; tail -30 "$dir/log"
   fi
 done
 # Load time: Megatron loading ucp's output vs its own checkpoint of the same model at the same
 # degrees (the fullrs case at TP 2 x DP 2, where its own core wrote it; UCP_OWN=1 loads Megatron's
-# own). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0, fastest of 3
-# alternating runs. MEGATRON_CHECK_TIME=1 (default) times the stored kilobyte fixture; =big first
-# has MEGATRON_SRC's core write the same model at ~120 MB (scripts/megatron-big.sh); =DIR uses that
-# script's earlier output DIR (same core); =0 skips it.
+# own). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0, fastest of
+# MEGATRON_CHECK_ROUNDS (default 3) alternating rounds (own, ucp), both trees read once before, so
+# that machine load and page cache affect both alike. MEGATRON_CHECK_TIME=1 (default) times the stored
+# kilobyte fixture; =big first has MEGATRON_SRC's core write the same model at ~120 MB
+# (scripts/megatron-big.sh); =DIR uses that script's earlier output DIR (same core); =0 skips it.
 timing=${MEGATRON_CHECK_TIME:-1}
 own=core${core/./_}_tp2_dp2_bf16_fullrs
 geometry=
@@ -150,14 +166,18 @@ if [ -d "$fxt/$own" ] && [ "$timing" != 0 ]; then
   cp -r "$fxt/$own/checkpoint" "$dir/own/written"
   cp "$fxt/$own/truth.pt" "$dir/own/"; cp "$fxt/$own/truth.pt" "$dir/ucp/"
   echo "load-time model: $(du -sb "$dir/own/written" | cut -f1) bytes (Megatron's save), $(du -sb "$dir/ucp/written" | cut -f1) bytes (ucp's)"
-  for round in 1 2 3; do
+  # Both trees read once first: the rounds then find both in the page cache alike.
+  find "$dir/own/written" "$dir/ucp/written" -type f -exec cat {} + >/dev/null
+  rounds=${MEGATRON_CHECK_ROUNDS:-3}
+  for round in $(seq "$rounds"); do
     for kind in own ucp; do
       o=0; [ $kind = own ] && o=1
       timeout -k 10 900 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_OWN=$o UCP_MEGATRON_GEOMETRY=$geometry python3 megatron_dist_load.py src "time/$kind" tp2_dp2_bf16_fullrs 2 1 2 >"$dir/$kind.$round.log" 2>&1 || true
       sed -n "s/.*; load \([0-9.]*\)s.*/$kind \1/p" "$dir/$kind.$round.log" >>"$dir/times"
     done
   done
+  echo "load times (s): $(paste -sd' ' "$dir/times")"
   awk '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2 }
-       END { if (("own" in best) && ("ucp" in best)) printf "load time (fastest of 3, rank 0): Megatron own checkpoint %.2fs, ucp output %.2fs, ratio %.2f\n", best["own"], best["ucp"], best["ucp"] / best["own"]; else print "load time: a run failed" }' "$dir/times"
+       END { if (("own" in best) && ("ucp" in best)) printf "load time (fastest of '"$rounds"', rank 0): Megatron own checkpoint %.2fs, ucp output %.2fs, ratio %.2f\n", best["own"], best["ucp"], best["ucp"] / best["own"]; else print "load time: a run failed" }' "$dir/times"
 fi
 exit $failed

@@ -149,20 +149,29 @@ func TestDeepSpeedToMegatronOptimizer(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := roleStates(t, a)
+	// --ckpt-format torch_dist writes the distributed optimizer: model-space
+	// (fully_reshardable) or DDP's buckets at the target DP (dp_reshardable).
 	for _, deg := range []struct {
-		tp, pp int
-		opt    string
-	}{{1, 1, ""}, {2, 1, "fused"}, {1, 2, "adamw"}} {
-		t.Run(fmt.Sprintf("tp%d_pp%d_%s", deg.tp, deg.pp, deg.opt), func(t *testing.T) {
+		tp, pp, dp       int
+		opt, format, shd string
+	}{{1, 1, 1, "", "", ""}, {2, 1, 1, "fused", "", ""}, {1, 2, 1, "adamw", "", ""},
+		{1, 1, 1, "", "torch_dist", ""}, {2, 1, 2, "adamw", "torch_dist", ""}, {1, 2, 1, "fused", "torch_dist", ""},
+		{2, 1, 2, "adamw", "torch_dist", "dp_reshardable"}, {1, 2, 3, "", "torch_dist", "dp_reshardable"}} {
+		t.Run(fmt.Sprintf("tp%d_pp%d_dp%d_%s_%s_%s", deg.tp, deg.pp, deg.dp, deg.opt, deg.format, deg.shd), func(t *testing.T) {
 			mg := filepath.Join(t.TempDir(), "megatron")
-			if _, err := tg.Reshard(context.Background(), a, mg, ReshardOptions{TP: deg.tp, PP: deg.pp, DP: 1, Zero: -1, MegatronOptimizer: deg.opt, NoSync: true}); err != nil {
+			o := ReshardOptions{TP: deg.tp, PP: deg.pp, DP: deg.dp, Zero: -1, MegatronOptimizer: deg.opt, CkptFormat: deg.format, DistOptimSharding: deg.shd, NoSync: true}
+			if _, err := tg.Reshard(context.Background(), a, mg, o); err != nil {
 				t.Fatal(err)
 			}
 			tb2, err := Index(context.Background(), mg, "", Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tb2.Format != "megatron" || tb2.Model == nil || tb2.Model.Family != "llama" {
+			wantFormat := "megatron"
+			if deg.format != "" {
+				wantFormat = deg.format
+			}
+			if tb2.Format != wantFormat || tb2.Model == nil || tb2.Model.Family != "llama" {
 				t.Fatalf("read back as %s, model %+v", tb2.Format, tb2.Model)
 			}
 			b, err := atomic.OpenReader(testkit.Convert(t, tb2, 2), atomic.ReaderOptions{Verify: true})

@@ -170,17 +170,21 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 		want := hfFolderTensors(t, src)
 		type degrees struct {
 			tp, pp, ep, etp, dp int
-			spec                string
+			spec, format        string
 		}
-		degs := []degrees{{2, 1, 0, 0, 1, "local"}, {1, 2, 0, 0, 1, "te"}, {2, 2, 0, 0, 1, "te"}}
+		degs := []degrees{{2, 1, 0, 0, 1, "local", ""}, {1, 2, 0, 0, 1, "te", ""}, {2, 2, 0, 0, 1, "te", ""}}
 		if a.Manifest.Source.Model.Experts > 0 {
-			degs = append(degs, degrees{1, 1, 2, 0, 2, "local"}, degrees{2, 2, 2, 0, 2, "te"}, degrees{2, 1, 4, 1, 2, "local"},
-				degrees{2, 2, 2, 1, 1, "te"})
+			degs = append(degs, degrees{1, 1, 2, 0, 2, "local", ""}, degrees{2, 2, 2, 0, 2, "te", ""}, degrees{2, 1, 4, 1, 2, "local", ""},
+				degrees{2, 2, 2, 1, 1, "te", ""})
+		} else {
+			// --ckpt-format torch_dist: the weights for fine-tuning.
+			degs = append(degs, degrees{2, 1, 0, 0, 1, "local", "torch_dist"}, degrees{1, 2, 0, 0, 1, "te", "torch_dist"},
+				degrees{2, 2, 0, 0, 2, "local", "torch_dist"})
 		}
 		for _, deg := range degs {
-			t.Run(fmt.Sprintf("%s/tp%d_pp%d_ep%d_etp%d_%s", name, deg.tp, deg.pp, deg.ep, deg.etp, deg.spec), func(t *testing.T) {
+			t.Run(strings.TrimSuffix(fmt.Sprintf("%s/tp%d_pp%d_ep%d_etp%d_%s_%s", name, deg.tp, deg.pp, deg.ep, deg.etp, deg.spec, deg.format), "_"), func(t *testing.T) {
 				mg := filepath.Join(t.TempDir(), "megatron")
-				o := ReshardOptions{TP: deg.tp, PP: deg.pp, EP: deg.ep, ETP: deg.etp, DP: deg.dp, Zero: -1, MegatronSpec: deg.spec, NoSync: true}
+				o := ReshardOptions{TP: deg.tp, PP: deg.pp, EP: deg.ep, ETP: deg.etp, DP: deg.dp, Zero: -1, MegatronSpec: deg.spec, CkptFormat: deg.format, NoSync: true}
 				if _, err := tg.Reshard(context.Background(), a, mg, o); err != nil {
 					t.Fatal(err)
 				}
@@ -217,7 +221,11 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 				if fam == "mistral" {
 					fam, arch = "llama", "mistral"
 				}
-				if tb2.Format != "megatron" || tb2.Model == nil || tb2.Model.Family != fam {
+				wantFormat := "megatron"
+				if deg.format != "" {
+					wantFormat = deg.format
+				}
+				if tb2.Format != wantFormat || tb2.Model == nil || tb2.Model.Family != fam {
 					t.Fatalf("read back as %s, model %+v", tb2.Format, tb2.Model)
 				}
 				wantC, gotC := *a.Manifest.Source.Model, *tb2.Model
@@ -272,7 +280,7 @@ func TestHFMegatronMoERefused(t *testing.T) {
 		{"expert tp not dividing ffn", moe, ReshardOptions{TP: 1, EP: 1, ETP: 5, DP: 5}, "--expert-tp 5 does not divide the 24 expert FFN size"},
 		{"ranks", moe, ReshardOptions{TP: 1, EP: 2, DP: 1}, "does not divide the 1 ranks of a pipeline stage"},
 		{"dense", dense, ReshardOptions{TP: 1, EP: 2, DP: 2}, "has no experts"},
-		{"torch_dist", moe, ReshardOptions{TP: 1, DP: 1, CkptFormat: "torch_dist"}, "writes its weights only"},
+		{"torch_dist", moe, ReshardOptions{TP: 1, DP: 1, CkptFormat: "torch_dist"}, "--ckpt-format torch_dist does not write the routed experts"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "mg")

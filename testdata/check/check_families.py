@@ -9,8 +9,11 @@ torch 2.6 chroot, with PYTHONPATH = transformers shims : transformers/src : mega
                         real megatron-core GPTModel (local spec, TP 2 over gloo, one process per rank) built
                         from the case's config, with VARIANT's options (plain, interleaved), loads the
                         model_optim_rng.pt files ucp wrote in MG (strict load_state_dict of the 'model' dict),
+                        or, when MG is a --ckpt-format torch_dist save (variant dist), its args from the common
+                        state (dist_checkpointing.load_common_state_dict) and the model through
+                        dist_checkpointing.load({'model': model.sharded_state_dict()}), then strict load_state_dict;
                         runs forward on the batch; rank 0 writes WORK/CASE/mg_logits_VARIANT.pt. For the plain
-                        variant the logits must equal transformers' (import check)
+                        and dist variants the logits must equal transformers' (import check)
   export WORK CASE DIR VARIANT
                         XForCausalLM.from_pretrained(DIR) (no missing/unexpected/mismatched keys) must give
                         megatron-core's logits of the variant (export check)
@@ -88,8 +91,9 @@ def megatron_worker(rank, world, work, case, mg, variant, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gen"))
-    from megatron_dist_fixtures import install_shims
-    install_shims()
+    import megatron_dist_fixtures as gen
+    gen.install_shims()
+    gen.patch_dcp_load()
     import torch.distributed as dist
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
@@ -102,8 +106,14 @@ def megatron_worker(rank, world, work, case, mg, variant, port):
     import contextlib
     from megatron.core.tensor_parallel import random as tp_random
     tp_random.CudaRNGStatesTracker.fork = lambda self, name="model-parallel-rng": contextlib.nullcontext()
-    sd = torch.load(os.path.join(mg, "release", "mp_rank_%02d" % rank, "model_optim_rng.pt"), weights_only=False)
-    a = sd["args"]
+    release = os.path.join(mg, "release")
+    torch_dist = os.path.exists(os.path.join(release, "metadata.json"))  # --ckpt-format torch_dist
+    if torch_dist:
+        from megatron.core import dist_checkpointing
+        a = dist_checkpointing.load_common_state_dict(release)["args"]
+    else:
+        sd = torch.load(os.path.join(release, "mp_rank_%02d" % rank, "model_optim_rng.pt"), weights_only=False)
+        a = sd["args"]
     cfg = TransformerConfig(
         num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
         num_query_groups=a.num_query_groups, kv_channels=a.kv_channels, ffn_hidden_size=a.ffn_hidden_size,
@@ -119,7 +129,12 @@ def megatron_worker(rank, world, work, case, mg, variant, port):
         rotary_base=int(a.rotary_base), rope_scaling=a.use_rope_scaling,
         rope_scaling_factor=getattr(a, "rope_scaling_factor", 8.0),
         share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights).eval()
-    model.load_state_dict(sd["model"], strict=True)
+    if torch_dist:
+        # load_checkpoint's torch_dist path (release: the model only): {'model': the model's sharded state dict}.
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, release)
+        model.load_state_dict(loaded["model"], strict=True)
+    else:
+        model.load_state_dict(sd["model"], strict=True)
     s = BATCH.shape[1]
     pos = torch.arange(s).unsqueeze(0).expand_as(BATCH)
     mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
@@ -139,11 +154,13 @@ def phase_megatron(work, case, mg, variant):
     port = 29500 + (os.getpid() % 1000)
     mp.spawn(megatron_worker, args=(2, work, case, mg, variant, port), nprocs=2, join=True)
     got = torch.load(os.path.join(work, case, "mg_logits_%s.pt" % variant))
-    if variant != "plain":
+    if variant not in ("plain", "dist"):
         print("INFO %s/%s: megatron-core logits computed (the export must match them)" % (case, variant))
         return True
     want = torch.load(os.path.join(work, case, "hf_logits.pt"))
-    return compare("import %s: transformers -> ucp convert --from hf -> reshard --to megatron --tp 2 -> megatron-core TP 2" % case, got, want)
+    fmt = " --ckpt-format torch_dist" if variant == "dist" else ""
+    return compare("import %s: transformers -> ucp convert --from hf -> reshard --to megatron%s --tp 2 -> megatron-core TP 2" % (
+        case, fmt), got, want)
 
 
 def phase_export(work, case, d, variant):

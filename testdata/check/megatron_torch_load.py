@@ -2,7 +2,7 @@
 --ckpt-format torch layout with the non-distributed optimizer) and must give the source's optimizer state
 exactly, then train a step.
 
-    python3 megatron_torch_load.py MEGATRON_SRC CASE_DIR TP
+    python3 megatron_torch_load.py MEGATRON_SRC CASE_DIR TP [DP FORMAT]
 
 CASE_DIR holds `written/` (ucp's save folder, written with --megatron-spec local --megatron-optimizer adamw)
 and the Megatron-DeepSpeed fixture's `truth.pt` (testdata/fixtures/deepspeed/megatron_llama_tp2_z1_bf16_dp4:
@@ -17,12 +17,21 @@ parameter, exp_avg and exp_avg_sq of the live optimizer is compared with the tru
 holds it on that rank (QKV regrouped per query group, fc1 as [gate_t; up_t], vocabulary rows padded with
 zeros), bit for bit; every step must be 3, the model weights the truth's fp32 in bf16. Then one training step
 (forward, backward, optimizer step) must succeed and move the weights. Prints "ok ..." and exits 0.
+With FORMAT torch_dist (`--ckpt-format torch_dist`, fully_reshardable) the TP x DP ranks build Megatron's
+DDP and distributed optimizer instead and load as the training loop does: `dist_checkpointing.load` of
+`{'model': model.sharded_state_dict(), 'optimizer': optimizer.sharded_state_dict(model_sd, is_loading=True,
+metadata={'distrib_optim_sharding_type': 'fully_reshardable'})}`, `model.load_state_dict`,
+`optimizer.load_state_dict` (the fixture generator's load shims: megatron_dist_fixtures.nan_before_load,
+patch_dcp_load, patch_torch_adam_step); each rank's owned range of every main parameter and Adam moment is
+compared with the truth's, bit for bit, and the step must be 3.
 Run inside the torch 2.6 chroot by scripts/megatron-check.sh.
 """
 import os
 import sys
 
 src, case_dir, TP = sys.argv[1], sys.argv[2], int(sys.argv[3])
+DP = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+DIST = (sys.argv[5] if len(sys.argv) > 5 else "torch") == "torch_dist"
 sys.path.insert(0, src)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
@@ -74,6 +83,9 @@ def worker(rank, world, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
     gen.install_shims()
+    if DIST:
+        gen.patch_dcp_load()
+        gen.patch_torch_adam_step()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel as DDP, DistributedDataParallelConfig
@@ -96,22 +108,85 @@ def worker(rank, world, port):
     # As get_model() wraps a bf16 model: Float16Module (every parameter bf16, norms included), then DDP;
     # load_checkpoint loads into the unwrapped GPTModel.
     from megatron.core.transformer.module import Float16Module
-    ddp = DDP(config=cfg, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
+    ddp = DDP(config=cfg, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=DIST),
               module=Float16Module(cfg, model))
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=3e-4, min_lr=1e-5, weight_decay=0.1, bf16=True,
-                                                 params_dtype=dt), [ddp])
+                                                 params_dtype=dt, use_distributed_optimizer=DIST), [ddp])
+    t = ps.get_tensor_model_parallel_rank()
+    truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
+    names = {p: nm for nm, p in model.named_parameters()}
+    if DIST:
+        bad, n, sched = load_dist(model, opt, truth, names, t, rank)
+    else:
+        bad, n, sched = load_torch(model, opt, truth, names, t, rank)
+    before = {nm: p.detach().clone() for nm, p in model.named_parameters()}
+    # One optimizer step on seeded gradients (the fixture generator's synthetic_step: main_grad of every
+    # parameter, then Megatron's step; a bf16 forward on CPU needs Megatron's Float16Module casts).
+    gen.synthetic_step(ddp, model, opt, 99)
+    moved = sum(not torch.equal(p.detach(), before[nm]) for nm, p in model.named_parameters())
+    if moved == 0:
+        bad.append(f"rank {rank} training step: {moved} parameters moved")
+    print(f"{'ok' if not bad else 'FAIL'} rank {rank}: core loaded {'torch_dist' if DIST else 'torch'} TP {TP} DP {DP}: "
+          f"{n} optimizer tensors and {len(names)} weights compared, step {STEP}, scheduler max_lr {sched['max_lr']}; "
+          f"one step: {moved} parameters moved", flush=True)
+    for b in bad[:20]:
+        print("  " + b, flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if bad:
+        sys.exit(1)
+
+
+def load_dist(model, opt, truth, names, t, rank):
+    """load_checkpoint's torch_dist path; every owned range of every state compared with the truth."""
+    from megatron.core import dist_checkpointing
+
+    gen.nan_before_load(model, opt)
+    save = os.path.join(case_dir, "written")
+    it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd,
+             "optimizer": opt.sharded_state_dict(model_sd, is_loading=True,
+                                                 metadata={"distrib_optim_sharding_type": "fully_reshardable"})}
+    loaded = dist_checkpointing.load(state, it)
+    model.load_state_dict(loaded["model"], strict=True)
+    opt.load_state_dict(loaded["optimizer"])
+    sched = dist_checkpointing.load_common_state_dict(it)["opt_param_scheduler"]
+    bad, n = [], 0
+    for p, nm in names.items():
+        want_w = expected(truth, "fp32", nm, t)
+        if not torch.equal(p.detach(), want_w.to(p.dtype)):
+            bad.append(f"rank {rank} {nm} model weight differs")
+        owner = [o for o in getattr(opt, "chained_optimizers", [opt]) if p in o.model_param_group_index_map]
+        if not owner:
+            continue  # another DP rank owns all of it
+        o = owner[0]
+        gi, dt_, bi = o.model_param_gbuf_map[p]
+        rng = o.gbuf_ranges[gi][dt_][bi]["param_map"][p]["param"]
+        st = o._get_main_param_and_optimizer_states(p)
+        for key, sk in (("fp32", "param"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
+            want = expected(truth, key, nm, t).float().reshape(-1)[rng.start:rng.end]
+            got = st[sk].detach().float().reshape(-1)
+            n += 1
+            if got.shape != want.shape or not torch.equal(got, want):
+                bad.append(f"rank {rank} {nm} {key} differs")
+    steps = {float(s["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for s in o.optimizer.state.values()}
+    if steps != {float(STEP)}:
+        bad.append(f"rank {rank}: optimizer steps after the load {steps}, want {STEP}")
+    return bad, n, sched
+
+
+def load_torch(model, opt, truth, names, t, rank):
+    """load_checkpoint's --ckpt-format torch path: the rank's model_optim_rng.pt."""
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))
-    t = ps.get_tensor_model_parallel_rank()
     path = os.path.join(case_dir, "written", "iter_%07d" % STEP, "mp_rank_%02d" % t, "model_optim_rng.pt")
     sd = torch.load(path, map_location="cpu", weights_only=False)
     model.load_state_dict(sd["model"], strict=True)
     opt.load_state_dict(sd["optimizer"])
     sched = sd["opt_param_scheduler"]  # load_checkpoint reads it with the optimizer
-    truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
     bad, n = [], 0
-    names = {p: nm for nm, p in model.named_parameters()}
     fopt = getattr(opt, "chained_optimizers", [opt])[0]  # Float16OptimizerWithFloat16Params
     inner = fopt.optimizer
     for g, (mains, lps) in enumerate(zip(fopt.fp32_from_float16_groups, fopt.float16_groups)):
@@ -125,27 +200,12 @@ def worker(rank, world, port):
                     bad.append(f"rank {rank} {nm} {key} differs")
             if float(st["step"]) != STEP:
                 bad.append(f"rank {rank} {nm} step {st['step']}")
-            if not torch.equal(lp.detach(), expected(truth, "fp32", nm, t).to(dt)):
+            if not torch.equal(lp.detach(), expected(truth, "fp32", nm, t).to(lp.dtype)):
                 bad.append(f"rank {rank} {nm} model weight differs")
     if len(names) != sum(len(x) for x in fopt.float16_groups):
         bad.append(f"rank {rank}: {len(names)} parameters, {sum(len(x) for x in fopt.float16_groups)} in the optimizer")
-    before = {nm: p.detach().clone() for nm, p in model.named_parameters()}
-    # One optimizer step on seeded gradients (the fixture generator's synthetic_step: main_grad of every
-    # parameter, then Megatron's step; a bf16 forward on CPU needs Megatron's Float16Module casts).
-    gen.synthetic_step(ddp, model, opt, 99)
-    moved = sum(not torch.equal(p.detach(), before[nm]) for nm, p in model.named_parameters())
-    if moved == 0:
-        bad.append(f"rank {rank} training step: {moved} parameters moved")
-    print(f"{'ok' if not bad else 'FAIL'} rank {rank}: core loaded TP {TP}: {n} optimizer tensors and "
-          f"{len(names)} weights compared, step {STEP}, scheduler max_lr {sched['max_lr']}; one step: "
-          f"{moved} parameters moved", flush=True)
-    for b in bad[:20]:
-        print("  " + b, flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    if bad:
-        sys.exit(1)
+    return bad, n, sched
 
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(TP, 29500 + os.getpid() % 200), nprocs=TP, join=True)
+    mp.spawn(worker, args=(TP * DP, 29500 + os.getpid() % 200), nprocs=TP * DP, join=True)

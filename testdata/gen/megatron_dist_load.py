@@ -45,48 +45,12 @@ import torch.multiprocessing as mp
 import megatron_dist_fixtures as gen
 
 
-def patch_dcp_load():
-    import torch.distributed.checkpoint as tdcp
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    orig = tdcp.load
-
-    def load(state_dict, storage_reader=None, *, planner=None, no_dist=False, **kw):
-        # DCP's load(no_dist=...) arrived in torch 2.7; 2.6 has _load_state_dict(no_dist=...).
-        if no_dist:
-            return _load_state_dict(state_dict, storage_reader=storage_reader, planner=planner, no_dist=True)
-        return orig(state_dict, storage_reader=storage_reader, planner=planner, **kw)
-
-    tdcp.load = load
-
-
-def patch_torch_adam_step():
-    """megatron-core 0.19's load_parameter_state_from_fully_reshardable leaves torch Adam's 'step'
-    out of the tensors it hands _set_main_param_and_optimizer_states, which then looks it up for
-    every tensor of the live state ('step' included) and raises KeyError: Megatron's own
-    fully_reshardable checkpoints do not load with torch AdamW (no TE/Apex, as on CPU) either
-    (UCP_OWN=1 shows it). The step itself comes from the param groups (load_state_dict); the shim
-    only lets the lookup skip it, as it skips every non-tensor. With dp_reshardable the tensors do
-    hold a 'step': the LocalNonpersistentObject of sharded_param_state_dp_reshardable, i.e. the live
-    step tensor from before the load, which _set_main_param_and_optimizer_states copies over the
-    step load_state_dict has just set from the param groups (Megatron's own dp_reshardable
-    checkpoints show the same with torch AdamW: UCP_OWN=1); the shim skips it too."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    orig = DistributedOptimizer._set_main_param_and_optimizer_states
-
-    def set_states(self, model_param, tensors):
-        return orig(self, model_param, {**tensors, "step": None})
-
-    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
-
-
 def worker(rank, world, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
     gen.install_shims()
-    patch_dcp_load()
-    patch_torch_adam_step()
+    gen.patch_dcp_load()
+    gen.patch_torch_adam_step()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import dist_checkpointing
 
@@ -97,24 +61,7 @@ def worker(rank, world, port):
     if EP is not None:
         case.update(ep=EP)
     cfg, ddp, model, opt = gen.build(case, rank, world)
-    # Nothing may survive from initialization: NaN everywhere before the load.
-    with torch.no_grad():
-        for p in (p for m in gen.chunks(model) for p in m.parameters()):
-            p.fill_(float("nan"))
-        for o in getattr(opt, "chained_optimizers", [opt]):
-            for g in o.shard_fp32_from_float16_groups + o.shard_fp32_groups:
-                for p in g:
-                    p.fill_(float("nan"))
-            # torch AdamW (Megatron without TE/Apex, as on CPU) creates its state lazily, and
-            # DistributedOptimizer.state_dict() (called by sharded_state_dict) asserts one step over
-            # the states: create them as init_state_fn does, with a step, all NaN; the load replaces
-            # every value (a GPU run's FusedAdam keeps the step in its groups and needs no shim);
-            # the step -1 (one value: the assertion) must be replaced by the checkpoint's.
-            o.init_state_fn(o.optimizer, o.config)
-            for st in o.optimizer.state.values():
-                for v in st.values():
-                    v.fill_(float("nan"))
-                st["step"] = torch.tensor(-1.0)
+    gen.nan_before_load(model, opt)
     save = os.path.join(case_dir, "written")
     it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
     t0 = time.time()

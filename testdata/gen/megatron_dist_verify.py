@@ -22,19 +22,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611", RANK="0", WORLD_
 gen.install_shims()
 dist.init_process_group("gloo", rank=0, world_size=1)
 from megatron.core import dist_checkpointing
-import torch.distributed.checkpoint as tdcp
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-_orig_load = tdcp.load
-
-
-def _load(state_dict, storage_reader=None, *, planner=None, no_dist=False, **kw):
-    # DCP's load(no_dist=...) arrived in torch 2.7; 2.6 has _load_state_dict(no_dist=...).
-    if no_dist:
-        return _load_state_dict(state_dict, storage_reader=storage_reader, planner=planner, no_dist=True)
-    return _orig_load(state_dict, storage_reader=storage_reader, planner=planner, **kw)
-
-
-tdcp.load = _load
+gen.patch_dcp_load()
 c = dict(gen.CASES[case]); c.update(tp=1, pp=1, dp=1, ep=1)
 cfg, ddp, model, opt = gen.build(c, 0, 1)
 sd = model.sharded_state_dict()

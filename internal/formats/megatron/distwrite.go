@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/ucp-project/ucp/internal/atomic"
@@ -18,6 +17,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // Megatron-core versions whose torch_dist layout ucp writes (DISTWRITE.md);
@@ -46,15 +46,16 @@ type DistOptions struct {
 	taskBytes     int64  // bytes of one write task (0: taskBytes); tests make it small
 }
 
-// dwChunk is one box of a DCP tensor key: written by rank file, read from
-// the atomic state through shard from its flat element start on (zeros
-// where no map places elements; all zeros without a param).
+// dwChunk is one box of a DCP tensor key: written by rank file, its
+// elements read from pieces of the atomic checkpoint (At relative to the
+// chunk; the pieces' State is replaced by state) and zeros where no piece
+// (or no shard map) places elements; src is the plan's tensor (an atomic
+// parameter or a family source's fused tensor, "" for padding only).
 type dwChunk struct {
 	rank          int
 	offsets, size []int64
-	param, state  string
-	shard         fragment.Shard
-	start         int64
+	src, state    string
+	pieces        []layout.StatePiece
 	info          dcp.StorageInfo
 }
 
@@ -126,6 +127,9 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 	if err != nil {
 		return nil, err
 	}
+	if p.release && o.OptimSharding == DPReshardable {
+		return nil, fmt.Errorf("%s: --dist-optim-sharding %s: the %s source has no optimizer state (its weights are written, for --finetune)", r.Dir, DPReshardable, r.Manifest.Source.Format)
+	}
 	w := &distWriter{p: p, o: o}
 	if err := w.keys(); err != nil {
 		return nil, err
@@ -134,7 +138,7 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
 		return nil, err
 	}
-	iterDir := filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter))
+	iterDir, tracker := p.saveDir(dst)
 	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
 		if _, err := os.Stat(x); err == nil && !o.Force {
 			return nil, fmt.Errorf("%s exists; use --force to replace it", x)
@@ -144,12 +148,15 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 		return nil, err
 	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
+	if p.release {
+		st.Notes = []string{fmt.Sprintf("the %s source's weights only, as a 'release' checkpoint (no optimizer state): Megatron loads it as iteration 0; start with --finetune", r.Manifest.Source.Format)}
+	}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
 		return r.VerifyingReads(func() error { return w.write(ctx, tmp, iterDir, st) })
 	}); err != nil {
 		return nil, err
 	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(strconv.FormatInt(p.iter, 10)), o.NoSync); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(tracker), o.NoSync); err != nil {
 		return nil, err
 	}
 	st.Files++
@@ -235,6 +242,9 @@ func (w *distWriter) keys() error {
 	if err != nil {
 		return err
 	}
+	if w.p.release { // weights only
+		return w.itemKeys(model)
+	}
 	if w.o.OptimSharding == DPReshardable {
 		if err := w.dprsKeys(); err != nil {
 			return err
@@ -247,12 +257,60 @@ func (w *distWriter) keys() error {
 }
 
 // modelKeys adds the model's sharded tensors (stacked layers with a layer
-// axis, each TP rank's boxes) and returns their keys in manifest order.
+// axis, each TP rank's boxes) and returns them in manifest (a family
+// source: module) order.
 func (w *distWriter) modelKeys() ([]*dwKey, error) {
 	p := w.p
-	T, L := p.o.TP, p.layers
+	var ordered []*dwKey
+	var err error
+	if p.virt != nil {
+		ordered, err = w.familyModelKeys()
+	} else {
+		ordered, err = w.megatronModelKeys()
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, mk := range ordered {
+		if n := len(mk.size); n > 0 && mk.size[0] == int64(p.layers) && strings.HasPrefix(mk.key, "decoder.layers.") {
+			if err := coversLayers(mk, p.layers, strings.Contains(mk.key, expertKey), p.experts); err != nil {
+				return nil, fmt.Errorf("%s: %w", p.r.Dir, err)
+			}
+		}
+		for _, ch := range mk.chunks {
+			ch.state = fragment.FP32
+		}
+		w.tensor = append(w.tensor, mk)
+	}
+	return ordered, nil
+}
+
+// modelKey is the model tensor key of global shape full (a layer's: with
+// the leading layer axis; an expert's: with the expert axis after it),
+// added to model and ordered when new.
+func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key string, layer, expert int, full []int64) *dwKey {
+	if mk, ok := model[key]; ok {
+		return mk
+	}
+	size := full
+	if expert >= 0 {
+		size = append([]int64{int64(w.p.experts)}, size...)
+	}
+	if layer >= 0 {
+		size = append([]int64{int64(w.p.layers)}, size...)
+	}
+	mk := &dwKey{key: key, dt: w.p.dt, size: size}
+	model[key] = mk
+	*ordered = append(*ordered, mk)
+	return mk
+}
+
+// megatronModelKeys are the model's tensors of a Megatron-LM source, one
+// box per TP rank (two for SwiGLU) of each atomic parameter.
+func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
+	p := w.p
+	T := p.o.TP
 	model := map[string]*dwKey{}
-	var order []string
 	var ordered []*dwKey
 	for _, e := range p.r.Manifest.Params {
 		ekey, expert := distExpertKey(e.Name)
@@ -265,19 +323,7 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 		if k == kindVocab && p.vocab > 0 {
 			full[0] = p.vocab
 		}
-		mk, ok := model[key]
-		if !ok {
-			size := full
-			if expert >= 0 {
-				size = append([]int64{int64(p.experts)}, size...)
-			}
-			if layer >= 0 {
-				size = append([]int64{int64(L)}, size...)
-			}
-			mk = &dwKey{key: key, dt: p.dt, size: size}
-			model[key] = mk
-			order = append(order, key)
-		}
+		mk := w.modelKey(model, &ordered, key, layer, expert, full)
 		s := w.stageOf(e.Name, layer)
 		// Routed experts are cut over the expert-TP ranks U; the chunk of
 		// expert-TP rank u on EP rank e goes to the file of stage rank
@@ -293,7 +339,8 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 				return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
 			}
 			for _, b := range bs {
-				ch := &dwChunk{rank: fileOf(t), offsets: b[0], size: b[1], param: e.Name, shard: boxShard(b[0], b[1], e.Shape)}
+				ch := &dwChunk{rank: fileOf(t), offsets: b[0], size: b[1], src: e.Name,
+					pieces: []layout.StatePiece{{Param: e.Name, Shard: boxShard(b[0], b[1], e.Shape), N: torchfile.Numel(b[1])}}}
 				if expert >= 0 {
 					ch.offsets = append([]int64{int64(expert)}, ch.offsets...)
 					ch.size = append([]int64{1}, ch.size...)
@@ -305,19 +352,6 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 				mk.chunks = append(mk.chunks, ch)
 			}
 		}
-	}
-	for _, key := range order {
-		mk := model[key]
-		if n := len(mk.size); n > 0 && mk.size[0] == int64(L) && strings.HasPrefix(key, "decoder.layers.") {
-			if err := coversLayers(mk, L, strings.Contains(key, expertKey), p.experts); err != nil {
-				return nil, fmt.Errorf("%s: %w", p.r.Dir, err)
-			}
-		}
-		for _, ch := range mk.chunks {
-			ch.state = fragment.FP32
-		}
-		w.tensor = append(w.tensor, mk)
-		ordered = append(ordered, mk)
 	}
 	return ordered, nil
 }
@@ -334,8 +368,8 @@ func (w *distWriter) optimKeys(model []*dwKey) error {
 		for _, mk := range model {
 			ok := &dwKey{key: "optimizer.state." + name + "." + mk.key, dt: dtype.Float32, size: clone(mk.size)}
 			for _, ch := range mk.chunks {
-				if !p.hasState(ch.param, state) {
-					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, ch.param, state)
+				if !p.hasState(ch.src, state) {
+					return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, p.srcName(ch.src), state)
 				}
 				c := *ch
 				c.state = state
@@ -458,6 +492,23 @@ func boxShard(off, size, full []int64) fragment.Shard {
 // the sharding type.
 func (w *distWriter) common() (*pyobj.Dict, error) {
 	p := w.p
+	args := p.targetArgs().(*pyobj.Object)
+	switch ad := args.State.(type) {
+	case *pyobj.Dict: // an argparse.Namespace's (readArgs checked it)
+		ad.Set("ckpt_format", "torch_dist")
+		ad.Set("dist_ckpt_optim_fully_reshardable", w.o.OptimSharding == FullyReshardable)
+	}
+	c := pyobj.NewDict(pyobj.PlainDict)
+	c.Set("args", args)
+	cv, ok := p.extra.Get("checkpoint_version")
+	if !ok {
+		cv = 3.0
+	}
+	c.Set("checkpoint_version", cv)
+	c.Set("iteration", p.iter)
+	if p.release { // weights only: no optimizer, no schedulers
+		return c, nil
+	}
 	var all []rsParam
 	for _, st := range p.chunks {
 		for _, list := range st {
@@ -495,20 +546,6 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 			d.Set("param_state_sharding_type", w.o.OptimSharding)
 		}
 	}
-	args := p.targetArgs().(*pyobj.Object)
-	switch ad := args.State.(type) {
-	case *pyobj.Dict: // an argparse.Namespace's (readArgs checked it)
-		ad.Set("ckpt_format", "torch_dist")
-		ad.Set("dist_ckpt_optim_fully_reshardable", w.o.OptimSharding == FullyReshardable)
-	}
-	c := pyobj.NewDict(pyobj.PlainDict)
-	c.Set("args", args)
-	cv, ok := p.extra.Get("checkpoint_version")
-	if !ok {
-		cv = 3.0
-	}
-	c.Set("checkpoint_version", cv)
-	c.Set("iteration", p.iter)
 	c.Set("optimizer", opt)
 	for _, k := range []string{"opt_param_scheduler", "lr_scheduler", "num_floating_point_operations_so_far"} {
 		if v, ok := p.extra.Get(k); ok {

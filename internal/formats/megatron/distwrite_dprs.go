@@ -8,6 +8,7 @@ import (
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -61,7 +62,7 @@ func (w *distWriter) dprsKeys() error {
 	for _, list := range all {
 		for _, state := range dprsStates {
 			if !p.hasState(list.src, state[0]) {
-				return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, list.src, state[0])
+				return fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, p.srcName(list.src), state[0])
 			}
 		}
 	}
@@ -100,18 +101,20 @@ func (w *distWriter) dprsKeys() error {
 }
 
 // dprsDomain is one data_parallel_group_idx of one (sub-)optimizer: its
-// key prefix, rank file, buffers' parameters per model chunk with their
-// shards, data-parallel size and bucket-end divisor, state_dict entries.
+// key prefix, rank file, buffers' parameters per model chunk with the rank
+// of their tensors (rankTensor: the TP rank, the expert-TP rank for the
+// expert optimizer's), data-parallel size and bucket-end divisor,
+// state_dict entries.
 type dprsDomain struct {
-	pre    string
-	rank   int
-	s      int
-	lists  [][]rsParam
-	shards map[string]fragment.Shard
-	total  int64
-	D      int
-	div    int64
-	sd     *pyobj.Dict
+	pre   string
+	rank  int
+	s     int
+	lists [][]rsParam
+	tp    int
+	total int64
+	D     int
+	div   int64
+	sd    *pyobj.Dict
 }
 
 // dprsDomains lists the domains: G = t + T·s of the dense optimizer (all
@@ -146,7 +149,7 @@ func (w *distWriter) dprsDomains(divOf func(int) int64, sds []*pyobj.Dict) []dpr
 	for s := range p.chunks {
 		for t := 0; t < T; t++ {
 			G := t + T*s
-			doms = append(doms, dprsDomain{pre: pre(0, G), rank: G, s: s, shards: p.shards[t], total: p.stageNumel(t, s), D: D, div: divOf(D), sd: sds[0],
+			doms = append(doms, dprsDomain{pre: pre(0, G), rank: G, s: s, tp: t, total: p.stageNumel(t, s), D: D, div: divOf(D), sd: sds[0],
 				lists: keep(s, func(rp rsParam) bool { return !chained || !rp.routed })})
 		}
 	}
@@ -159,7 +162,7 @@ func (w *distWriter) dprsDomains(divOf func(int) int64, sds []*pyobj.Dict) []dpr
 		for e := 0; e < EP; e++ {
 			for u := 0; u < U; u++ {
 				G := u + U*(e+EP*s)
-				doms = append(doms, dprsDomain{pre: pre(1, G), rank: (u+U*e)%T + T*s, s: s, shards: p.eshards[u], total: p.stageNumel((u+U*e)%T, s), D: De, div: divOf(De), sd: sds[1],
+				doms = append(doms, dprsDomain{pre: pre(1, G), rank: (u+U*e)%T + T*s, s: s, tp: u, total: p.stageNumel((u+U*e)%T, s), D: De, div: divOf(De), sd: sds[1],
 					lists: keep(s, func(rp rsParam) bool { return rp.routed && rp.expert/nle == e })})
 			}
 		}
@@ -172,8 +175,9 @@ func (w *distWriter) dprsDomains(divOf func(int) int64, sds []*pyobj.Dict) []dpr
 // rank its parameters' ranges (in[i] indexes list and lay, by start) and
 // the gaps between them (zeros), nothing past u
 // (sharded_param_state_dp_reshardable: a gap is saved unless it starts at
-// or past the unpadded end).
-func (w *distWriter) bucketChunks(rank int, shards map[string]fragment.Shard, list []rsParam, lay layoutResult, in []int, u, local int64, D int) []*dwChunk {
+// or past the unpadded end); tp is the rank of the list's tensors
+// (rankTensor).
+func (w *distWriter) bucketChunks(rank, tp int, list []rsParam, lay layoutResult, in []int, u, local int64, D int) []*dwChunk {
 	var out []*dwChunk
 	gap := func(from, to int64) {
 		if to > from {
@@ -184,14 +188,14 @@ func (w *distWriter) bucketChunks(rank int, shards map[string]fragment.Shard, li
 		lo, hi := d*local, min((d+1)*local, u)
 		cur := lo
 		for _, i := range in {
-			sh := shards[list[i].src]
-			s, e := lay.start[i], lay.start[i]+torchfile.Numel(sh.Shape)
+			shape, pcs := w.p.rankTensor(list[i].src, tp)
+			s, e := lay.start[i], lay.start[i]+torchfile.Numel(shape)
 			a, b := max(s, lo), min(e, hi)
 			if a >= b {
 				continue
 			}
 			gap(cur, a)
-			out = append(out, &dwChunk{rank: rank, offsets: []int64{a}, size: []int64{b - a}, param: list[i].src, shard: sh, start: a - s})
+			out = append(out, &dwChunk{rank: rank, offsets: []int64{a}, size: []int64{b - a}, src: list[i].src, pieces: layout.ClipPieces(pcs, a-s, b-a, 0)})
 			cur = b
 		}
 		gap(cur, hi)
@@ -221,7 +225,7 @@ func (w *distWriter) dprsRank(a *Args, dom dprsDomain, dts pyobj.Tuple, dtName s
 	pre, div, D, sd := dom.pre, dom.div, dom.D, dom.sd
 	padded, unpadded := &pyobj.List{}, &pyobj.List{}
 	for v, list := range dom.lists {
-		lay := p.listLayout(a, dom.s, v, list, dom.shards, dom.total)
+		lay := p.listLayout(a, dom.s, v, list, dom.tp, dom.total)
 		var pads []pyobj.Value
 		for b, u := range lay.unpadded {
 			pads = append(pads, (u+div-1)/div*div)
@@ -232,7 +236,7 @@ func (w *distWriter) dprsRank(a *Args, dom dprsDomain, dts pyobj.Tuple, dtName s
 				}
 			}
 			sort.Slice(in, func(x, y int) bool { return lay.start[in[x]] < lay.start[in[y]] })
-			chunks := w.bucketChunks(dom.rank, dom.shards, list, lay, in, u, (u+div-1)/div*div/int64(D), D)
+			chunks := w.bucketChunks(dom.rank, dom.tp, list, lay, in, u, (u+div-1)/div*div/int64(D), D)
 			for _, state := range dprsStates {
 				k := &dwKey{key: fmt.Sprintf("%sgbuf_idx_%d.dtype_%s.bucket_idx_%d.%s", pre, v, dtName, b, state[1]), dt: dtype.Float32, size: []int64{u}}
 				for _, ch := range chunks {

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ucp-project/ucp/internal/atomic"
+	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats/dcp"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
@@ -173,29 +174,25 @@ func (w *distWriter) runRanks(ctx context.Context, rank0 *os.File, streams []*dw
 	return nil
 }
 
-// runTask streams elements [from, to) of one chunk from the atomic state
-// through the chunk's shard (zeros for a padding chunk) to its place in
-// the rank file, pieceBytes at a time, and records their CRC.
+// runTask streams elements [from, to) of one chunk from its pieces of the
+// atomic states (zeros between and around them) to its place in the rank
+// file, pieceBytes at a time, and records their CRC.
 func (w *distWriter) runTask(t dwTask, buf []byte) error {
 	s, ch := t.s, t.s.ch
 	dt := s.k.dt
-	var st *atomic.State
-	if ch.param != "" {
-		var err error
-		if st, err = w.p.r.OpenState(ch.param, ch.state); err != nil {
-			return err
+	open := map[string]*atomic.State{} // the task's states, by parameter
+	defer func() {
+		for _, st := range open {
+			st.Close()
 		}
-		defer st.Close()
-	}
+	}()
 	es := int64(dt.Size())
 	step := max(int64(len(buf))/es, 1)
 	var crc uint32
 	for done := t.from; done < t.to; {
 		m := min(t.to-done, step)
 		b := buf[:m*es]
-		if st == nil {
-			clear(b)
-		} else if _, err := layout.ReadLocalAs(st, ch.shard, ch.start+done, m, dt, b); err != nil {
+		if err := w.readPieces(ch, dt, done, m, b, open); err != nil {
 			return err
 		}
 		if err := fsutil.WriteAt(s.file, b, s.base+s.lay.BlobOffset(0)+done*es); err != nil {
@@ -205,5 +202,38 @@ func (w *distWriter) runTask(t dwTask, buf []byte) error {
 		done += m
 	}
 	s.crcs[t.piece] = torchfile.Piece{Off: t.from * es, Len: (t.to - t.from) * es, CRC: crc}
+	return nil
+}
+
+// readPieces reads elements [at, at+n) of a chunk into b (its dtype): the
+// pieces' elements, zeros elsewhere; open caches the states opened.
+func (w *distWriter) readPieces(ch *dwChunk, dt dtype.DType, at, n int64, b []byte, open map[string]*atomic.State) error {
+	es := int64(dt.Size())
+	covered := int64(0)
+	for _, pc := range ch.pieces {
+		if lo, hi := max(at, pc.At), min(at+n, pc.At+pc.N); lo < hi {
+			covered += hi - lo
+		}
+	}
+	if covered < n {
+		clear(b)
+	}
+	for _, pc := range ch.pieces {
+		lo, hi := max(at, pc.At), min(at+n, pc.At+pc.N)
+		if lo >= hi {
+			continue
+		}
+		st, ok := open[pc.Param]
+		if !ok {
+			var err error
+			if st, err = w.p.r.OpenState(pc.Param, ch.state); err != nil {
+				return err
+			}
+			open[pc.Param] = st
+		}
+		if _, err := layout.ReadLocalAs(st, pc.Shard, pc.Local+lo-pc.At, hi-lo, dt, b[(lo-at)*es:(hi-at)*es]); err != nil {
+			return err
+		}
+	}
 	return nil
 }

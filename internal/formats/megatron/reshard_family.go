@@ -11,6 +11,10 @@ import (
 	"github.com/ucp-project/ucp/internal/pyobj"
 )
 
+// familyPrefix marks a family source's tensors in a plan (rsParam.src,
+// rsPlan.virt): "family:" + the global Megatron name.
+const familyPrefix = "family:"
+
 // virtTensor is a target rank's tensor built from pieces of several
 // atomic parameters (a family source: fused QKV and fc1 from separate
 // q/k/v and gate/up, vocabulary re-padded).
@@ -56,10 +60,12 @@ func planFamily(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 			return nil, err
 		}
 	}
-	if !carry && (o.DistOptimizer || o.Optimizer != "") {
+	// The torch_dist writer always plans the distributed optimizer; of a
+	// weights-only source it writes the model only.
+	if !carry && (o.DistOptimizer && !o.torchDist || o.Optimizer != "") {
 		return nil, fmt.Errorf("%s: converted from a %s checkpoint without optimizer state: --to megatron writes its weights only (load with --finetune --no-load-optim --no-load-rng); --distributed-optimizer and --megatron-optimizer need Adam states", r.Dir, r.Manifest.Source.Format)
 	}
-	if carry && o.DistOptimizer {
+	if carry && o.DistOptimizer && !o.torchDist {
 		return nil, fmt.Errorf("%s: --distributed-optimizer from a %s source is not written yet; leave it out (Megatron's non-distributed optimizer state is written)", r.Dir, r.Manifest.Source.Format)
 	}
 	p.dt = dtype.Float32
@@ -178,7 +184,7 @@ func (p *rsPlan) familyParams(c *family.Config, slicer *layout.FamilySlicer, fam
 			}
 			ts[t] = virtTensor{shape: ft.Shape, pieces: ft.Pieces}
 		}
-		key := "family:" + name
+		key := familyPrefix + name
 		p.virt[key] = ts
 		if carry {
 			if err := p.familyStates(key, ts[0]); err != nil {
@@ -237,7 +243,7 @@ func (p *rsPlan) familyParams(c *family.Config, slicer *layout.FamilySlicer, fam
 		}
 	}
 	if c.Tied && P*V > 1 {
-		p.chunks[P-1][V-1] = append(p.chunks[P-1][V-1], rsParam{local: "output_layer.weight", src: "family:" + present["embed"].NameIn(naming, -1, -1)})
+		p.chunks[P-1][V-1] = append(p.chunks[P-1][V-1], rsParam{local: "output_layer.weight", src: familyPrefix + present["embed"].NameIn(naming, -1, -1)})
 	}
 	for s := range p.chunks {
 		for v, list := range p.chunks[s] {

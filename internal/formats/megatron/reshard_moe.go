@@ -199,15 +199,6 @@ func (p *rsPlan) subGroups(i int) ([]*pyobj.Dict, []groupFlags) {
 	return p.groups[p.nDense:], p.flags[p.nDense:]
 }
 
-// shardOf is a parameter's shard in rank file f: routed experts cut at
-// the file's expert-TP rank, the rest at its TP rank.
-func (p *rsPlan) shardOf(f outFile, name string) fragment.Shard {
-	if isExpert(name) && p.eshards != nil {
-		return p.eshards[f.u][name]
-	}
-	return p.shards[f.t][name]
-}
-
 // distribSubs says which sub-optimizer states distrib_optim.pt of rank
 // file f holds: Megatron's save_parameter_state writes, from every rank,
 // the states of the sub-optimizers whose data-parallel group it is rank 0

@@ -45,7 +45,8 @@ type ReshardOptions struct {
 	Spec          string
 	Force, NoSync bool
 	// torchDist: planned for the torch_dist writer (ReshardDist), which
-	// writes Megatron-LM sources' experts; the legacy writer does not yet.
+	// writes Megatron-LM sources' experts (the legacy writer does not yet)
+	// and the distributed optimizer's state of a family source.
 	torchDist bool
 }
 
@@ -129,11 +130,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
 		return nil, err
 	}
-	iterDir := filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter))
-	tracker := strconv.FormatInt(p.iter, 10)
-	if p.release {
-		iterDir, tracker = filepath.Join(dst, "release"), "release"
-	}
+	iterDir, tracker := p.saveDir(dst)
 	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
 		// Another checkpoint's tracker would be repointed: also only with --force.
 		if _, err := os.Stat(x); err == nil && !o.Force {
@@ -154,6 +151,17 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st.Files++
 	return st, nil
+}
+
+// saveDir is the folder of the save in dst and the tracker's text: the
+// iteration's, or 'release' for a weights-only save of another
+// framework's model (Megatron's load_checkpoint reads it as iteration 0,
+// without optimizer and rng state).
+func (p *rsPlan) saveDir(dst string) (string, string) {
+	if p.release {
+		return filepath.Join(dst, "release"), "release"
+	}
+	return filepath.Join(dst, fmt.Sprintf("iter_%07d", p.iter)), strconv.FormatInt(p.iter, 10)
 }
 
 func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
@@ -542,23 +550,13 @@ func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, s
 	t := f.t
 	var fills []layout.StateFill
 	blob := func(name, state string, dt dtype.DType) *torchfile.Blob {
-		if vt, ok := p.virt[name]; ok {
-			i := t
-			if isExpert(name) {
-				i = f.u // routed experts are cut at the expert TP rank
-			}
-			b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), vt[i].shape...)}
-			pieces := make([]layout.StatePiece, len(vt[i].pieces))
-			for j, pc := range vt[i].pieces {
-				pc.State = state // optimizer states follow the weights' pieces
-				pieces[j] = pc
-			}
-			fills = append(fills, layout.StateFill{Blob: b, Pieces: pieces})
-			return b
+		i := t
+		if isExpert(name) {
+			i = f.u // routed experts are cut at the expert TP rank
 		}
-		sh := p.shardOf(f, name)
-		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), sh.Shape...)}
-		fills = append(fills, layout.StateFill{Blob: b, Pieces: []layout.StatePiece{{Param: name, State: state, Shard: sh, N: torchfile.Numel(sh.Shape)}}})
+		shape, pcs := p.rankTensor(name, i)
+		b := &torchfile.Blob{DType: dt, Shape: append([]int64(nil), shape...)}
+		fills = append(fills, layout.StateFill{Blob: b, Pieces: withState(pcs, state)})
 		return b
 	}
 	root := pyobj.NewDict(pyobj.PlainDict)
@@ -637,6 +635,45 @@ func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, s
 		return p.writeDistrib(ctx, filepath.Join(filepath.Dir(path), distribFile), f, s, st)
 	}
 	return nil
+}
+
+// rankTensor is TP rank i's (the expert TP rank's for a routed expert)
+// tensor of the plan's tensor src as pieces of atomic states (state
+// fragment.FP32; the optimizer states follow the weights' pieces): a
+// family source's fused tensor, else the atomic parameter's shard (a
+// routed expert's from the expert-TP shards). Both writers read every
+// target tensor through it.
+func (p *rsPlan) rankTensor(src string, i int) ([]int64, []layout.StatePiece) {
+	if vt, ok := p.virt[src]; ok {
+		return vt[i].shape, vt[i].pieces
+	}
+	var sh fragment.Shard
+	if isExpert(src) && p.eshards != nil {
+		sh = p.eshards[i][src] // i may pass TP: --expert-tp > --tp
+	} else {
+		sh = p.shards[i][src]
+	}
+	return sh.Shape, []layout.StatePiece{{Param: src, State: fragment.FP32, Shard: sh, N: torchfile.Numel(sh.Shape)}}
+}
+
+// rankNumel is the element count of rankTensor(src, i).
+func (p *rsPlan) rankNumel(src string, i int) int64 {
+	shape, _ := p.rankTensor(src, i)
+	return torchfile.Numel(shape)
+}
+
+// srcName is the parameter a plan's tensor key names (family: prefix
+// dropped), for messages.
+func (p *rsPlan) srcName(src string) string { return strings.TrimPrefix(src, familyPrefix) }
+
+// withState is a copy of pieces reading the given state.
+func withState(pcs []layout.StatePiece, state string) []layout.StatePiece {
+	out := make([]layout.StatePiece, len(pcs))
+	for j, pc := range pcs {
+		pc.State = state
+		out[j] = pc
+	}
+	return out
 }
 
 // chainedOptimizer is the non-distributed optimizer's state of one rank:
@@ -812,17 +849,17 @@ func (p *rsPlan) writeDistrib(ctx context.Context, path string, f outFile, s int
 // (sub 0: all parameters, or the dense ones; 1: the file's EP rank's
 // experts at its expert-TP rank), per model chunk's buffer.
 func (p *rsPlan) distribState(a *Args, f outFile, s, sub int) (*pyobj.Dict, []layout.StateFill, error) {
-	t := f.t
-	shards := p.shards[t]
+	// The tensors' rank: the TP rank, the expert-TP rank for the experts.
+	t, i0 := f.t, f.t
 	if sub == 1 {
-		shards = p.eshards[f.u]
+		i0 = f.u
 	}
 	root := pyobj.NewDict(pyobj.PlainDict)
 	root.Set("buckets_coalesced", true)
 	var fills []layout.StateFill
 	for v, all := range p.chunks[s] {
 		list := p.ofSub(p.ofEPRank(all, f.e), sub)
-		lay := p.listLayout(a, s, v, list, shards, p.stageNumel(t, s))
+		lay := p.listLayout(a, s, v, list, i0, p.stageNumel(t, s))
 		base := make([]int64, len(lay.unpadded)+1)
 		for i, u := range lay.unpadded {
 			base[i+1] = base[i] + u
@@ -834,10 +871,13 @@ func (p *rsPlan) distribState(a *Args, f outFile, s, sub int) (*pyobj.Dict, []la
 			f := layout.StateFill{Blob: b}
 			for i, rp := range list {
 				if !p.hasState(rp.src, state) {
-					return nil, nil, fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, rp.src, state)
+					return nil, nil, fmt.Errorf("%s: parameter %s has no %s state; Megatron's distributed optimizer saves param, exp_avg and exp_avg_sq", p.r.Dir, p.srcName(rp.src), state)
 				}
-				sh := shards[rp.src]
-				f.Pieces = append(f.Pieces, layout.StatePiece{Param: rp.src, State: state, Shard: sh, N: torchfile.Numel(sh.Shape), At: base[lay.bucket[i]] + lay.start[i]})
+				_, pcs := p.rankTensor(rp.src, i0)
+				for _, pc := range withState(pcs, state) {
+					pc.At += base[lay.bucket[i]] + lay.start[i]
+					f.Pieces = append(f.Pieces, pc)
+				}
 			}
 			sort.Slice(f.Pieces, func(i, j int) bool { return f.Pieces[i].At < f.Pieces[j].At })
 			fills = append(fills, f)
@@ -875,9 +915,10 @@ func (p *rsPlan) stageNumel(t, s int) int64 {
 	var total int64
 	for _, list := range p.chunks[s] {
 		for _, rp := range list {
-			if sh, ok := p.shards[t][rp.src]; ok {
-				total += torchfile.Numel(sh.Shape)
+			if p.chained() && isExpert(rp.src) {
+				continue // in the expert optimizer's buffers, cut at expert TP
 			}
+			total += p.rankNumel(rp.src, t)
 		}
 	}
 	return total
@@ -885,15 +926,17 @@ func (p *rsPlan) stageNumel(t, s int) int64 {
 
 // listLayout places the parameters list (one DDP buffer of model chunk v
 // of stage s: all of the chunk's, or its dense or its expert-parallel ones)
-// with their shards: reverse order, 64-element starts, a shared embedding
-// in a bucket of its own; total is the stage's elements (ddp_num_buckets).
-func (p *rsPlan) listLayout(a *Args, s, v int, list []rsParam, shards map[string]fragment.Shard, total int64) layoutResult {
+// with their tensors at rank tp (rankTensor: the TP rank, the expert-TP
+// rank for an expert buffer): reverse order, 64-element starts, a shared
+// embedding in a bucket of its own; total is the stage's elements
+// (ddp_num_buckets).
+func (p *rsPlan) listLayout(a *Args, s, v int, list []rsParam, tp int, total int64) layoutResult {
 	P, V := p.o.PP, len(p.chunks[s])
 	lps := make([]layoutParam, len(list))
 	for i, rp := range list {
 		first, last := s == 0 && v == 0, s == P-1 && v == V-1
 		shared := !p.untie && P > 1 && ((rp.local == "output_layer.weight" && rp.src != rp.local) || (isWordEmbedding(rp.local) && first && !last))
-		lps[i] = layoutParam{numel: torchfile.Numel(shards[rp.src].Shape), shared: shared}
+		lps[i] = layoutParam{numel: p.rankNumel(rp.src, tp), shared: shared}
 	}
 	return computeLayout(lps, bucketSize(a, s, v, total), rulesHead)
 }
