@@ -564,7 +564,8 @@ func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardSt
 	if w.o.Core != Core019 {
 		meta = `{"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}`
 	}
-	if err := os.WriteFile(filepath.Join(tmp, dcp.MegatronMetadataFile), []byte(meta), 0o644); err != nil {
+	// Synced like every data file: the folder is published only after.
+	if err := fsutil.WriteFileAtomic(filepath.Join(tmp, dcp.MegatronMetadataFile), []byte(meta), w.o.NoSync); err != nil {
 		return err
 	}
 	st.Files++
