@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
 	"sort"
-
-	"golang.org/x/sync/errgroup"
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
@@ -77,30 +74,8 @@ func WriteFile(ctx context.Context, r *atomic.Reader, path string, root pyobj.Va
 		}
 		jobs = append(jobs, js...)
 	}
-	workers := o.Workers
-	if workers < 1 {
-		workers = runtime.GOMAXPROCS(0)
-	}
-	movers := make(chan *Mover, workers)
-	for range workers {
-		movers <- &Mover{}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(workers)
-	for _, j := range jobs {
-		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
-			}
-			m := <-movers
-			defer func() { movers <- m }()
-			return m.fill(r, w, j)
-		})
-	}
-	err = g.Wait()
-	for range workers {
-		(<-movers).Close()
-	}
+	err = Pooled(ctx, o.Workers, jobs, func() *Mover { return &Mover{} }, (*Mover).Close,
+		func(m *Mover, j fillTask) error { return m.fill(r, w, j) })
 	if err != nil {
 		w.Abort()
 		return 0, fmt.Errorf("%s: %w", path, err)

@@ -617,26 +617,13 @@ func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey, worker
 	if err := fsutil.Presize(w.f, w.at); err != nil {
 		return err
 	}
-	bufs := make(chan *streamBufs, workers)
-	for range workers {
-		bufs <- &streamBufs{}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(workers)
-	for _, s := range streams {
-		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
-			}
-			b := <-bufs
-			defer func() { bufs <- b }()
+	return layout.Pooled(ctx, workers, streams, func() *streamBufs { return &streamBufs{} }, nil,
+		func(b *streamBufs, s stream) error {
 			if err := w.tensor(b, s); err != nil {
 				return fmt.Errorf("%s: %s: %w", w.path, s.k.key, err)
 			}
 			return nil
 		})
-	}
-	return g.Wait()
 }
 
 // pieceElems bounds the elements converted at once: buffers that stay in
