@@ -300,6 +300,9 @@ func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key st
 		size = append([]int64{int64(w.p.layers)}, size...)
 	}
 	mk := &dwKey{key: key, dt: w.p.dt, size: size}
+	if isBuffer(key) {
+		mk.dt = dtype.Float32 // the router's expert_bias (rsParam.fp32)
+	}
 	model[key] = mk
 	*ordered = append(*ordered, mk)
 	return mk
@@ -366,6 +369,9 @@ func (w *distWriter) optimKeys(model []*dwKey) error {
 			name = "param"
 		}
 		for _, mk := range model {
+			if isBuffer(mk.key) {
+				continue // the router's expert_bias: a buffer, in no optimizer
+			}
 			ok := &dwKey{key: "optimizer.state." + name + "." + mk.key, dt: dtype.Float32, size: clone(mk.size)}
 			for _, ch := range mk.chunks {
 				if !p.hasState(ch.src, state) {
