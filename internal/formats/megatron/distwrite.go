@@ -43,7 +43,7 @@ type DistOptions struct {
 	Core          string // Core015, Core018, Core019 ("": DefaultCore)
 	OptimSharding string // FullyReshardable ("") or DPReshardable
 	Workers       int    // chunk ranges written at once, over all rank files (0: all cores)
-	taskBytes     int64  // bytes of one write task (0: taskBytes); tests make it small
+	taskBytes     int64  // bytes of one write task (0: layout.WriteFills' default); tests make it small
 }
 
 // dwChunk is one box of a DCP tensor key: written by rank file, its
