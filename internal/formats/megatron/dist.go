@@ -563,7 +563,8 @@ func (r *distReader) finish(opType string) error {
 	}
 	for _, name := range r.order {
 		p := r.params[name]
-		fp := &fragment.Param{Name: name, Shape: r.atomicShape(p), Info: r.info(p)}
+		// The router's expert_bias is a buffer: no optimizer state, its dtype kept.
+		fp := &fragment.Param{Name: name, Shape: r.atomicShape(p), Info: r.info(p), Frozen: isBuffer(name) && len(p.states) == 0}
 		if local {
 			fp.Name = moduleName(name)
 		}

@@ -42,7 +42,7 @@ type DistOptions struct {
 	Core          string // Core015, Core018, Core019 ("": DefaultCore)
 	OptimSharding string // FullyReshardable ("") or DPReshardable
 	Workers       int    // chunk ranges written at once, over all rank files (0: all cores)
-	taskBytes     int64  // bytes of one write task (0: taskBytes); tests make it small
+	taskBytes     int64  // bytes of one write task (0: layout.WriteFills' default); tests make it small
 }
 
 // dwChunk is one box of a DCP tensor key: written by rank file, its
@@ -114,26 +114,13 @@ func (w *distWriter) key(name string) (string, int) {
 	return layerKey(name, !w.perLayer, !w.p.te && !w.mla)
 }
 
-// kind is how a tensor splits over TP: by name, plus the router's
-// expert_bias (replicated) and MLA's down projections (column-parallel in
-// the local spec, whole in TE's).
+// kind is how a tensor splits over TP: by name, and MLA's down
+// projections (column-parallel in the local spec, whole in TE's).
 func (w *distWriter) kind(name string) kind {
-	if isBuffer(name) {
-		return kindRep
-	}
 	if k := mlaDownKind(name, !w.p.te); k != kindUnknown {
 		return k
 	}
 	return splitKind(name, w.swiglu)
-}
-
-// dtypeOf is a model tensor's dtype: the training dtype, float32 for the
-// router's expert_bias (router.py _maintain_float32_expert_bias).
-func (w *distWriter) dtypeOf(name string) dtype.DType {
-	if isBuffer(name) {
-		return dtype.Float32
-	}
-	return w.p.dt
 }
 
 // cut is how many ways a stage-s tensor is cut and the rank file of each
@@ -364,6 +351,9 @@ func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key st
 		size = append([]int64{int64(w.p.layers)}, size...)
 	}
 	mk := &dwKey{key: key, dt: w.p.dt, size: size, stacked: layer >= 0}
+	if isBuffer(key) {
+		mk.dt = dtype.Float32 // the router's expert_bias (rsParam.fp32)
+	}
 	model[key] = mk
 	*ordered = append(*ordered, mk)
 	return mk
@@ -387,7 +377,6 @@ func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
 			full[0] = p.vocab
 		}
 		mk := w.modelKey(model, &ordered, key, layer, expert, full)
-		mk.dt = w.dtypeOf(e.Name)
 		n, fileOf := w.cut(w.stageOf(e.Name, layer), expert)
 		err := w.addBoxes(mk, k, full, n, fileOf, layer, expert, e.Name, func(_ int, b [2][]int64) ([]layout.StatePiece, error) {
 			return []layout.StatePiece{{Param: e.Name, Shard: boxShard(b[0], b[1], e.Shape), N: torchfile.Numel(b[1])}}, nil
@@ -458,6 +447,9 @@ func (w *distWriter) optimKeys(model []*dwKey) error {
 			name = "param"
 		}
 		for _, mk := range model {
+			if isBuffer(mk.key) {
+				continue // the router's expert_bias: a buffer, in no optimizer
+			}
 			ok := &dwKey{key: "optimizer.state." + name + "." + mk.key, dt: dtype.Float32, size: clone(mk.size)}
 			for _, ch := range mk.chunks {
 				if !p.hasState(ch.src, state) {

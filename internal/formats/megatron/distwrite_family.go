@@ -57,7 +57,7 @@ func (w *distWriter) familyModelKeys() ([]*dwKey, error) {
 					return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, name, err)
 				}
 				mk := w.modelKey(model, &ordered, key, layer, expert, full)
-				if mk.dt = w.dtypeOf(name); rp.fp32 {
+				if rp.fp32 {
 					mk.dt = dtype.Float32 // the router's expert_bias
 				}
 				// Cut i's boxes take the next elements of its tensor.
