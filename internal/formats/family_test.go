@@ -149,7 +149,8 @@ func TestHFFamilyBadConfig(t *testing.T) {
 // TP 2 x PP 2; local and TE names; the MoE families also at EP 2 with
 // TP 1 and TP 2 x PP 2, and at expert TP 1 with TP 2 x EP 4 x DP 2 and
 // TP 2 x PP 2 x EP 2: every expert once, in the files Megatron's ranks
-// load) ->
+// load; --ckpt-format torch_dist for every family, the MoE ones at EP 1,
+// EP 2, TP 2 x EP 2 x expert TP 1, PP 2 x EP 2 and TP 2 x PP 2 x EP 2) ->
 // atomic (ucp's Megatron reader, family detected from the written args)
 // -> HF, and must come back bit for bit with the same family config.
 func TestHFMegatronRoundTrip(t *testing.T) {
@@ -175,7 +176,13 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 		degs := []degrees{{2, 1, 0, 0, 1, "local", ""}, {1, 2, 0, 0, 1, "te", ""}, {2, 2, 0, 0, 1, "te", ""}}
 		if a.Manifest.Source.Model.Experts > 0 {
 			degs = append(degs, degrees{1, 1, 2, 0, 2, "local", ""}, degrees{2, 2, 2, 0, 2, "te", ""}, degrees{2, 1, 4, 1, 2, "local", ""},
-				degrees{2, 2, 2, 1, 1, "te", ""})
+				degrees{2, 2, 2, 1, 1, "te", ""},
+				// --ckpt-format torch_dist: the weights for fine-tuning, experts
+				// on their global axis (EP 1, EP 2, TP 2 x EP 2 x expert TP 1,
+				// PP 2; local and TE names).
+				degrees{1, 1, 1, 0, 1, "local", "torch_dist"}, degrees{1, 1, 2, 0, 2, "local", "torch_dist"},
+				degrees{2, 1, 2, 1, 1, "local", "torch_dist"}, degrees{1, 2, 2, 0, 2, "te", "torch_dist"},
+				degrees{2, 2, 2, 2, 2, "te", "torch_dist"})
 		} else {
 			// --ckpt-format torch_dist: the weights for fine-tuning.
 			degs = append(degs, degrees{2, 1, 0, 0, 1, "local", "torch_dist"}, degrees{1, 2, 0, 0, 1, "te", "torch_dist"},
@@ -280,7 +287,8 @@ func TestHFMegatronMoERefused(t *testing.T) {
 		{"expert tp not dividing ffn", moe, ReshardOptions{TP: 1, EP: 1, ETP: 5, DP: 5}, "--expert-tp 5 does not divide the 24 expert FFN size"},
 		{"ranks", moe, ReshardOptions{TP: 1, EP: 2, DP: 1}, "does not divide the 1 ranks of a pipeline stage"},
 		{"dense", dense, ReshardOptions{TP: 1, EP: 2, DP: 2}, "has no experts"},
-		{"torch_dist", moe, ReshardOptions{TP: 1, DP: 1, CkptFormat: "torch_dist"}, "--ckpt-format torch_dist does not write the routed experts"},
+		{"torch_dist dp_reshardable", moe, ReshardOptions{TP: 1, EP: 2, DP: 2, CkptFormat: "torch_dist", DistOptimSharding: "dp_reshardable"}, "--dist-optim-sharding dp_reshardable: the hf source has no optimizer state"},
+		{"torch_dist ranks", moe, ReshardOptions{TP: 2, EP: 2, ETP: 2, DP: 1, CkptFormat: "torch_dist"}, "does not divide the 2 ranks of a pipeline stage"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "mg")

@@ -237,10 +237,10 @@ func (r *distReader) geometry() error {
 	if err != nil {
 		return err
 	}
-	if int(n) != tp {
+	if qkv != nil && int(n) != tp {
 		return fmt.Errorf("%s: args.tensor_model_parallel_size is %d but %s is saved in %d row blocks", r.dir, n, qkv.Key, tp)
 	}
-	r.tp = tp
+	r.tp = int(n) // without a fused QKV (multi-latent attention) args say it
 	pp, err := r.argInt("pipeline_model_parallel_size", 0)
 	if err != nil {
 		return err
