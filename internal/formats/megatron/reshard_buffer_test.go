@@ -17,39 +17,53 @@ import (
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
-// TestReshardExpertBias: the moe_ep2 fixture (router with the persistent
-// fp32 expert_bias buffer of --moe-router-enable-expert-bias, trained in
-// bf16) written by both Megatron writers at a new TP / PP / EP reads back
-// equal to the fixture's truth bit for bit, expert_bias included and still
-// float32; every rank file holding the router holds the buffer in float32
-// and no optimizer holds it.
+// TestReshardExpertBias: checkpoints whose router has the persistent fp32
+// expert_bias buffer of --moe-router-enable-expert-bias, trained in bf16
+// (moe_ep2, generated; core0_19_moe_tp2_ep2_ebias_bf16_fullrs, written by
+// real megatron-core 0.19 with the sigmoid router it requires), written by
+// both Megatron writers at a new TP / PP / EP read back equal to the
+// fixture's truth bit for bit, expert_bias included and still float32;
+// every rank file holding a router holds its buffer in float32 and no
+// optimizer holds it.
 func TestReshardExpertBias(t *testing.T) {
+	const real = "dist/core0_19_moe_tp2_ep2_ebias_bf16_fullrs"
 	cases := []struct {
-		o    DistOptions
-		dist bool
-		dirs []string
+		fixture string
+		o       DistOptions
+		dist    bool
+		dirs    []string
 	}{
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1, EP: 1}}, false, []string{"mp_rank_00", "mp_rank_01"}},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}, false, []string{"mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"}},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2, EP: 2, DistOptimizer: true}}, false, nil},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1, DistOptimizer: true}}, false, nil},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}, true, nil},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}, OptimSharding: DPReshardable}, true, nil},
-		{DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 4, EP: 4, ETP: 1}, OptimSharding: DPReshardable, Core: Core018}, true, nil},
+		{"moe_ep2", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 1, EP: 1}}, false, []string{"mp_rank_00", "mp_rank_01"}},
+		{"moe_ep2", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}, false, []string{"mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"}},
+		{"moe_ep2", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 2, EP: 2, DistOptimizer: true}}, false, nil},
+		{"moe_ep2", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1, DistOptimizer: true}}, false, nil},
+		{"moe_ep2", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 2}}, true, nil},
+		{"moe_ep2", DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}, OptimSharding: DPReshardable}, true, nil},
+		{"moe_ep2", DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 4, EP: 4, ETP: 1}, OptimSharding: DPReshardable, Core: Core018}, true, nil},
+		{real, DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 1, DP: 1, EP: 1}}, false, []string{"mp_rank_00"}},
+		{real, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 2, DP: 2, EP: 2, DistOptimizer: true}}, false, nil},
+		{real, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2, EP: 1}}, true, nil},
+		{real, DistOptions{ReshardOptions: ReshardOptions{TP: 1, PP: 2, DP: 4, EP: 2}, OptimSharding: DPReshardable}, true, nil},
 	}
-	a := convertFixture(t, "moe_ep2")
-	truth := filepath.Join(testkit.Fixture("megatron", "moe_ep2"), "truth.pt")
+	atomics := map[string]string{}
 	for _, c := range cases {
-		o := c.o.ReshardOptions
-		t.Run(fmt.Sprintf("dist%v_tp%d_pp%d_dp%d_ep%d_etp%d_distopt%v_%s", c.dist, o.TP, o.PP, o.DP, o.EP, o.ETP, o.DistOptimizer, c.o.OptimSharding), func(t *testing.T) {
+		if _, ok := atomics[c.fixture]; !ok {
+			atomics[c.fixture] = convertFixture(t, c.fixture)
+		}
+		a, o := atomics[c.fixture], c.o.ReshardOptions
+		truth := filepath.Join(testkit.Fixture("megatron", c.fixture), "truth.pt")
+		if name, ok := strings.CutPrefix(c.fixture, "dist/"); ok {
+			truth = filepath.Join(testkit.Fixture("megatron_dist", name), "truth.pt")
+		}
+		t.Run(fmt.Sprintf("%s/dist%v_tp%d_pp%d_dp%d_ep%d_etp%d_distopt%v_%s", c.fixture, c.dist, o.TP, o.PP, o.DP, o.EP, o.ETP, o.DistOptimizer, c.o.OptimSharding), func(t *testing.T) {
 			var back string
 			if c.dist {
 				save := writeDist(t, a, c.o)
-				checkDistBuffer(t, filepath.Join(save, "iter_0000010"))
+				checkDistBuffer(t, iterDir(t, save))
 				back = testkit.Convert(t, indexDist(t, save, Options{}), 2)
 			} else {
 				save := reshardAtomic(t, a, o)
-				checkLegacyBuffer(t, filepath.Join(save, "iter_0000010"), c.dirs, o.PP, o.DistOptimizer)
+				checkLegacyBuffer(t, iterDir(t, save), c.dirs, o.DistOptimizer)
 				back = testkit.Convert(t, index(t, save, Options{}), 2)
 			}
 			testkit.Check(t, back, truth)
@@ -73,11 +87,18 @@ func TestReshardExpertBias(t *testing.T) {
 	}
 }
 
+// iterDir is the iteration folder the tracker of save names.
+func iterDir(t *testing.T, save string) string {
+	t.Helper()
+	it := strings.TrimSpace(string(readBytes(t, filepath.Join(save, trackerFile))))
+	return filepath.Join(save, fmt.Sprintf("iter_%07s", it))
+}
+
 // checkLegacyBuffer checks every rank file of a --ckpt-format torch save:
 // each model chunk holding a layer's router holds its expert_bias as a
 // float32 tensor, and the non-distributed optimizer holds one parameter
 // per other model tensor.
-func checkLegacyBuffer(t *testing.T, iter string, dirs []string, pp int, distOpt bool) {
+func checkLegacyBuffer(t *testing.T, iter string, dirs []string, distOpt bool) {
 	t.Helper()
 	ents, err := os.ReadDir(iter)
 	if err != nil {
