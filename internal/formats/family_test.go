@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -570,6 +571,103 @@ func TestTorchtitanLlama3(t *testing.T) {
 			for n, w := range want {
 				if got[n] != w {
 					t.Errorf("%s differs from torchtitan's to_hf", n)
+				}
+			}
+		})
+	}
+}
+
+// TestHFMegatronMoEDistKeys: real megatron-core 0.19's own torch_dist save
+// of a small MoE model (testdata/fixtures/megatron_moe_hf: mixtral,
+// qwen2_moe with a gated shared expert, deepseek_v3 with MLA, a dense
+// first layer, shared experts and the expert bias; TP 1, EP 1, local
+// spec) -> atomic -> HF -> atomic -> reshard --to megatron --ckpt-format
+// torch_dist at TP 1 (local spec) must give Megatron's .metadata: every
+// key (deepseek_v3's unstacked per-layer keys, the _extra_state items of
+// every linear and expert), dtype (expert_bias float32), global shape and
+// chunk; the vocabulary rows aside (the HF way drops Megatron's padding to
+// 96 and the writer pads to 128), and the same atomic tensors read back.
+func TestHFMegatronMoEDistKeys(t *testing.T) {
+	tg, err := LookupTarget("megatron")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type entry struct {
+		bytes  bool
+		dt     dtype.DType
+		size   []int64
+		chunks []string
+	}
+	entries := func(dir string) map[string]entry {
+		md, err := dcp.ReadMetadata(filepath.Join(dir, dcp.MetadataFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]entry{}
+		for _, e := range md.Entries {
+			if e.Key == "common_state/shard_0_1" {
+				continue
+			}
+			x := entry{bytes: e.Bytes, dt: e.DType, size: e.Size}
+			for _, c := range e.Chunks {
+				x.chunks = append(x.chunks, fmt.Sprint(c.Offsets, c.Sizes))
+			}
+			if e.Key == "embedding.word_embeddings.weight" || e.Key == "output_layer.weight" {
+				x.size, x.chunks = x.size[1:], nil // padded rows: 96 against 128
+			}
+			slices.Sort(x.chunks)
+			out[e.Key] = x
+		}
+		return out
+	}
+	for _, name := range testkit.Cases(t, "megatron_moe_hf", 3) {
+		t.Run(name, func(t *testing.T) {
+			src := testkit.Fixture("megatron_moe_hf", name)
+			a := openAtomic(t, src)
+			h := filepath.Join(t.TempDir(), "hf")
+			if _, err := hf.Export(context.Background(), a, h, hf.Options{Arch: hf.ArchAuto, NoSync: true}); err != nil {
+				t.Fatal(err)
+			}
+			b := openAtomic(t, h)
+			mg := filepath.Join(t.TempDir(), "mg")
+			o := ReshardOptions{TP: 1, PP: 1, EP: 1, DP: 1, Zero: -1, MegatronSpec: "local", CkptFormat: "torch_dist", NoSync: true}
+			if _, err := tg.Reshard(context.Background(), b, mg, o); err != nil {
+				t.Fatal(err)
+			}
+			want, got := entries(filepath.Join(src, "iter_0000001")), entries(filepath.Join(mg, "release"))
+			for k, w := range want {
+				if g, ok := got[k]; !ok {
+					t.Errorf("no key %s", k)
+				} else if !reflect.DeepEqual(g, w) {
+					t.Errorf("%s: %+v, Megatron's %+v", k, g, w)
+				}
+			}
+			for k := range got {
+				if _, ok := want[k]; !ok {
+					t.Errorf("key %s, which Megatron does not save", k)
+				}
+			}
+			// Every tensor read back as Megatron saved it (dtype, shape, bytes).
+			c := openAtomic(t, mg)
+			if len(c.Manifest.Params) != len(a.Manifest.Params) {
+				t.Errorf("%d parameters read back, Megatron saved %d", len(c.Manifest.Params), len(a.Manifest.Params))
+			}
+			for _, pa := range a.Manifest.Params {
+				pc, ok := c.Param(pa.Name)
+				if !ok || len(pc.Files) == 0 || len(pa.Files) == 0 {
+					t.Errorf("%s not read back", pa.Name)
+					continue
+				}
+				wb, wdt, ws, err := testkit.ReadAtomicRaw(filepath.Join(a.Dir, pa.Files[0].Path))
+				if err != nil {
+					t.Fatal(err)
+				}
+				gb, gdt, gs, err := testkit.ReadAtomicRaw(filepath.Join(c.Dir, pc.Files[0].Path))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if gdt != wdt || !slices.Equal(gs, ws) || !bytes.Equal(gb, wb) {
+					t.Errorf("%s: %v %v differs from Megatron's %v %v", pa.Name, gdt, gs, wdt, ws)
 				}
 			}
 		})
