@@ -238,7 +238,6 @@ def worker(rank, world, case, out, port):
     from megatron.training.global_vars import set_args
     from megatron.training.training import get_model, get_optimizer_param_scheduler
     import megatron.training.arguments as marguments
-    import megatron.training.training as mtraining
     import megatron.training.global_vars as mglobal
 
     import warnings
@@ -352,20 +351,8 @@ def worker(rank, world, case, out, port):
                     return (first, int(g), tail)
                 return (i, -1, "")
             order = sorted(order, key=key)
-            # torch_dist saves local-spec norms under TE names (the layer's sharded_state_dict_keys_map).
-            km = model.decoder.layers[0].submodules_config.sharded_state_dict_keys_map
-
-            def rename(n):
-                if n.startswith("decoder.layers."):
-                    num, rest = n.split(".", 3)[2:]
-                    for old, new in km.items():
-                        if rest.startswith(old):
-                            rest = new + rest[len(old):]
-                    return f"decoder.layers.{num}.{rest}"
-                return n
-            full = {rename(n): v for n, v in full.items()}
-            pats = {rename(n): v for n, v in pats.items()}
-            order = [rename(n) for n in order]
+            # Names stay the live module's: the saved args record transformer_impl 'local', from which
+            # ucp names the norms as the model does (the dist README's `_local` rule).
         etp = c.get("etp", c["tp"])
         truth = {"param_names": order, "vocab_size": VOCAB, "padded_vocab_size": args.padded_vocab_size,
                  "step": step, "patterns": pats, "buffers": {}, "logits": logits, "ids": ids,

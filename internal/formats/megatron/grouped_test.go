@@ -1,6 +1,7 @@
 package megatron
 
 import (
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -329,5 +331,167 @@ func TestGroupedArgsErrors(t *testing.T) {
 			}
 			wantError(t, root, Options{}, tc.want...)
 		})
+	}
+}
+
+// The real megatron-core GroupedMLP checkpoints (TestFixtures compares them
+// bit for bit with the live truth): each (EP, expert-TP) rank's weight1 is
+// placed in pieces exactly when EP does not divide hidden_size, and the
+// patterns are the truth's.
+func TestGroupedRealFixtures(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		H, E, F   int64
+		ranks     int // EP x expert TP
+		piecesMin int // shards of weight1's fp32 state
+	}{
+		{"core0_15_gmm_tp2_ep2_torch", 12, 4, 8, 4, 4},
+		{"core0_15_gmm_tp2_ep2_h13_torch", 13, 6, 4, 4, 8},      // per EP rank: rows + tail, head + rows
+		{"core0_15_gmm_tp2_etp1_ep2_h13_torch", 13, 4, 6, 2, 4}, // rows + tail, head + rows
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tbl := index(t, testkit.Fixture("megatron", c.name, "checkpoint"), Options{})
+			for _, layer := range []string{"0", "1"} {
+				w1 := tbl.Param("decoder.layers." + layer + ".mlp.experts.weight1")
+				w2 := tbl.Param("decoder.layers." + layer + ".mlp.experts.weight2")
+				if w1 == nil || w2 == nil {
+					t.Fatalf("layer %s: no GroupedMLP weights", layer)
+				}
+				if want := []int64{c.H, c.E * 2 * c.F}; !reflect.DeepEqual(w1.Shape, want) {
+					t.Errorf("weight1 shape %v, want %v", w1.Shape, want)
+				}
+				if want := []int64{c.E * c.F, c.H}; !reflect.DeepEqual(w2.Shape, want) {
+					t.Errorf("weight2 shape %v, want %v", w2.Shape, want)
+				}
+				placed := 0
+				for _, sh := range w1.State(fragment.FP32).Shards {
+					if sh.Replica == 0 {
+						placed++
+					}
+				}
+				if placed != c.piecesMin {
+					t.Errorf("weight1: %d placed shards, want %d over %d ranks", placed, c.piecesMin, c.ranks)
+				}
+			}
+		})
+	}
+}
+
+// What ucp still does not read of a GroupedMLP checkpoint is refused,
+// naming the file and the reason.
+func TestGroupedRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, fixture string
+		edit          func(args *pyobj.Dict)
+		want          []string
+	}{
+		// Expert TP != TP with the distributed optimizer (refused for every
+		// expert layout: the expert buffers' layout at ETP != TP is unread).
+		{"expert TP with the distributed optimizer", "core0_15_gmm_tp2_ep2_torch",
+			func(a *pyobj.Dict) { a.Set("expert_tensor_parallel_size", int64(1)) },
+			[]string{"model_optim_rng.pt", "expert_tensor_parallel_size 1 differs from tensor_model_parallel_size 2 with the distributed optimizer"}},
+		// args that contradict the stored shapes.
+		{"num_experts", "core0_15_gmm_tp2_ep2_h13_torch",
+			func(a *pyobj.Dict) { a.Set("num_experts", int64(12)) },
+			[]string{"model_optim_rng.pt", "decoder.layers.0.mlp.experts.weight1", "expert hidden size of 2 but args.moe_ffn_hidden_size is 4"}},
+		{"num_experts at expert TP 1", "core0_15_gmm_tp2_etp1_ep2_h13_torch",
+			func(a *pyobj.Dict) { a.Set("num_experts", int64(8)) },
+			[]string{"model_optim_rng.pt", "decoder.layers.0.mlp.experts.weight1", "expert hidden size of 3 but args.moe_ffn_hidden_size is 6"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testkit.CopyTree(t, testkit.Fixture("megatron", tc.fixture, "checkpoint"))
+			// TP 2 x EP 2 saves 4 folders; with expert TP 1 the ranks
+			// (tp, ep) = (0, 0) and (1, 1) hold every expert-TP part.
+			files, err := filepath.Glob(filepath.Join(root, "iter_*", "mp_rank_*", "model_optim_rng.pt"))
+			if err != nil || len(files) < 2 {
+				t.Fatalf("%v: %v", files, err)
+			}
+			for _, f := range files {
+				rewrite(t, f, func(r pyobj.Value) pyobj.Value {
+					tc.edit(argsOf(r))
+					return r
+				})
+			}
+			wantError(t, root, Options{}, tc.want...)
+		})
+	}
+}
+
+// torch_dist: GroupedMLP saves each EP rank's experts as one chunk of nle
+// entries on the expert axis, cut into one chunk per expert; every expert
+// then reads as SequentialMLP's (TestDistFixtures compares the values).
+func TestGroupedDist(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		E        int
+		fc1, fc2 []int64
+		pattern  string // of fc1
+	}{
+		{"core0_15_gmm_tp2_ep2_dist", 4, []int64{16, 12}, []int64{12, 8}, "Shard-NC"},
+		{"core0_15_gmm_tp2_ep2_h13_dist", 6, []int64{8, 13}, []int64{13, 4}, "Shard-NC"},
+		{"core0_15_gmm_tp2_etp1_ep2_h13_dist", 4, []int64{12, 13}, []int64{13, 6}, "Unique"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tbl := indexDist(t, distCase(c.name), Options{VocabSize: 50})
+			for l := 0; l < 2; l++ {
+				for e := 0; e < c.E; e++ {
+					pre := fmt.Sprintf("decoder.layers.%d.mlp.experts.local_experts.%d.", l, e)
+					fc1, fc2 := tbl.Param(pre+"linear_fc1.weight"), tbl.Param(pre+"linear_fc2.weight")
+					if fc1 == nil || fc2 == nil {
+						t.Fatalf("%s: missing", pre)
+					}
+					if !reflect.DeepEqual(fc1.Shape, c.fc1) || !reflect.DeepEqual(fc2.Shape, c.fc2) {
+						t.Errorf("%s: shapes %v, %v, want %v, %v", pre, fc1.Shape, fc2.Shape, c.fc1, c.fc2)
+					}
+					if k, _ := fragment.Classify(fc1); k.String() != c.pattern {
+						t.Errorf("%s linear_fc1: pattern %v, want %s", pre, k, c.pattern)
+					}
+				}
+			}
+		})
+	}
+}
+
+// GroupedMLP's dp_reshardable and fully_sharded_model_space optimizer
+// states keep the fused layout: refused, naming the folder and why.
+func TestGroupedDistRefused(t *testing.T) {
+	root := testkit.CopyTree(t, distCase("core0_15_gmm_tp2_ep2_dist"))
+	common := filepath.Join(root, "iter_0000002", "common.pt")
+	rewrite(t, common, func(r pyobj.Value) pyobj.Value {
+		od, _ := r.(*pyobj.Dict).Get("optimizer")
+		d := od.(*pyobj.Dict)
+		for i := 0; i < d.Len(); i++ {
+			_, sub := d.Item(i)
+			sub.(*pyobj.Dict).Set("param_state_sharding_type", "fully_sharded_model_space")
+		}
+		return r
+	})
+	wantDistError(t, root, "GroupedMLP experts", "fully_sharded_model_space optimizer state", "fused weight1/weight2 layout")
+}
+
+// groupedMLP tells GroupedMLP from the other expert layouts by args when
+// no chunk spans several experts (one local expert).
+func TestGroupedMLPArgs(t *testing.T) {
+	for _, c := range []struct {
+		args map[string]pyobj.Value
+		want bool
+	}{
+		{map[string]pyobj.Value{"moe_grouped_gemm": true, "transformer_impl": "local"}, true},
+		{map[string]pyobj.Value{"moe_grouped_gemm": true, "transformer_impl": "transformer_engine"}, false},
+		{map[string]pyobj.Value{"moe_grouped_gemm": true, "transformer_impl": "transformer_engine", "moe_use_legacy_grouped_gemm": true}, true},
+		{map[string]pyobj.Value{"moe_grouped_gemm": false, "transformer_impl": "local"}, false},
+		{map[string]pyobj.Value{}, false},
+	} {
+		d := pyobj.NewDict(pyobj.PlainDict)
+		for k, v := range c.args {
+			d.Set(k, v)
+		}
+		r := &distReader{dir: "x", args: &pyobj.Object{State: d}}
+		if got, err := r.groupedMLP(); err != nil || got != c.want {
+			t.Errorf("args %v: groupedMLP %v, %v; want %v", c.args, got, err, c.want)
+		}
+	}
+	if got, err := (&distReader{dir: "x"}).groupedMLP(); err != nil || got {
+		t.Errorf("no args: %v, %v", got, err)
 	}
 }
