@@ -18,6 +18,8 @@
 #   BENCH_REPEAT=3          rounds of each case; the fastest run counts
 #   BENCH_ZERO3=1 BENCH_DOUBLE=1 BENCH_EXPORT=1   cases to run (0 skips)
 #   BENCH_GENERATED=1       0: only UCP_BENCH_REAL
+#   BENCH_CONVERT=1         0: skip ucp convert of the generated checkpoint (the other generated cases still run)
+#   BENCH_CMDS=REGEX        only the command cases (BENCH_COMMANDS, BENCH_MEGATRON) whose name matches
 #   BENCH_COMMANDS=1        verify, diff, export --to hf|torch|dcp, reshard --zero 1|2|3 and the Python
 #                           load against their floors (cat, cp of the files read, cp -r, readinto)
 #   BENCH_MEGATRON=1        reshard --to megatron (torch, then torch_dist) of a generated Llama source
@@ -113,6 +115,7 @@ bench() {
 # REPEAT times; prints the fastest of each, the ratio and ucp's peak RSS.
 cmdcase() {
   local name=$1 floorfn=$2 r; shift 2
+  [[ "$name" =~ ${BENCH_CMDS:-.} ]] || return 0
   rm -f "$B"/t.f "$B"/t.u "$B"/rss.u
   for r in $(seq "$REPEAT"); do
     rm -rf "$B/cmdout" "$B/cmdcp"; sync
@@ -126,8 +129,8 @@ cmdcase() {
   local f u
   read -r -a f <<< "$(fastest "$B/t.f")"
   read -r -a u <<< "$(fastest "$B/t.u")"
-  printf '  %-34s %7s %7s %7s   floor %7s %7s %7s  %6sx  %s\n' "$name" "${u[@]}" "${f[@]}" "$(ratio "${u[0]}" "${f[0]}")" \
-    "$(mb "$(( $(sort -n "$B/rss.u" | tail -1) * 1024 ))")"
+  printf '  %-34s %7s %7s %7s   floor %7s %7s %7s  %6sx  %s  load %s\n' "$name" "${u[@]}" "${f[@]}" "$(ratio "${u[0]}" "${f[0]}")" \
+    "$(mb "$(( $(sort -n "$B/rss.u" | tail -1) * 1024 ))")" "$(cut -d' ' -f1 /proc/loadavg)"
 }
 
 fcpa() { cp -r "$A" "$B/cmdcp" && sync; } # reshard's floor: cp -r of the atomic checkpoint read; sync
@@ -142,7 +145,7 @@ megatron() {
   A=$B/atomic
   warm "$A"
   echo
-  echo "generated Llama, reshard --to megatron, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS)"
+  echo "generated Llama, reshard --to megatron, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS; 1-min load average after)"
   cmdcase "reshard --to megatron torch" fcpa reshard --quiet --force --to megatron --tp 2 --dp 2 "$A" "$B/cmdout"
   rm -rf "$B/meg"
   "$UCP" reshard --quiet --force --no-sync --to megatron --tp 2 --dp 2 "$A" "$B/meg"
@@ -162,7 +165,7 @@ commands() {
   A=$B/atomic S=$src
   warm "$A"; warm "$src"
   echo
-  echo "$name: the other commands, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS)"
+  echo "$name: the other commands, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS; 1-min load average after)"
   fcat() { find "$A" -type f -exec cat {} + > /dev/null; }
   fcat2() { find "$S" "$A" -type f -exec cat {} + > /dev/null; }
   # export reads the fp32 weights; its floor copies exactly those files.
@@ -179,7 +182,7 @@ commands() {
   for z in 1 2 3; do
     cmdcase "reshard --to deepspeed --zero $z --dp 3" fcpa reshard --force --to deepspeed --zero $z --dp 3 "$A" "$B/cmdout/global_step1"
   done
-  if [ -f python/ucp/libucp.so ]; then
+  if [ -f python/ucp/libucp.so ] && [[ "python load_state_dict" =~ ${BENCH_CMDS:-.} ]]; then
     read -r fl us rf ru <<< "$(/usr/bin/python3 scripts/bench_load.py "$A" "$REPEAT" | awk '{print $2, $4, $6, $8}')"
     printf '  %-34s %7s %23s   floor %7s %15s  %6sx  %s\n' "python load_state_dict (3 states)" "$us" "" "$fl" "" "$(ratio "$us" "$fl")" "$(mb "$ru")"
   fi
@@ -189,7 +192,7 @@ commands() {
 : > "$B/summary"
 if [ "${BENCH_GENERATED:-1}" = 1 ]; then
 gen "$B/src" --layers "$LAYERS"
-bench "generated ZeRO-2 bf16, TP 2 x DP 4" "$B/src"
+[ "${BENCH_CONVERT:-1}" = 1 ] && bench "generated ZeRO-2 bf16, TP 2 x DP 4" "$B/src"
 [ "${BENCH_COMMANDS:-1}" = 1 ] && commands "generated ZeRO-2 bf16, TP 2 x DP 4" "$B/src"
 
 if [ "${BENCH_EXPORT:-1}" = 1 ] && [ -f "$B/src/latest" ]; then
@@ -267,7 +270,7 @@ if [ -n "${BENCH_MEGATRON_SRC:-}" ]; then
   A=$B/atomic
   warm "$A"; warm "$MS"
   echo
-  echo "real megatron-core $mcore torch_dist checkpoint ($(mb "$(du -sb "$MS" | cut -f1)")), best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS)"
+  echo "real megatron-core $mcore torch_dist checkpoint ($(mb "$(du -sb "$MS" | cut -f1)")), best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS; 1-min load average after)"
   fcpm() { cp -r "$MS" "$B/cmdcp" && sync; }
   cmdcase "reshard --to megatron torch_dist" fcpm reshard --quiet --force --to megatron --ckpt-format torch_dist \
     --megatron-core "$mcore" --tp 2 --dp 2 "$A" "$B/cmdout"

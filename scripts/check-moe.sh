@@ -57,5 +57,18 @@ for c in $cases; do
     "$ucp" export --quiet "$o/atomic_${tag}_saved" "$o/hf_${tag}_saved" --to hf >/dev/null
     py samehf "$c" "hf_${tag}_saved" || fail=1
   done
+  # The same weights as --ckpt-format torch_dist: each rank of real megatron-core loads its shards with
+  # dist_checkpointing.load(model.sharded_state_dict()) at TP 1 x EP 2 x DP 2, and for mixtral and deepseek_v3
+  # (MLA: column-parallel down projections) at TP 2 x EP 2 x expert-TP 1.
+  degs="1 2 1 2"
+  case $c in mixtral|deepseek_v3) degs="$degs,2 2 1 1";; esac
+  IFS=, read -ra dl <<<"$degs"
+  for d in "${dl[@]}"; do
+    read -r tp ep etp dp <<<"$d"
+    tag=mgdist_tp${tp}_ep${ep}_etp${etp}
+    "$ucp" reshard --quiet "$o/atomic_hf" "$o/$tag" --to megatron --ckpt-format torch_dist --tp "$tp" --ep "$ep" \
+      --expert-tp "$etp" --dp "$dp" --megatron-spec local
+    py import "$c" "$tag" "$tp" "$ep" "$etp" "$dp" || fail=1
+  done
 done
 exit $fail

@@ -64,6 +64,8 @@ cases=(
   "core0_19_moe_tp2_ep2_fp32_dprs moe_tp2_ep2_fp32_dprs 2 1 2 dp_reshardable 0 0,0 1"
   "core0_19_moe_tp2_fp32_dprs moe_tp2_fp32_dprs 2 1 2 dp_reshardable 0 0,0 2"
   "core0_19_moe_tp2_ep2_fp32_fullrs moe_tp2_ep2_fp32_fullrs 1 1 4 dp_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs moe_tp2_ep2_ebias_bf16_fullrs 2 1 2 fully_reshardable 0 0,0 1"
+  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs moe_tp2_ep2_ebias_bf16_fullrs 1 2 2 dp_reshardable 0 0,0 2"
 )
 failed=0
 for c in "${cases[@]}"; do

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -149,7 +150,8 @@ func TestHFFamilyBadConfig(t *testing.T) {
 // TP 2 x PP 2; local and TE names; the MoE families also at EP 2 with
 // TP 1 and TP 2 x PP 2, and at expert TP 1 with TP 2 x EP 4 x DP 2 and
 // TP 2 x PP 2 x EP 2: every expert once, in the files Megatron's ranks
-// load) ->
+// load; --ckpt-format torch_dist for every family, the MoE ones at EP 1,
+// EP 2, TP 2 x EP 2 x expert TP 1, PP 2 x EP 2 and TP 2 x PP 2 x EP 2) ->
 // atomic (ucp's Megatron reader, family detected from the written args)
 // -> HF, and must come back bit for bit with the same family config.
 func TestHFMegatronRoundTrip(t *testing.T) {
@@ -175,7 +177,13 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 		degs := []degrees{{2, 1, 0, 0, 1, "local", ""}, {1, 2, 0, 0, 1, "te", ""}, {2, 2, 0, 0, 1, "te", ""}}
 		if a.Manifest.Source.Model.Experts > 0 {
 			degs = append(degs, degrees{1, 1, 2, 0, 2, "local", ""}, degrees{2, 2, 2, 0, 2, "te", ""}, degrees{2, 1, 4, 1, 2, "local", ""},
-				degrees{2, 2, 2, 1, 1, "te", ""})
+				degrees{2, 2, 2, 1, 1, "te", ""},
+				// --ckpt-format torch_dist: the weights for fine-tuning, experts
+				// on their global axis (EP 1, EP 2, TP 2 x EP 2 x expert TP 1,
+				// PP 2; local and TE names).
+				degrees{1, 1, 1, 0, 1, "local", "torch_dist"}, degrees{1, 1, 2, 0, 2, "local", "torch_dist"},
+				degrees{2, 1, 2, 1, 1, "local", "torch_dist"}, degrees{1, 2, 2, 0, 2, "te", "torch_dist"},
+				degrees{2, 2, 2, 2, 2, "te", "torch_dist"})
 		} else {
 			// --ckpt-format torch_dist: the weights for fine-tuning.
 			degs = append(degs, degrees{2, 1, 0, 0, 1, "local", "torch_dist"}, degrees{1, 2, 0, 0, 1, "te", "torch_dist"},
@@ -280,7 +288,8 @@ func TestHFMegatronMoERefused(t *testing.T) {
 		{"expert tp not dividing ffn", moe, ReshardOptions{TP: 1, EP: 1, ETP: 5, DP: 5}, "--expert-tp 5 does not divide the 24 expert FFN size"},
 		{"ranks", moe, ReshardOptions{TP: 1, EP: 2, DP: 1}, "does not divide the 1 ranks of a pipeline stage"},
 		{"dense", dense, ReshardOptions{TP: 1, EP: 2, DP: 2}, "has no experts"},
-		{"torch_dist", moe, ReshardOptions{TP: 1, DP: 1, CkptFormat: "torch_dist"}, "--ckpt-format torch_dist does not write the routed experts"},
+		{"torch_dist dp_reshardable", moe, ReshardOptions{TP: 1, EP: 2, DP: 2, CkptFormat: "torch_dist", DistOptimSharding: "dp_reshardable"}, "--dist-optim-sharding dp_reshardable: the hf source has no optimizer state"},
+		{"torch_dist ranks", moe, ReshardOptions{TP: 2, EP: 2, ETP: 2, DP: 1, CkptFormat: "torch_dist"}, "does not divide the 2 ranks of a pipeline stage"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "mg")
@@ -562,6 +571,103 @@ func TestTorchtitanLlama3(t *testing.T) {
 			for n, w := range want {
 				if got[n] != w {
 					t.Errorf("%s differs from torchtitan's to_hf", n)
+				}
+			}
+		})
+	}
+}
+
+// TestHFMegatronMoEDistKeys: real megatron-core 0.19's own torch_dist save
+// of a small MoE model (testdata/fixtures/megatron_moe_hf: mixtral,
+// qwen2_moe with a gated shared expert, deepseek_v3 with MLA, a dense
+// first layer, shared experts and the expert bias; TP 1, EP 1, local
+// spec) -> atomic -> HF -> atomic -> reshard --to megatron --ckpt-format
+// torch_dist at TP 1 (local spec) must give Megatron's .metadata: every
+// key (deepseek_v3's unstacked per-layer keys, the _extra_state items of
+// every linear and expert), dtype (expert_bias float32), global shape and
+// chunk; the vocabulary rows aside (the HF way drops Megatron's padding to
+// 96 and the writer pads to 128), and the same atomic tensors read back.
+func TestHFMegatronMoEDistKeys(t *testing.T) {
+	tg, err := LookupTarget("megatron")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type entry struct {
+		bytes  bool
+		dt     dtype.DType
+		size   []int64
+		chunks []string
+	}
+	entries := func(dir string) map[string]entry {
+		md, err := dcp.ReadMetadata(filepath.Join(dir, dcp.MetadataFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]entry{}
+		for _, e := range md.Entries {
+			if e.Key == "common_state/shard_0_1" {
+				continue
+			}
+			x := entry{bytes: e.Bytes, dt: e.DType, size: e.Size}
+			for _, c := range e.Chunks {
+				x.chunks = append(x.chunks, fmt.Sprint(c.Offsets, c.Sizes))
+			}
+			if e.Key == "embedding.word_embeddings.weight" || e.Key == "output_layer.weight" {
+				x.size, x.chunks = x.size[1:], nil // padded rows: 96 against 128
+			}
+			slices.Sort(x.chunks)
+			out[e.Key] = x
+		}
+		return out
+	}
+	for _, name := range testkit.Cases(t, "megatron_moe_hf", 3) {
+		t.Run(name, func(t *testing.T) {
+			src := testkit.Fixture("megatron_moe_hf", name)
+			a := openAtomic(t, src)
+			h := filepath.Join(t.TempDir(), "hf")
+			if _, err := hf.Export(context.Background(), a, h, hf.Options{Arch: hf.ArchAuto, NoSync: true}); err != nil {
+				t.Fatal(err)
+			}
+			b := openAtomic(t, h)
+			mg := filepath.Join(t.TempDir(), "mg")
+			o := ReshardOptions{TP: 1, PP: 1, EP: 1, DP: 1, Zero: -1, MegatronSpec: "local", CkptFormat: "torch_dist", NoSync: true}
+			if _, err := tg.Reshard(context.Background(), b, mg, o); err != nil {
+				t.Fatal(err)
+			}
+			want, got := entries(filepath.Join(src, "iter_0000001")), entries(filepath.Join(mg, "release"))
+			for k, w := range want {
+				if g, ok := got[k]; !ok {
+					t.Errorf("no key %s", k)
+				} else if !reflect.DeepEqual(g, w) {
+					t.Errorf("%s: %+v, Megatron's %+v", k, g, w)
+				}
+			}
+			for k := range got {
+				if _, ok := want[k]; !ok {
+					t.Errorf("key %s, which Megatron does not save", k)
+				}
+			}
+			// Every tensor read back as Megatron saved it (dtype, shape, bytes).
+			c := openAtomic(t, mg)
+			if len(c.Manifest.Params) != len(a.Manifest.Params) {
+				t.Errorf("%d parameters read back, Megatron saved %d", len(c.Manifest.Params), len(a.Manifest.Params))
+			}
+			for _, pa := range a.Manifest.Params {
+				pc, ok := c.Param(pa.Name)
+				if !ok || len(pc.Files) == 0 || len(pa.Files) == 0 {
+					t.Errorf("%s not read back", pa.Name)
+					continue
+				}
+				wb, wdt, ws, err := testkit.ReadAtomicRaw(filepath.Join(a.Dir, pa.Files[0].Path))
+				if err != nil {
+					t.Fatal(err)
+				}
+				gb, gdt, gs, err := testkit.ReadAtomicRaw(filepath.Join(c.Dir, pc.Files[0].Path))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if gdt != wdt || !slices.Equal(gs, ws) || !bytes.Equal(gb, wb) {
+					t.Errorf("%s: %v %v differs from Megatron's %v %v", pa.Name, gdt, gs, wdt, ws)
 				}
 			}
 		})

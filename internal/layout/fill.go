@@ -61,22 +61,15 @@ func WriteFile(ctx context.Context, r *atomic.Reader, path string, root pyobj.Va
 	for i, b := range w.Layout.Blobs {
 		index[b] = i
 	}
-	var jobs []fillTask
+	var fs []TensorFill
 	for _, f := range fills {
 		i, ok := index[f.Blob]
 		if !ok {
 			continue // a tensor the pickle does not reference
 		}
-		js, err := fillTasks(i, f)
-		if err != nil {
-			w.Abort()
-			return 0, fmt.Errorf("%s: %w", path, err)
-		}
-		jobs = append(jobs, js...)
+		fs = append(fs, TensorFill{I: i, DType: f.Blob.DType, N: torchfile.Numel(f.Blob.Shape), Pieces: f.Pieces})
 	}
-	err = Pooled(ctx, o.Workers, jobs, func() *Mover { return &Mover{} }, (*Mover).Close,
-		func(m *Mover, j fillTask) error { return m.fill(r, w, j) })
-	if err != nil {
+	if err := WriteFills(ctx, r, w, fs, o.Workers, 0); err != nil {
 		w.Abort()
 		return 0, fmt.Errorf("%s: %w", path, err)
 	}
@@ -86,7 +79,33 @@ func WriteFile(ctx context.Context, r *atomic.Reader, path string, root pyobj.Va
 	return w.Layout.Size(), nil
 }
 
-// fillTask is elements [at, at+n) of blob i: zeros (pc nil) or elements
+// TensorFill is tensor I of a Sink, N elements of dtype DType: pieces of atomic
+// states at their element offsets, zeros elsewhere.
+type TensorFill struct {
+	I      int
+	DType  dtype.DType
+	N      int64
+	Pieces []StatePiece
+}
+
+// WriteFills writes every fill into w with workers Movers (< 1: one per
+// CPU) sharing tasks of at most jobBytes bytes of one tensor (<= 0: fillJob
+// elements): a large tensor spreads over all workers, and each worker's
+// memory is its Mover's small buffers.
+func WriteFills(ctx context.Context, r *atomic.Reader, w Sink, fills []TensorFill, workers int, jobBytes int64) error {
+	var jobs []fillTask
+	for _, f := range fills {
+		js, err := fillTasks(f, jobBytes)
+		if err != nil {
+			return err
+		}
+		jobs = append(jobs, js...)
+	}
+	return Pooled(ctx, workers, jobs, func() *Mover { return &Mover{} }, (*Mover).Close,
+		func(m *Mover, j fillTask) error { return m.fill(r, w, j) })
+}
+
+// fillTask is elements [at, at+n) of tensor i: zeros (pc nil) or elements
 // [local, local+n) of a piece.
 type fillTask struct {
 	i      int
@@ -97,31 +116,39 @@ type fillTask struct {
 	stride int64 // element size
 }
 
-// fillTasks cuts one fill into tasks, checking that its pieces are ordered,
-// disjoint and inside the blob.
-func fillTasks(i int, f StateFill) ([]fillTask, error) {
-	dt := f.Blob.DType
+// fillTasks cuts one fill into tasks, checking that its pieces (sorted by
+// offset, a copy) are disjoint and inside the tensor.
+func fillTasks(f TensorFill, jobBytes int64) ([]fillTask, error) {
+	dt := f.DType
 	es := int64(dt.Size())
-	total := torchfile.Numel(f.Blob.Shape)
+	job := int64(fillJob)
+	if jobBytes > 0 {
+		job = max(jobBytes/es, 1)
+	}
+	pcs := f.Pieces
+	if !sort.SliceIsSorted(pcs, func(a, b int) bool { return pcs[a].At < pcs[b].At }) {
+		pcs = append([]StatePiece(nil), pcs...)
+		sort.SliceStable(pcs, func(a, b int) bool { return pcs[a].At < pcs[b].At })
+	}
 	var out []fillTask
 	var at int64
 	span := func(pc *StatePiece, local, upto int64) {
 		for at < upto {
-			n := min(upto-at, fillJob)
-			out = append(out, fillTask{i: i, dt: dt, pc: pc, local: local, at: at, n: n, stride: es})
+			n := min(upto-at, job)
+			out = append(out, fillTask{i: f.I, dt: dt, pc: pc, local: local, at: at, n: n, stride: es})
 			at += n
 			local += n
 		}
 	}
-	for k := range f.Pieces {
-		pc := &f.Pieces[k]
-		if pc.At < at || pc.N < 0 || pc.At+pc.N > total {
-			return nil, fmt.Errorf("%s/%s: piece [%d,%d) outside or overlapping a tensor of %d", pc.Param, pc.State, pc.At, pc.At+pc.N, total)
+	for k := range pcs {
+		pc := &pcs[k]
+		if pc.At < at || pc.N < 0 || pc.At+pc.N > f.N {
+			return nil, fmt.Errorf("%s/%s: piece [%d,%d) outside or overlapping a tensor of %d", pc.Param, pc.State, pc.At, pc.At+pc.N, f.N)
 		}
 		span(nil, 0, pc.At)
 		span(pc, pc.Local, pc.At+pc.N)
 	}
-	span(nil, 0, total)
+	span(nil, 0, f.N)
 	return out, nil
 }
 
@@ -134,7 +161,7 @@ func fillTasks(i int, f StateFill) ([]fillTask, error) {
 const Chunk = 64 << 10
 
 // Sink is an output file whose tensor payloads arrive in ranges:
-// torchfile.Writer, atomic.File.
+// torchfile.Writer, atomic.File, safetensors.Writer, Regions.
 type Sink interface {
 	WriteAt(i int, p []byte, off int64) error
 	CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error

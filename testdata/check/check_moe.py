@@ -25,6 +25,11 @@ testdata/gen/megatron_dist_fixtures.py (its CPU shims for megatron-core). Phases
                   load_state_dict and computes the logits: equal to transformers' (fp32, <= 1e-4, same argmax).
                   With SAVE, Megatron's own save_checkpoint then writes that model as a legacy torch checkpoint
                   in out/CASE/SAVE (weights only, no rng): a real Megatron checkpoint at those degrees.
+                  When DIR is a --ckpt-format torch_dist save (release/metadata.json), every rank takes the args
+                  from the common state (dist_checkpointing.load_common_state_dict, checked as above) and loads
+                  the model as load_checkpoint's torch_dist path does: dist_checkpointing.load({'model':
+                  model.sharded_state_dict()}, release, strict='raise_all': no key missing, none unexpected), then
+                  a strict load_state_dict; same logits check.
   samehf CASE DIR the safetensors in out/CASE/DIR hold exactly hf_src's tensors (names, dtypes, bytes).
 """
 import json
@@ -387,10 +392,18 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
     args = parse_args()
     args.rank, args.world_size = rank, world
     validate_args(args, {})
-    # The file each rank loads, named by Megatron (tensor, expert ranks).
-    path = get_checkpoint_name(mg, 0, release=True)
-    sd = torch.load(path, weights_only=False)
-    wa = sd["args"]
+    release = os.path.join(mg, "release")
+    torch_dist = os.path.exists(os.path.join(release, "metadata.json"))  # --ckpt-format torch_dist
+    if torch_dist:
+        from megatron.core import dist_checkpointing
+        mdf.patch_dcp_load()
+        path = release
+        wa = dist_checkpointing.load_common_state_dict(release)["args"]
+    else:
+        # The file each rank loads, named by Megatron (tensor, expert ranks).
+        path = get_checkpoint_name(mg, 0, release=True)
+        sd = torch.load(path, weights_only=False)
+        wa = sd["args"]
     keys = MODEL_ARGS + (MLA_ARGS if case == "deepseek_v3" else [])
     bad = {k: (getattr(wa, k, "absent"), getattr(args, k)) for k in keys if getattr(wa, k, "absent") != getattr(args, k)}
     if bad:
@@ -401,7 +414,14 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=wa.padded_vocab_size, max_sequence_length=SEQ,
                      pre_process=True, post_process=True, share_embeddings_and_output_weights=False,
                      position_embedding_type="rope", rotary_percent=1.0, rotary_base=args.rotary_base)
-    model.load_state_dict(sd["model"], strict=True)
+    if torch_dist:
+        # Each rank reads its own tensors' chunks (its TP rank's boxes, its EP rank's experts cut at its
+        # expert-TP rank) from whichever files hold them. raise_all: a key the model asks for and the
+        # checkpoint lacks, or one the checkpoint has and no rank's model asks for, is an error.
+        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, release, strict="raise_all")
+        model.load_state_dict(loaded["model"], strict=True)
+    else:
+        model.load_state_dict(sd["model"], strict=True)
     model.eval()
     ids = torch.load(os.path.join("out", case, "hf_src.pt"))["ids"]
     pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, -1)
@@ -412,7 +432,8 @@ def import_worker(rank, world, case, mg, tp, ep, etp, port, save):
     torch.distributed.all_gather(parts, out.contiguous(), group=g)
     if rank == 0:
         torch.save(torch.cat(parts, dim=-1)[..., :VOCAB], os.path.join(mg, "logits.pt"))
-        print(f"  rank files loaded (strict): {sorted(os.listdir(os.path.join(mg, 'release')))}", flush=True)
+        what = "torch_dist files" if torch_dist else "rank files"
+        print(f"  {what} loaded (strict): {sorted(os.listdir(release))}", flush=True)
     if save:
         # Megatron's own save_checkpoint writes the loaded model in the legacy torch format (the
         # files of its ranks at these degrees): a real Megatron checkpoint for ucp to read back.
@@ -434,7 +455,8 @@ def import_(case, out):
     port = 29600 + os.getpid() % 300
     mp.spawn(import_worker, args=(tp * dp, case, mg, tp, ep, etp, port, save), nprocs=tp * dp, join=True)
     want = torch.load(os.path.join(out, "hf_src.pt"))["logits"]
-    ok = compare(f"{case}: transformers save_pretrained -> ucp convert --from hf -> ucp reshard --to megatron "
+    fmt = "--ckpt-format torch_dist " if os.path.exists(os.path.join(mg, "release", "metadata.json")) else ""
+    ok = compare(f"{case}: transformers save_pretrained -> ucp convert --from hf -> ucp reshard --to megatron {fmt}"
                  f"--tp {tp} --ep {ep} --expert-tp {etp} --dp {dp} -> megatron-core ({tp * dp} ranks)",
                  torch.load(os.path.join(mg, "logits.pt")), want)
     sys.exit(0 if ok else 1)

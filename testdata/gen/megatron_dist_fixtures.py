@@ -64,6 +64,11 @@ CASES = {
     "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
     "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
     "moe_tp2_ep2_fp32_dprs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=2),
+    # DeepSeek-V3's aux-loss-free balancing (--moe-router-enable-expert-bias, which needs the sigmoid
+    # router): the router's persistent fp32 expert_bias buffer (set_expert_bias), bf16 in Float16Module.
+    "moe_tp2_ep2_ebias_bf16_fullrs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True,
+                                          experts=4, ep=2, f16module=True,
+                                          cfg=dict(moe_router_enable_expert_bias=True, moe_router_score_function="sigmoid")),
     # 8 heads in 4 query groups over 4 layers (loadable at TP 4 and at PP 2 x VPP 2), wrapped in
     # Float16Module as pretrain_gpt.py wraps a bf16 model (one DDP buffer, norms in bf16).
     "g4_tp2_dp2_bf16_dprs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="dp_reshardable", tied=False, args=True,
@@ -332,7 +337,7 @@ def build(case, rank, world):
         activation_func=torch.nn.functional.silu, add_bias_linear=False,
         tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True, **vkw, **ukw,
+        bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True, **vkw, **ukw, **case.get("cfg", {}),
         **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=g["ffn"], expert_model_parallel_size=ep)
            if experts else {}),
     )
@@ -410,6 +415,23 @@ def synthetic_step(ddp, model, opt, step):
             p.main_grad.copy_(torch.randn(p.shape, generator=g) * 0.1)
     ok, _, _ = opt.step()
     assert ok, "optimizer step skipped"
+
+
+def set_expert_bias(model):
+    """Distinct values in the routers' expert_bias buffers (a real run's come from its token counts,
+    which need a forward pass), equal on every rank, in float32 as the router keeps them
+    (moe/router.py _maintain_float32_expert_bias: Float16Module cast them to bf16)."""
+    for m in chunks(model):
+        for name, b in m.named_buffers():
+            if name.endswith("router.expert_bias"):
+                g = torch.Generator().manual_seed(zlib.crc32(global_name(m, name).encode()))
+                b.data = (torch.rand(b.shape, generator=g) - 0.5) * 0.1
+
+
+def local_buffers(model, keys_map=True):
+    """This rank's routers' expert_bias buffers by global name (float32, as saved)."""
+    return {global_name(m, n, keys_map): b.detach().clone() for m in chunks(model) for n, b in m.named_buffers()
+            if n.endswith("router.expert_bias")}
 
 
 def local_truth(model, opt, keys_map=True):
@@ -517,6 +539,7 @@ def worker(rank, world, case_name, out, port):
     from megatron.core import dist_checkpointing
 
     cfg, ddp, model, opt = build(case, rank, world)
+    set_expert_bias(model)
     for s in range(STEPS):
         synthetic_step(ddp, model, opt, s)
     ckpt = os.path.join(out, case_name, "checkpoint")
@@ -534,7 +557,7 @@ def worker(rank, world, case_name, out, port):
             vocab_size=VOCAB, padded_vocab_size=g["padded_vocab"], make_vocab_size_divisible_by=32,
             untie_embeddings_and_output_weights=not case["tied"], bf16=case["dtype"] == "bf16", fp16=False,
             use_distributed_optimizer=True, ckpt_format="torch_dist",
-            num_experts=case.get("experts"), expert_model_parallel_size=case.get("ep", 1))
+            num_experts=case.get("experts"), expert_model_parallel_size=case.get("ep", 1), **case.get("cfg", {}))
         if case.get("impl"):
             # What the training loop's args say about the layer spec (gpt_builders.py:
             # no --spec and transformer_impl 'local' builds get_gpt_layer_local_spec).
@@ -545,6 +568,8 @@ def worker(rank, world, case_name, out, port):
     dist_checkpointing.save(state, it)
     pieces = [None] * world
     dist.all_gather_object(pieces, local_truth(model, opt, not case.get("impl")))
+    bufs = [None] * world
+    dist.all_gather_object(bufs, local_buffers(model, not case.get("impl")))
     if rank == 0:
         with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
             f.write(str(STEPS))
@@ -560,6 +585,8 @@ def worker(rank, world, case_name, out, port):
         for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):
             truth[k] = {n: st[k] for n, st in full.items()}
         truth["patterns"] = {n: st["pattern"] for n, st in full.items()}
+        if any(bufs):
+            truth["buffers"] = {n: b for d in bufs for n, b in d.items()}
         torch.save(truth,
                    os.path.join(out, case_name, "truth.pt"))
     dist.barrier()

@@ -95,6 +95,8 @@ def worker(rank, world, port):
     steps = {float(st["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for st in o.optimizer.state.values()}
     pieces = [None] * world
     dist.all_gather_object(pieces, gen.local_truth(model, opt, not case.get("impl")))
+    bufs = [None] * world  # the routers' expert_bias buffers (--moe-router-enable-expert-bias)
+    dist.all_gather_object(bufs, gen.local_buffers(model, not case.get("impl")))
     bad = []
     if rank == 0:
         truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
@@ -123,6 +125,11 @@ def worker(rank, world, port):
                     mixed = k == "weight" and not OWN and torch.equal(torch.where(got == exact, want, got), want)
                     if not mixed:
                         bad.append(f"{name} {k} differs")
+        for name, want in truth.get("buffers", {}).items():
+            got = [d[name] for d in bufs if name in d]  # every rank holding the layer: float32, exact
+            n += 1
+            if not got or any(g.dtype != torch.float32 or not torch.equal(g, want) for g in got):
+                bad.append(f"{name}: buffer {[(g.dtype, g.tolist()) for g in got]}, want float32 {want.tolist()}")
         if steps != {float(STEPS)}:
             bad.append(f"optimizer steps after the load: {steps}, want {STEPS}")
         if len(full) != len(truth["fp32"]):

@@ -164,6 +164,10 @@ func TestExportPlainReadBack(t *testing.T) {
 func TestExportErrors(t *testing.T) {
 	r := atomicOf(t, "tp2_gqa_swiglu")
 	legacy := atomicOf(t, "legacy_tp2_pp2")
+	// Trained with --moe-router-enable-expert-bias (a non-zero expert_bias
+	// buffer) and softmax routing: mixtral and qwen*_moe have no bias in
+	// their top-k, so the routing would change (deepseek_v3 needs MLA).
+	bias := atomicOf(t, "moe_ep2")
 	dir := t.TempDir()
 	existing := filepath.Join(dir, "existing")
 	if err := os.MkdirAll(existing, 0o755); err != nil {
@@ -179,6 +183,10 @@ func TestExportErrors(t *testing.T) {
 		{"unknown arch", r, "a", Options{Arch: "gpt5"}, `unknown model family "gpt5" (known: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v3)`},
 		{"not a family", legacy, "b", Options{Arch: "llama"}, "args.normalization is LayerNorm: the families llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v3 use RMSNorm; --arch llama names the family only"},
 		{"auto not a family", legacy, "b2", Options{Arch: ArchAuto}, "none of the known families"},
+		{"expert bias auto", bias, "eb1", Options{Arch: ArchAuto}, "args.moe_router_enable_expert_bias is true (a routing bias"},
+		{"expert bias mixtral", bias, "eb2", Options{Arch: "mixtral"}, "args.moe_router_enable_expert_bias is true (a routing bias"},
+		{"expert bias qwen3_moe", bias, "eb3", Options{Arch: "qwen3_moe"}, "args.moe_router_enable_expert_bias is true (a routing bias"},
+		{"expert bias deepseek_v3 without MLA", bias, "eb4", Options{Arch: "deepseek_v3"}, "args.moe_router_enable_expert_bias is true (a routing bias"},
 		{"shard below every tensor", r, "c", Options{MaxShard: 10}, "below every tensor"},
 		{"existing dst", r, "existing", Options{}, "already exists (use --force"},
 		{"int dtype", r, "d", Options{DType: dtype.Int8}, "cannot export int8"},

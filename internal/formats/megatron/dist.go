@@ -243,10 +243,10 @@ func (r *distReader) geometry() error {
 	if err != nil {
 		return err
 	}
-	if int(n) != tp {
+	if qkv != nil && int(n) != tp {
 		return fmt.Errorf("%s: args.tensor_model_parallel_size is %d but %s is saved in %d row blocks", r.dir, n, qkv.Key, tp)
 	}
-	r.tp = tp
+	r.tp = int(n) // without a fused QKV (multi-latent attention) args say it
 	pp, err := r.argInt("pipeline_model_parallel_size", 0)
 	if err != nil {
 		return err
@@ -658,7 +658,8 @@ func (r *distReader) finish(opType string) error {
 	}
 	for _, name := range r.order {
 		p := r.params[name]
-		fp := &fragment.Param{Name: name, Shape: r.atomicShape(p), Info: r.info(p)}
+		// The router's expert_bias is a buffer: no optimizer state, its dtype kept.
+		fp := &fragment.Param{Name: name, Shape: r.atomicShape(p), Info: r.info(p), Frozen: isBuffer(name) && len(p.states) == 0}
 		if local {
 			fp.Name = moduleName(name)
 		}

@@ -309,7 +309,7 @@ func (r *distReader) dpReshardable() error {
 		return err
 	}
 	for _, name := range r.order {
-		if p := r.params[name]; len(p.states) == 0 {
+		if p := r.params[name]; len(p.states) == 0 && !isBuffer(name) {
 			return fmt.Errorf("%s: no optimizer bucket holds %s", r.dir, name)
 		}
 	}
@@ -632,7 +632,7 @@ func (r *distReader) chunkParams(pp, v, tp int, layerOrder []string) ([]stagePar
 		var names []string
 		keys := map[string][3]int{}
 		for _, n := range r.order {
-			if rest, ok := strings.CutPrefix(n, prefix); ok {
+			if rest, ok := strings.CutPrefix(n, prefix); ok && !isBuffer(n) { // buffers are in no grad buffer
 				k, known := layerPlace(rest, layerOrder)
 				if !known {
 					return nil, fmt.Errorf("%s: %s: a layer parameter whose place in named_parameters ucp does not know, so the optimizer bucket layout cannot be derived", r.dir, n)

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"sort"
 	"strings"
 
@@ -43,7 +42,7 @@ type DistOptions struct {
 	Core          string // Core015, Core018, Core019 ("": DefaultCore)
 	OptimSharding string // FullyReshardable ("") or DPReshardable
 	Workers       int    // chunk ranges written at once, over all rank files (0: all cores)
-	taskBytes     int64  // bytes of one write task (0: taskBytes); tests make it small
+	taskBytes     int64  // bytes of one write task (0: layout.WriteFills' default); tests make it small
 }
 
 // dwChunk is one box of a DCP tensor key: written by rank file, its
@@ -62,12 +61,13 @@ type dwChunk struct {
 // dwKey is one key of the checkpoint: a tensor with chunks, or a bytes
 // item (its torch.save stream).
 type dwKey struct {
-	key    string
-	dt     dtype.DType
-	size   []int64
-	chunks []*dwChunk
-	data   []byte
-	info   dcp.StorageInfo
+	key     string
+	dt      dtype.DType
+	size    []int64
+	chunks  []*dwChunk
+	data    []byte
+	info    dcp.StorageInfo
+	stacked bool // a decoder layer's tensor with the leading layer axis
 }
 
 // localNorms are the local spec's sharded_state_dict_keys_map
@@ -78,22 +78,63 @@ var localNorms = [][2]string{
 	{".pre_mlp_layernorm.", ".mlp.linear_fc1.layer_norm_"},
 }
 
-// distKey is the torch_dist key of an atomic parameter and its global
-// layer (-1 outside the decoder layers): stacked layers drop the number
-// (the key gets a leading layer axis), norms take TE names.
-func distKey(name string) (string, int) {
+// layerKey is the torch_dist key of an atomic parameter and its global
+// layer on the layer axis (-1: none): stacked layers (homogeneous) drop
+// the number (the key gets a leading layer axis), per-layer keys keep it
+// and have no layer axis; teNorms: the local spec's norms take TE names.
+func layerKey(name string, stacked, teNorms bool) (string, int) {
 	n := layerIndex(name)
 	if n < 0 {
 		return name, -1
 	}
 	m := reLayer.FindStringSubmatch(name)
 	rest := "." + strings.TrimPrefix(name, m[0])
-	for _, ln := range localNorms {
-		if strings.HasPrefix(rest, ln[0]) {
-			rest = ln[1] + strings.TrimPrefix(rest, ln[0])
+	if teNorms {
+		for _, ln := range localNorms {
+			if strings.HasPrefix(rest, ln[0]) {
+				rest = ln[1] + strings.TrimPrefix(rest, ln[0])
+			}
 		}
 	}
+	if !stacked {
+		return m[0] + strings.TrimPrefix(rest, "."), -1
+	}
 	return m[1] + strings.TrimPrefix(rest, "."), n
+}
+
+// key is the torch_dist key of an atomic (a family source: target) name
+// and its layer on the layer axis (-1: none). megatron-core stacks the
+// layers under one key only when they are homogeneous: with a
+// moe_layer_freq pattern (deepseek_v3's leading dense layers) every layer
+// keeps its number (transformer_block.py sharded_state_dict,
+// non_homogeneous_layers). Only the local spec's non-MLA layer maps its
+// norms to TE names (gpt_layer_specs.py sharded_state_dict_keys_map); the
+// TE spec's MoE layers keep pre_mlp_layernorm.
+func (w *distWriter) key(name string) (string, int) {
+	return layerKey(name, !w.perLayer, !w.p.te && !w.mla)
+}
+
+// kind is how a tensor splits over TP: by name, and MLA's down
+// projections (column-parallel in the local spec, whole in TE's).
+func (w *distWriter) kind(name string) kind {
+	if k := mlaDownKind(name, !w.p.te); k != kindUnknown {
+		return k
+	}
+	return splitKind(name, w.swiglu)
+}
+
+// cut is how many ways a stage-s tensor is cut and the rank file of each
+// cut: TP ranks, or for routed expert g of EP rank e the expert-TP ranks
+// U, u's chunk going to the file of stage rank u + U*e's TP rank (rank
+// order tp-cp-ep-dp-pp): any file loads.
+func (w *distWriter) cut(s, expert int) (int, func(int) int) {
+	p := w.p
+	T := p.o.TP
+	if expert < 0 {
+		return T, func(t int) int { return t + T*s }
+	}
+	U, e := p.etp, expert/(p.experts/p.ep)
+	return U, func(u int) int { return (u+U*e)%T + T*s }
 }
 
 // ReshardDist writes the atomic checkpoint r (converted from Megatron-LM)
@@ -167,8 +208,11 @@ type distWriter struct {
 	p      *rsPlan
 	o      DistOptions
 	swiglu bool
-	tensor []*dwKey // model keys, then optimizer keys
-	items  []*dwKey // bytes items (rank 0's file)
+	// mla: multi-latent attention; perLayer: non-homogeneous layers
+	// (a moe_layer_freq pattern), each keyed with its number.
+	mla, perLayer bool
+	tensor        []*dwKey // model keys, then optimizer keys
+	items         []*dwKey // bytes items (rank 0's file)
 }
 
 // stageOf is the pipeline stage holding an atomic parameter.
@@ -233,11 +277,18 @@ func boxes(k kind, full []int64, T, t int) ([][2][]int64, error) {
 func (w *distWriter) keys() error {
 	p := w.p
 	// A swiglu that is not a bool is an error naming the file, not false.
-	swiglu, err := layout.Args{Path: p.extraPath(), NS: p.args}.Bool("swiglu", false)
+	args := layout.Args{Path: p.extraPath(), NS: p.args}
+	swiglu, err := args.Bool("swiglu", false)
 	if err != nil {
 		return err
 	}
 	w.swiglu = swiglu
+	if w.mla, err = args.Bool("multi_latent_attention", false); err != nil {
+		return err
+	}
+	if w.perLayer, err = nonHomogeneous(args); err != nil {
+		return err
+	}
 	model, err := w.modelKeys()
 	if err != nil {
 		return err
@@ -272,7 +323,7 @@ func (w *distWriter) modelKeys() ([]*dwKey, error) {
 		return nil, err
 	}
 	for _, mk := range ordered {
-		if n := len(mk.size); n > 0 && mk.size[0] == int64(p.layers) && strings.HasPrefix(mk.key, "decoder.layers.") {
+		if mk.stacked {
 			if err := coversLayers(mk, p.layers, strings.Contains(mk.key, expertKey), p.experts); err != nil {
 				return nil, fmt.Errorf("%s: %w", p.r.Dir, err)
 			}
@@ -299,7 +350,10 @@ func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key st
 	if layer >= 0 {
 		size = append([]int64{int64(w.p.layers)}, size...)
 	}
-	mk := &dwKey{key: key, dt: w.p.dt, size: size}
+	mk := &dwKey{key: key, dt: w.p.dt, size: size, stacked: layer >= 0}
+	if isBuffer(key) {
+		mk.dt = dtype.Float32 // the router's expert_bias (rsParam.fp32)
+	}
 	model[key] = mk
 	*ordered = append(*ordered, mk)
 	return mk
@@ -309,13 +363,12 @@ func (w *distWriter) modelKey(model map[string]*dwKey, ordered *[]*dwKey, key st
 // box per TP rank (two for SwiGLU) of each atomic parameter.
 func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
 	p := w.p
-	T := p.o.TP
 	model := map[string]*dwKey{}
 	var ordered []*dwKey
 	for _, e := range p.r.Manifest.Params {
 		ekey, expert := distExpertKey(e.Name)
-		key, layer := distKey(ekey)
-		k := splitKind(e.Name, w.swiglu)
+		key, layer := w.key(ekey)
+		k := w.kind(e.Name)
 		if k == kindUnknown || k == kindGrouped1 || k == kindGrouped2 {
 			return nil, fmt.Errorf("%s: parameter %s: no torch_dist layout known for it", p.r.Dir, e.Name)
 		}
@@ -324,36 +377,64 @@ func (w *distWriter) megatronModelKeys() ([]*dwKey, error) {
 			full[0] = p.vocab
 		}
 		mk := w.modelKey(model, &ordered, key, layer, expert, full)
-		s := w.stageOf(e.Name, layer)
-		// Routed experts are cut over the expert-TP ranks U; the chunk of
-		// expert-TP rank u on EP rank e goes to the file of stage rank
-		// u + U*e's TP rank (rank order tp-cp-ep-dp-pp): any file loads.
-		cut, fileOf := T, func(t int) int { return t + T*s }
-		if expert >= 0 {
-			U, e := p.etp, expert/(p.experts/p.ep)
-			cut, fileOf = U, func(u int) int { return (u+U*e)%T + T*s }
-		}
-		for t := 0; t < cut; t++ {
-			bs, err := boxes(k, full, cut, t)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
-			}
-			for _, b := range bs {
-				ch := &dwChunk{rank: fileOf(t), offsets: b[0], size: b[1], src: e.Name,
-					pieces: []layout.StatePiece{{Param: e.Name, Shard: boxShard(b[0], b[1], e.Shape), N: torchfile.Numel(b[1])}}}
-				if expert >= 0 {
-					ch.offsets = append([]int64{int64(expert)}, ch.offsets...)
-					ch.size = append([]int64{1}, ch.size...)
-				}
-				if layer >= 0 {
-					ch.offsets = append([]int64{int64(layer)}, ch.offsets...)
-					ch.size = append([]int64{1}, ch.size...)
-				}
-				mk.chunks = append(mk.chunks, ch)
-			}
+		n, fileOf := w.cut(w.stageOf(e.Name, layer), expert)
+		err := w.addBoxes(mk, k, full, n, fileOf, layer, expert, e.Name, func(_ int, b [2][]int64) ([]layout.StatePiece, error) {
+			return []layout.StatePiece{{Param: e.Name, Shard: boxShard(b[0], b[1], e.Shape), N: torchfile.Numel(b[1])}}, nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", p.r.Dir, e.Name, err)
 		}
 	}
 	return ordered, nil
+}
+
+// addBoxes adds to mk the chunks of a tensor of global shape full (without
+// the layer and expert axes) cut n ways (kind k's boxes), cut i's in rank
+// file fileOf(i); pieces gives the atomic pieces of cut i's box b. A
+// layer's (an expert's) chunk is one entry of the layer (expert) axis.
+func (w *distWriter) addBoxes(mk *dwKey, k kind, full []int64, n int, fileOf func(int) int, layer, expert int, src string,
+	pieces func(i int, b [2][]int64) ([]layout.StatePiece, error)) error {
+	for i := 0; i < n; i++ {
+		bs, err := boxes(k, full, n, i)
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			pcs, err := pieces(i, b)
+			if err != nil {
+				return err
+			}
+			ch := &dwChunk{rank: fileOf(i), offsets: b[0], size: b[1], src: src, pieces: pcs}
+			if expert >= 0 {
+				ch.offsets = append([]int64{int64(expert)}, ch.offsets...)
+				ch.size = append([]int64{1}, ch.size...)
+			}
+			if layer >= 0 {
+				ch.offsets = append([]int64{int64(layer)}, ch.offsets...)
+				ch.size = append([]int64{1}, ch.size...)
+			}
+			mk.chunks = append(mk.chunks, ch)
+		}
+	}
+	return nil
+}
+
+// nonHomogeneous reports a model whose layers are not all alike, which
+// megatron-core saves per layer, unstacked: a moe_layer_freq pattern (a
+// list, or an int above 1).
+func nonHomogeneous(args layout.Args) (bool, error) {
+	v, ok := args.Attr("moe_layer_freq")
+	if !ok || v == nil {
+		return false, nil
+	}
+	if _, ok := v.(*pyobj.List); ok {
+		return true, nil
+	}
+	n, err := args.Int("moe_layer_freq", 1)
+	if err != nil {
+		return false, fmt.Errorf("%w (a list or an int)", err)
+	}
+	return n > 1, nil
 }
 
 // optimKeys adds the fully reshardable optimizer's tensors: one per model
@@ -366,6 +447,9 @@ func (w *distWriter) optimKeys(model []*dwKey) error {
 			name = "param"
 		}
 		for _, mk := range model {
+			if isBuffer(mk.key) {
+				continue // the router's expert_bias: a buffer, in no optimizer
+			}
 			ok := &dwKey{key: "optimizer.state." + name + "." + mk.key, dt: dtype.Float32, size: clone(mk.size)}
 			for _, ch := range mk.chunks {
 				if !p.hasState(ch.src, state) {
@@ -384,8 +468,6 @@ func (w *distWriter) optimKeys(model []*dwKey) error {
 // itemKeys adds the byte items: the layers' _extra_state and, for core
 // 0.19, the common state.
 func (w *distWriter) itemKeys(model []*dwKey) error {
-	p := w.p
-	L := p.layers
 	order := make([]string, len(model))
 	for i, mk := range model {
 		order[i] = mk.key
@@ -394,22 +476,8 @@ func (w *distWriter) itemKeys(model []*dwKey) error {
 	if err != nil {
 		return err
 	}
-	for _, mod := range w.extraModules(order) {
-		for l := 0; l < L; l++ {
-			w.items = append(w.items, &dwKey{key: fmt.Sprintf("%s._extra_state/shard_%d_%d", mod, l, L), data: none})
-		}
-	}
-	// Each expert's linears: one ShardedObject per (layer, expert),
-	// shard_<l>.<g>_<L>.<E> (SequentialMLP and TEGroupedMLP alike).
-	for _, mod := range []string{"linear_fc1", "linear_fc2"} {
-		if !slices.Contains(order, "decoder.layers."+expertKey+mod+".weight") {
-			continue
-		}
-		for l := 0; l < L; l++ {
-			for g := 0; g < p.experts; g++ {
-				w.items = append(w.items, &dwKey{key: fmt.Sprintf("decoder.layers.%s%s._extra_state/shard_%d.%d_%d.%d", expertKey, mod, l, g, L, p.experts), data: none})
-			}
-		}
+	for _, x := range w.extraItems(order) {
+		w.items = append(w.items, &dwKey{key: x, data: none})
 	}
 	if w.o.Core == Core019 {
 		common, err := w.common()
@@ -452,21 +520,74 @@ func coversLayers(k *dwKey, L int, experts bool, E int) error {
 	return nil
 }
 
-// extraModules are the layer modules saving _extra_state (ShardedObjects
-// keyed <module>._extra_state/shard_<layer>_<L>): the linears, and TE's
-// core attention with the TE spec, in the order the layer registers them.
-func (w *distWriter) extraModules(order []string) []string {
-	has := map[string]bool{}
+// extraSuffixes are the layer modules that save _extra_state (MCore's
+// parallel linears and TE modules: None without FP8), in the order the
+// layer registers them; TE's core attention saves one with the TE spec.
+var extraSuffixes = []string{"self_attention.core_attention", "self_attention.linear_proj", "self_attention.linear_qkv",
+	"self_attention.linear_q_proj", "self_attention.linear_q_down_proj", "self_attention.linear_q_up_proj",
+	"self_attention.linear_kv_down_proj", "self_attention.linear_kv_up_proj", "mlp.linear_fc1", "mlp.linear_fc2",
+	"mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"}
+
+// extraItems are the keys of the layers' _extra_state ShardedObjects
+// (<module>._extra_state/shard_<offsets>_<shape>, the layer and expert
+// axes of the module's tensors: transformer/utils.py
+// make_sharded_object_for_checkpoint, _get_extra_state_offsets). Stacked
+// layers: shard_<l>_<L> per layer; per-layer keys (non-homogeneous
+// layers): shard_0_1. Each routed expert's linears (SequentialMLP and
+// TEGroupedMLP alike): one per expert, shard_<l>.<g>_<L>.<E> or
+// shard_<g>_<E>.
+func (w *distWriter) extraItems(order []string) []string {
+	p := w.p
+	L, E := p.layers, p.experts
+	has := map[string]bool{} // module, layer number dropped
 	for _, k := range order {
-		if m := linearModule(k); m != "" && strings.HasPrefix(m, "decoder.layers.") {
-			has[m] = true
+		if strings.Contains(k, ".layer_norm_") {
+			continue // a norm under a linear's name (the local spec's keys map): not the linear
+		}
+		if m := linearModule(k); m != "" {
+			if rest, ok := strings.CutPrefix(m, "decoder.layers."); ok {
+				if n := layerIndex(m); n >= 0 {
+					rest = fmt.Sprintf("%d.", n) + strings.TrimPrefix(m, reLayer.FindString(m))
+				}
+				has[rest] = true
+			}
+		}
+	}
+	prefixes := []string{""} // stacked: decoder.layers.<suffix>
+	if w.perLayer {
+		prefixes = nil
+		for l := 0; l < L; l++ {
+			prefixes = append(prefixes, fmt.Sprintf("%d.", l))
 		}
 	}
 	var out []string
-	for _, m := range []string{"self_attention.core_attention", "self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2"} {
-		full := "decoder.layers." + m
-		if has[full] || (m == "self_attention.core_attention" && w.p.te && has["decoder.layers.self_attention.linear_proj"]) {
-			out = append(out, full)
+	for _, pre := range prefixes {
+		for _, suf := range extraSuffixes {
+			m := pre + suf
+			if !has[m] && !(suf == "self_attention.core_attention" && p.te && has[pre+"self_attention.linear_proj"]) {
+				continue
+			}
+			if pre != "" {
+				out = append(out, fmt.Sprintf("decoder.layers.%s._extra_state/shard_0_1", m))
+				continue
+			}
+			for l := 0; l < L; l++ {
+				out = append(out, fmt.Sprintf("decoder.layers.%s._extra_state/shard_%d_%d", m, l, L))
+			}
+		}
+		for _, mod := range []string{"linear_fc1", "linear_fc2"} {
+			m := pre + expertKey + mod
+			if !has[m] {
+				continue
+			}
+			for g := 0; pre != "" && g < E; g++ {
+				out = append(out, fmt.Sprintf("decoder.layers.%s._extra_state/shard_%d_%d", m, g, E))
+			}
+			for l := 0; pre == "" && l < L; l++ {
+				for g := 0; g < E; g++ {
+					out = append(out, fmt.Sprintf("decoder.layers.%s._extra_state/shard_%d.%d_%d.%d", m, l, g, L, E))
+				}
+			}
 		}
 	}
 	return out

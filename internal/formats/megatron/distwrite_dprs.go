@@ -56,7 +56,7 @@ func (w *distWriter) dprsKeys() error {
 	var all []rsParam
 	for _, st := range p.chunks {
 		for _, list := range st {
-			all = append(all, list...)
+			all = append(all, trained(list)...)
 		}
 	}
 	for _, list := range all {
@@ -137,7 +137,7 @@ func (w *distWriter) dprsDomains(divOf func(int) int64, sds []*pyobj.Dict) []dpr
 	keep := func(s int, f func(rsParam) bool) [][]rsParam {
 		out := make([][]rsParam, len(p.chunks[s]))
 		for v, list := range p.chunks[s] {
-			for _, rp := range list {
+			for _, rp := range trained(list) {
 				if f(rp) {
 					out[v] = append(out[v], rp)
 				}

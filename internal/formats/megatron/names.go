@@ -40,7 +40,7 @@ var (
 	// Replicated on every TP rank: norms (TE fuses them into the next
 	// linear as layer_norm_*), row-parallel biases, the router, learned
 	// position embeddings.
-	reRep = regexp.MustCompile(`(norm\.(weight|bias)|\.layer_norm_(weight|bias)|\.(linear_proj|linear_fc2|dense|dense_4h_to_h)\.bias\d*|\.router\.weight|\.shared_experts\.gate_weight|(^|\.)position_embeddings\.weight)$`)
+	reRep = regexp.MustCompile(`(norm\.(weight|bias)|\.layer_norm_(weight|bias)|\.(linear_proj|linear_fc2|dense|dense_4h_to_h)\.bias\d*|\.router\.(weight|expert_bias)|\.shared_experts\.gate_weight|(^|\.)position_embeddings\.weight)$`)
 
 	// Stage-local layer numbers (MCore decoder, legacy encoder/transformer).
 	reLayer = regexp.MustCompile(`^(decoder\.layers\.|language_model\.encoder\.layers\.|language_model\.transformer\.layers\.)(\d+)\.`)

@@ -66,9 +66,22 @@ type rsParam struct {
 	// the expert TP rank.
 	routed bool
 	expert int
-	// fp32: kept in float32 whatever the training dtype (the router's
-	// expert_bias: megatron-core router.py _maintain_float32_expert_bias).
+	// fp32: the router's expert_bias, a persistent buffer kept in float32
+	// whatever the training dtype (megatron-core router.py
+	// _maintain_float32_expert_bias) and held by no optimizer (trained).
 	fp32 bool
+}
+
+// trained keeps the tensors an optimizer holds: all but the router's
+// expert_bias buffers (rsParam.fp32).
+func trained(list []rsParam) []rsParam {
+	out := make([]rsParam, 0, len(list))
+	for _, rp := range list {
+		if !rp.fp32 {
+			out = append(out, rp)
+		}
+	}
+	return out
 }
 
 // outFile is one model_optim_rng.pt of a pipeline stage: the dense
@@ -355,8 +368,8 @@ func (p *rsPlan) slices(model layout.Model) error {
 	for i := range p.r.Manifest.Params {
 		e := &p.r.Manifest.Params[i]
 		switch {
-		case e.Frozen:
-			return fmt.Errorf("%s: frozen parameter or buffer %s: --to megatron writes trained parameters only", p.r.Dir, e.Name)
+		case e.Frozen && !isBuffer(e.Name):
+			return fmt.Errorf("%s: frozen parameter or buffer %s: --to megatron writes trained parameters and the router's expert_bias only", p.r.Dir, e.Name)
 		case isGrouped(e.Name) || strings.HasPrefix(e.Name, "language_model."):
 			return fmt.Errorf("%s: parameter %s: --to megatron does not write GroupedMLP (weight1/weight2) or legacy-model layouts yet", p.r.Dir, e.Name)
 		case isExpert(e.Name) && findExpert(e.Name).local < 0:
@@ -392,6 +405,9 @@ func (p *rsPlan) slices(model layout.Model) error {
 			if meta.Vocab && len(sh.Shape) > 0 {
 				p.vocab = sh.Shape[0] * int64(T)
 			}
+		}
+		if e.Frozen {
+			continue // the router's expert_bias: a buffer, in no optimizer
 		}
 		if err := p.readStates(e); err != nil {
 			return err
@@ -456,7 +472,8 @@ func (p *rsPlan) place() error {
 				embedding = e.Name
 			}
 		}
-		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: e.Name})
+		// The frozen ones slices admitted: the router's expert_bias.
+		p.chunks[s][v] = append(p.chunks[s][v], rsParam{local: local, src: e.Name, fp32: e.Frozen})
 	}
 	if embedding != "" && !p.untie && P*V > 1 {
 		p.chunks[P-1][V-1] = append(p.chunks[P-1][V-1], rsParam{local: "output_layer.weight", src: embedding})
@@ -598,7 +615,7 @@ func (p *rsPlan) writeRank(ctx context.Context, path string, f outFile, s int, s
 			key += strconv.Itoa(v)
 		}
 		root.Set(key, md)
-		members = append(members, list...)
+		members = append(members, trained(list)...)
 	}
 	if p.release { // weights only: loaded with --finetune --no-load-optim
 		return p.writeFile(ctx, path, root, fills, st)
@@ -858,7 +875,7 @@ func (p *rsPlan) distribState(a *Args, f outFile, s, sub int) (*pyobj.Dict, []la
 	root.Set("buckets_coalesced", true)
 	var fills []layout.StateFill
 	for v, all := range p.chunks[s] {
-		list := p.ofSub(p.ofEPRank(all, f.e), sub)
+		list := trained(p.ofSub(p.ofEPRank(all, f.e), sub))
 		lay := p.listLayout(a, s, v, list, i0, p.stageNumel(t, s))
 		base := make([]int64, len(lay.unpadded)+1)
 		for i, u := range lay.unpadded {
@@ -914,7 +931,7 @@ func (p *rsPlan) bufferDTypes(a *Args) pyobj.Tuple {
 func (p *rsPlan) stageNumel(t, s int) int64 {
 	var total int64
 	for _, list := range p.chunks[s] {
-		for _, rp := range list {
+		for _, rp := range trained(list) {
 			if p.chained() && isExpert(rp.src) {
 				continue // in the expert optimizer's buffers, cut at expert TP
 			}

@@ -260,8 +260,7 @@ func TestReshardLayout(t *testing.T) {
 // TestReshardRefused: targets the model cannot take are refused before
 // anything is written.
 func TestReshardRefused(t *testing.T) {
-	gqa := convertFixture(t, "tp2_gqa_swiglu") // 8 heads, 2 query groups, 2 layers
-	moe := convertFixture(t, "moe_ep2")
+	gqa := convertFixture(t, "tp2_gqa_swiglu")                          // 8 heads, 2 query groups, 2 layers
 	noArgs := convertFixture(t, "dist/core0_19_tp2_pp2_tied_bf16_dprs") // saved outside the training loop
 	cases := []struct {
 		name string
@@ -282,7 +281,6 @@ func TestReshardRefused(t *testing.T) {
 		{"pp 0", gqa, ReshardOptions{TP: 1, PP: 0, DP: 1}, "--pp must be at least 1"},
 		{"dp 0", gqa, ReshardOptions{TP: 1, PP: 1, DP: 0}, "--dp must be at least 1"},
 		{"torch_dist without args", noArgs, ReshardOptions{TP: 1, PP: 1, DP: 1}, "no args Namespace"},
-		{"experts with a routing-bias buffer", moe, ReshardOptions{TP: 1, PP: 1, DP: 1}, "frozen parameter or buffer decoder.layers.0.mlp.router.expert_bias"},
 		{"existing save folder", gqa, ReshardOptions{TP: 1, PP: 1, DP: 1}, "use --force"},
 	}
 	for _, c := range cases {
