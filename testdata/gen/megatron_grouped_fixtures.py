@@ -195,7 +195,9 @@ def grouped_pattern(name, c, fmt):
     t, ep, nle = c.get("etp", c["tp"]), c["ep"], c["E"] // c["ep"]
     if fmt != "torch":  # per expert, like SequentialMLP: fc1 gated halves, fc2 columns, over expert TP
         if t == 1:
-            return "Unique"
+            # fc1 is saved as two chunks (gate and up halves of 2t = 2), which ucp's classifier reads as a
+            # whole tensor fed by several flat ranges (Shard-V, its ZeRO rule); fc2 as one.
+            return "Shard-V" if name.endswith("linear_fc1.weight") else "Unique"
         return "Shard-NC" if name.endswith("linear_fc1.weight") else "Shard-H"
     if t == 1:
         if ep == 1:

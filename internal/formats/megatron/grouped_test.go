@@ -429,7 +429,7 @@ func TestGroupedDist(t *testing.T) {
 	}{
 		{"core0_15_gmm_tp2_ep2_dist", 4, []int64{16, 12}, []int64{12, 8}, "Shard-NC"},
 		{"core0_15_gmm_tp2_ep2_h13_dist", 6, []int64{8, 13}, []int64{13, 4}, "Shard-NC"},
-		{"core0_15_gmm_tp2_etp1_ep2_h13_dist", 4, []int64{12, 13}, []int64{13, 6}, "Unique"},
+		{"core0_15_gmm_tp2_etp1_ep2_h13_dist", 4, []int64{12, 13}, []int64{13, 6}, "Shard-V"}, // whole, in two chunks (gate, up)
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tbl := indexDist(t, distCase(c.name), Options{VocabSize: 50})
