@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Real megatron-core loads what `ucp reshard --to megatron --ckpt-format torch_dist` writes
-# (testdata/gen/megatron_dist_load.py), and what `--ckpt-format torch` writes from a Megatron-DeepSpeed
-# source with its optimizer (testdata/check/megatron_torch_load.py): each case converts a real-core fixture of
-# testdata/fixtures/megatron_dist, writes it at new degrees in the layout of MEGATRON_SRC's core,
-# and has that megatron-core load it at those degrees on CPU (gloo, torch 2.6 chroot of
-# scripts/torch2-chroot.sh, the fixture generator's shims), compare every parameter and optimizer
-# state with the fixture's live truth bit for bit, and take a training step.
+# Real megatron-core loads what `ucp reshard --to megatron --ckpt-format torch_dist` writes, and what
+# `--ckpt-format torch` writes from an MoE source (testdata/gen/megatron_dist_load.py: Megatron's own
+# load_checkpoint, pretrain_gpt.py-style args parsed by Megatron), and what `--ckpt-format torch` writes
+# from a Megatron-DeepSpeed source with its optimizer (testdata/check/megatron_torch_load.py): each case
+# converts a real-core fixture of testdata/fixtures/megatron_dist, writes it at new degrees in the layout
+# of MEGATRON_SRC's core, and has that megatron-core load it at those degrees on CPU (gloo, torch 2.6
+# chroot of scripts/torch2-chroot.sh, the fixture generator's shims), compare every parameter and
+# optimizer state with the fixture's live truth bit for bit, and take a training step.
 #
 #   scripts/megatron-check.sh MEGATRON_SRC [UCP_BIN]
 #
@@ -30,7 +31,13 @@ fx=$here/testdata/fixtures/megatron_dist
 # source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable)
 # | VPP written (model chunks per stage; default none) | layers of the first,last pipeline stage
 # (--decoder-first/last-pipeline-num-layers; 0 not set; default an even split).
-# | EP written (MoE fixtures; default the source's).
+# | EP written (MoE fixtures; default the source's) | expert TP written (--expert-tp; default TP).
+# Sharding distributed or plain writes --ckpt-format torch instead (mp_rank_* files, with distrib_optim.pt
+# or Megatron's non-distributed optimizer; torch AdamW's per-parameter step), loaded with
+# load_checkpoint --ckpt-format torch: the _local fixtures, whose args record the local spec, so that the
+# legacy names are the ones a CPU run (no Transformer Engine) builds. ucp refuses the legacy format at
+# expert TP > TP (two ranks of one (TP, EP) file would need different expert-TP cuts: Megatron names legacy
+# files by TP and EP rank only) and, for now, the distributed optimizer at expert TP != TP.
 # legacy:FIXTURE migrates formats: the fixture is first written by ucp as a legacy --ckpt-format torch
 # save (TP 2 x DP 2, distributed optimizer: distrib_optim.pt, a layout real Megatron loads, RESHARD.md),
 # and that legacy checkpoint is the source converted and written as torch_dist.
@@ -64,22 +71,36 @@ cases=(
   "core0_19_moe_tp2_ep2_fp32_dprs moe_tp2_ep2_fp32_dprs 2 1 2 dp_reshardable 0 0,0 1"
   "core0_19_moe_tp2_fp32_dprs moe_tp2_fp32_dprs 2 1 2 dp_reshardable 0 0,0 2"
   "core0_19_moe_tp2_ep2_fp32_fullrs moe_tp2_ep2_fp32_fullrs 1 1 4 dp_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_ep2_fp32_fullrs moe_tp2_ep2_fp32_fullrs 2 1 2 fully_reshardable 0 0,0 2 1"
+  "core0_19_moe_tp2_ep2_fp32_fullrs moe_tp2_ep2_fp32_fullrs 2 1 2 dp_reshardable 0 0,0 2 1"
+  "core0_19_moe_tp2_fp32_dprs moe_tp2_fp32_dprs 1 1 4 fully_reshardable 0 0,0 2 2"
+  "core0_19_moe_tp2_ep2_fp32_fullrs_local moe_tp2_ep2_fp32_fullrs_local 2 1 2 distributed 0 0,0 1"
+  "core0_19_moe_tp2_ep2_fp32_fullrs_local moe_tp2_ep2_fp32_fullrs_local 2 1 2 plain 0 0,0 1"
+  "core0_19_moe_tp2_dp2_fp32_fullrs_local moe_tp2_dp2_fp32_fullrs_local 2 1 2 distributed 0 0,0 2"
+  "core0_19_moe_tp2_dp2_fp32_fullrs_local moe_tp2_dp2_fp32_fullrs_local 2 1 2 plain 0 0,0 2"
+  "core0_19_moe_tp2_ep2_fp32_fullrs_local moe_tp2_ep2_fp32_fullrs_local 2 1 2 plain 0 0,0 2 1"
   "core0_19_moe_tp2_ep2_ebias_bf16_fullrs moe_tp2_ep2_ebias_bf16_fullrs 2 1 2 fully_reshardable 0 0,0 1"
   "core0_19_moe_tp2_ep2_ebias_bf16_fullrs moe_tp2_ep2_ebias_bf16_fullrs 1 2 2 dp_reshardable 0 0,0 2"
 )
 failed=0
 for c in "${cases[@]}"; do
   [ -n "${MEGATRON_CHECK_ONLY:-}" ] && ! grep -Eq -- "$MEGATRON_CHECK_ONLY" <<<"$c" && continue
-  read -r fixture gencase tp pp dp sharding vpp uneven ep <<<"$c"
+  read -r fixture gencase tp pp dp sharding vpp uneven ep etp <<<"$c"
   [ "${vpp:-0}" = 0 ] && vpp=
   IFS=, read -r first last <<<"${uneven:-0,0}"
   sharding=${sharding:-fully_reshardable}
   epflag=(); [ -n "$ep" ] && epflag=(--ep "$ep")
+  [ -n "$etp" ] && epflag+=(--expert-tp "$etp")
+  format=torch_dist; fmtflag=(--ckpt-format torch_dist --megatron-core "$core" --dist-optim-sharding "$sharding")
+  case $sharding in
+  distributed) format=torch; fmtflag=(--distributed-optimizer) ;;
+  plain) format=torch; fmtflag=(--megatron-optimizer adamw) ;;
+  esac
   tag=; [ "${fixture#legacy:}" != "$fixture" ] && tag=.legacy
   vflag=(); [ -n "$vpp" ] && vflag=(--vpp "$vpp") && tag=.vpp$vpp$tag
   [ "$first" != 0 ] && vflag+=(--decoder-first-pipeline-num-layers "$first") && tag=.first$first$tag
   [ "$last" != 0 ] && vflag+=(--decoder-last-pipeline-num-layers "$last") && tag=.last$last$tag
-  dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp${ep:+.ep$ep}.$sharding$tag
+  dir=$work/${fixture#legacy:}.tp$tp.pp$pp.dp$dp${ep:+.ep$ep}${etp:+.etp$etp}.$sharding$tag
   mkdir -p "$dir"
   case $fixture in
   legacy:*)
@@ -89,13 +110,13 @@ for c in "${cases[@]}"; do
     "$ucp" convert "$dir/legacy" "$dir/atomic" --quiet ;;
   *) "$ucp" convert "$fx/$fixture/checkpoint" "$dir/atomic" --quiet ;;
   esac
-  "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
-    --tp "$tp" --pp "$pp" "${vflag[@]}" --dp "$dp" "${epflag[@]}" --dist-optim-sharding "$sharding" --quiet
+  "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron "${fmtflag[@]}" \
+    --tp "$tp" --pp "$pp" "${vflag[@]}" --dp "$dp" "${epflag[@]}" --quiet
   cp "$fx/$fixture/truth.pt" "$dir/"
   rel=${dir#"$work"/}
   ok=0
   for attempt in 1 2 3; do
-    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" UCP_FIRST_LAST="$first,$last" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" $ep >"$dir/log" 2>&1; then
+    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" UCP_FIRST_LAST="$first,$last" UCP_CKPT_FORMAT=$format UCP_ETP="${etp:-0}" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" $ep >"$dir/log" 2>&1; then
       ok=1; break
     fi
     grep -q '^FAIL' "$dir/log" && break # a real difference: no retry
@@ -105,7 +126,7 @@ for c in "${cases[@]}"; do
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: $fixture -> TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp${ep:+ EP $ep} $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
+    echo "FAIL core $core: $fixture -> $format TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp${ep:+ EP $ep}${etp:+ expert-TP $etp} $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
   fi
 done
 # Megatron-DeepSpeed -> Megatron-LM with the optimizer: the llama-family Megatron-DeepSpeed fixture,
@@ -174,7 +195,7 @@ if [ -d "$fxt/$own" ] && [ "$timing" != 0 ]; then
   for round in $(seq "$rounds"); do
     for kind in own ucp; do
       o=0; [ $kind = own ] && o=1
-      timeout -k 10 900 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_OWN=$o UCP_MEGATRON_GEOMETRY=$geometry python3 megatron_dist_load.py src "time/$kind" tp2_dp2_bf16_fullrs 2 1 2 >"$dir/$kind.$round.log" 2>&1 || true
+      timeout -k 10 900 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_OWN=$o UCP_DIRECT=1 UCP_MEGATRON_GEOMETRY=$geometry python3 megatron_dist_load.py src "time/$kind" tp2_dp2_bf16_fullrs 2 1 2 >"$dir/$kind.$round.log" 2>&1 || true
       sed -n "s/.*; load \([0-9.]*\)s.*/$kind \1/p" "$dir/$kind.$round.log" >>"$dir/times"
     done
   done

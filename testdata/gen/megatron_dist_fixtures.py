@@ -64,6 +64,12 @@ CASES = {
     "moe_tp2_fp32_dprs": dict(tp=2, pp=1, dp=1, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=1),
     "moe_tp2_ep2_fp32_fullrs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True, experts=4, ep=2),
     "moe_tp2_ep2_fp32_dprs": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="dp_reshardable", tied=False, args=True, experts=4, ep=2),
+    # The same run with args recording the local spec (transformer_impl 'local'), as the _local case: a
+    # source whose --ckpt-format torch output keeps the local spec's names, which a CPU run (no TE) loads.
+    "moe_tp2_ep2_fp32_fullrs_local": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True,
+                                          experts=4, ep=2, impl=True),
+    "moe_tp2_dp2_fp32_fullrs_local": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True,
+                                          experts=4, ep=1, impl=True),
     # DeepSeek-V3's aux-loss-free balancing (--moe-router-enable-expert-bias, which needs the sigmoid
     # router): the router's persistent fp32 expert_bias buffer (set_expert_bias), bf16 in Float16Module.
     "moe_tp2_ep2_ebias_bf16_fullrs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True,
@@ -299,8 +305,10 @@ def nan_before_load(model, opt):
         for p in (p for m in chunks(model) for p in m.parameters()):
             p.fill_(float("nan"))
         for o in getattr(opt, "chained_optimizers", [opt]):
-            for g in o.shard_fp32_from_float16_groups + o.shard_fp32_groups:
-                for p in g:
+            # The main parameters the inner Adam steps: the distributed optimizer's shards, the
+            # non-distributed optimizer's fp32 copies (or, in fp32, the model's own parameters).
+            for g in o.optimizer.param_groups:
+                for p in g["params"]:
                     p.fill_(float("nan"))
             o.init_state_fn(o.optimizer, o.config)
             for st in o.optimizer.state.values():
@@ -318,6 +326,9 @@ def build(case, rank, world):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     experts, ep = case.get("experts"), case.get("ep", 1)
+    # etp: the expert tensor-parallel size (--expert-tensor-parallel-size; default TP). distopt False:
+    # Megatron's non-distributed optimizer (FP32Optimizer / Float16OptimizerWithFloat16Params).
+    etp, distopt = case.get("etp") or case["tp"], case.get("distopt", True)
     g = geometry(case)
     # vpp: model chunks as training.py get_model builds them (one GPTModel per
     # vp_stage, pre/post_process per chunk, DDP per chunk with bucketing only
@@ -328,7 +339,8 @@ def build(case, rank, world):
     # num_layers_in_first/last_pipeline_stage).
     ukw = {k: case[c] for k, c in (("num_layers_in_first_pipeline_stage", "first"),
                                    ("num_layers_in_last_pipeline_stage", "last")) if case.get(c)}
-    ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep, **vkw)
+    ps.initialize_model_parallel(case["tp"], case["pp"], expert_model_parallel_size=ep,
+                                 **(dict(expert_tensor_parallel_size=etp) if experts else {}), **vkw)
     bf16 = case["dtype"] == "bf16"
     dt = torch.bfloat16 if bf16 else torch.float32
     cfg = TransformerConfig(
@@ -338,12 +350,13 @@ def build(case, rank, world):
         tensor_model_parallel_size=case["tp"], pipeline_model_parallel_size=case["pp"],
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
         bf16=bf16, params_dtype=dt, pipeline_dtype=dt, perform_initialization=True, **vkw, **ukw, **case.get("cfg", {}),
-        **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=g["ffn"], expert_model_parallel_size=ep)
+        **(dict(num_moe_experts=experts, moe_router_topk=2, moe_ffn_hidden_size=g["ffn"], expert_model_parallel_size=ep,
+                expert_tensor_parallel_size=etp)
            if experts else {}),
     )
     torch.manual_seed(42)
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
+    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distopt,
                                             overlap_grad_reduce=False, bucket_size=None)
     models, ddps = [], []
     for v in range(vpp or 1):
@@ -364,7 +377,7 @@ def build(case, rank, world):
         ddps.append(DDP(config=cfg, ddp_config=ddp_cfg, module=inner, **(dict(disable_bucketing=v > 0) if vpp else {})))
         models.append(model)
     ocfg = OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, bf16=bf16, params_dtype=dt,
-                           use_distributed_optimizer=True)
+                           use_distributed_optimizer=distopt)
     opt = get_megatron_optimizer(ocfg, ddps)
     if vpp:
         return cfg, ddps, models, opt
@@ -441,13 +454,29 @@ def local_truth(model, opt, keys_map=True):
 
     out = []
     for m, name, p in [(m, n, p) for m in chunks(model) for n, p in m.named_parameters()]:
-        entry = dict(name=global_name(m, name, keys_map), tp=ps.get_tensor_model_parallel_rank(),
+        # A routed expert is cut over the expert tensor-parallel group (expert TP may differ from TP).
+        expert = ".experts." in name  # not .shared_experts.
+        tp_rank, tp_size = ((ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()) if expert
+                            else (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()))
+        entry = dict(name=global_name(m, name, keys_map), tp=tp_rank, tp_size=tp_size,
                      dp=ps.get_data_parallel_rank(), pp=ps.get_pipeline_model_parallel_rank(),
                      tp_split=bool(getattr(p, "tensor_model_parallel", False)),
                      dim=getattr(p, "partition_dim", -1), shape=tuple(p.shape), weight=p.detach().float().clone(),
                      tied_copy=(name == "output_layer.weight" and getattr(p, "shared", False)))
         # The sub-optimizer (ChainedOptimizer) that owns a slice of p on this DP rank.
-        owner = [o for o in getattr(opt, "chained_optimizers", [opt]) if p in o.model_param_group_index_map]
+        chained = getattr(opt, "chained_optimizers", [opt])
+        if not hasattr(chained[0], "model_param_gbuf_map"):
+            # Non-distributed: the whole fp32 main parameter and its Adam state on every rank.
+            mains = [mp for o in chained for mp in [main_param(o, p)] if mp is not None]
+            assert len(mains) == 1, name
+            st = next(o for o in chained if main_param(o, p) is not None).optimizer.state[mains[0]]
+            entry["range"] = (0, p.numel())
+            entry["states"] = {"param": mains[0].detach().float().clone().view(-1),
+                               "exp_avg": st["exp_avg"].detach().float().clone().view(-1),
+                               "exp_avg_sq": st["exp_avg_sq"].detach().float().clone().view(-1)}
+            out.append(entry)
+            continue
+        owner = [o for o in chained if p in o.model_param_group_index_map]
         assert len(owner) <= 1, name
         if owner:
             o = owner[0]
@@ -460,8 +489,23 @@ def local_truth(model, opt, keys_map=True):
     return out
 
 
+def main_param(o, p):
+    """The fp32 main parameter a non-distributed Megatron optimizer o keeps for model parameter p (its
+    fp32_from_float16 copy, or p itself in fp32), or None when p is another sub-optimizer's."""
+    for lps, mains in zip(getattr(o, "float16_groups", []), getattr(o, "fp32_from_float16_groups", [])):
+        for lp, mp in zip(lps, mains):
+            if lp is p:
+                return mp
+    for g in getattr(o, "fp32_from_fp32_groups", [g["params"] for g in o.optimizer.param_groups]):
+        for q in g:
+            if q is p:
+                return q
+    return None
+
+
 def merge(entries, tp):
-    """rank-0 merge of every rank's pieces into full tensors."""
+    """rank-0 merge of every rank's pieces into full tensors (tp: the tensor-parallel size of the
+    pieces that do not say theirs)."""
     by = {}
     for e in entries:
         if e["tied_copy"]:
@@ -480,6 +524,7 @@ def merge(entries, tp):
                     lo, hi = e["range"]
                     d[k][lo:hi] = e["states"][src]
         e0 = es[0]
+        tp = e0.get("tp_size", tp)
         states = {}
         for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):
             locs = []

@@ -1,24 +1,33 @@
-"""Real megatron-core loads a torch_dist folder written by `ucp reshard --to megatron --ckpt-format
-torch_dist` at the written degrees and must give the source fixture's live truth bit for bit, then
-train a step.
+"""Real megatron-core loads what `ucp reshard --to megatron` wrote (--ckpt-format torch_dist, or torch)
+at the written degrees with its own training-loop load, and must give the source fixture's live truth
+bit for bit, then train a step.
 
     python3 megatron_dist_load.py MEGATRON_SRC CASE_DIR CASE TP PP DP [SHARDING [EP]]
 
 CASE_DIR holds `written/` (ucp's save folder) and the source fixture's `truth.pt`; CASE is the
 source's generator case (megatron_dist_fixtures.CASES: the model geometry). Each of TP·PP·DP ranks
-(gloo, one process each) builds the fixture's GPTModel with Megatron's DDP and distributed optimizer at
-the new degrees (EP: the expert-parallel size of an MoE case, default the case's), every parameter and
-optimizer state NaN first, then does what the training loop's load does
-(megatron/training/checkpointing.py load_checkpoint): the sharded-state-dict metadata is the
-checkpoint's own `content_metadata` (`dist_checkpointing.load_content_metadata`; it must name SHARDING,
-and for a ChainedOptimizer it says whether keys carry `chained_<k>.`), then `dist_checkpointing.load` of
-`{'model': model.sharded_state_dict(metadata=...), 'optimizer': optimizer.sharded_state_dict(model_sd,
-is_loading=True, metadata=...)}` (fully_reshardable unless given; for dp_reshardable a bf16 model is wrapped in
-Float16Module as pretrain_gpt.py wraps it, so that DDP builds the buffers of a training run), `model.load_state_dict`, `optimizer.load_state_dict`. The live model and the
-optimizer's fp32 main parameters and Adam moments are gathered over every rank (the fixture
-generator's local_truth/merge) and compared with truth.pt: states exactly, weights with the truth's fp32
-cast to the dtype ucp saved (the training dtype, as a Float16Module holds every parameter) and back.
-Then one optimizer step on seeded gradients must succeed. Prints "ok ..." and exits 0 on success.
+(gloo, one process each) builds the fixture's GPTModel with Megatron's DDP and optimizer at the new
+degrees (EP: the expert-parallel size of an MoE case, default the case's; UCP_ETP: the expert
+tensor-parallel size, default TP), every parameter and optimizer state NaN first, then loads with
+Megatron's own `megatron.training.checkpointing.load_checkpoint` (megatron_load): the args are a
+pretrain_gpt.py command line at the load degrees parsed and validated by Megatron's parse_args and
+validate_args (`--ckpt-format`, `--use-distributed-optimizer`, `--no-load-rng`: ucp writes no rng
+state), so load_checkpoint reads the tracker and common state, checks the args, builds the sharded
+state dicts from the checkpoint's own `content_metadata` (SHARDING; a ChainedOptimizer's key prefix),
+loads, and calls the model's (strict: a failing strict load fails the check) and the optimizer's
+load_state_dict; the iteration it returns must be the source's.
+SHARDING: torch_dist's fully_reshardable (default) or dp_reshardable; with UCP_CKPT_FORMAT=torch (a
+legacy save, mp_rank_* files) "distributed" (distrib_optim.pt, Megatron's load_parameter_state) or
+"plain" (Megatron's non-distributed optimizer inside model_optim_rng.pt). Bucket layouts
+(dp_reshardable, distrib_optim.pt) wrap a bf16 model in Float16Module as pretrain_gpt.py wraps it, so
+that DDP builds the buffers of a training run. UCP_DIRECT=1 (and UCP_OWN=1, Megatron's own fixture,
+saved outside the training loop without content_metadata) takes load_checkpoint's torch_dist steps one
+by one instead (direct_load): the load-time rounds of scripts/megatron-check.sh time both checkpoints so.
+The live model and the optimizer's fp32 main parameters and Adam moments are gathered over every rank
+(the fixture generator's local_truth/merge; routed experts over the expert-TP group) and compared with
+truth.pt: states exactly, weights with the truth's fp32 cast to the dtype ucp saved (the training dtype,
+as a Float16Module holds every parameter) and back. Then one optimizer step on seeded gradients must
+succeed. Prints "ok ..." and exits 0 on success.
 Run inside the torch 2.6 chroot by scripts/megatron-check.sh.
 """
 import os
@@ -35,6 +44,14 @@ FIRST, LAST = (int(x) or None for x in os.environ.get("UCP_FIRST_LAST", "0,0").s
 # UCP_OWN=1: `written/` is the fixture's own checkpoint (the load-time baseline); its model weights
 # are the live ones (fp32 norms of the unwrapped bf16 model), compared with truth weight directly.
 OWN = os.environ.get("UCP_OWN") == "1"
+# UCP_DIRECT=1 (and UCP_OWN=1): the steps of load_checkpoint taken one by one (direct_load), as the
+# load-time rounds do for both checkpoints; otherwise Megatron's own load_checkpoint (megatron_load).
+DIRECT = os.environ.get("UCP_DIRECT") == "1"
+# UCP_CKPT_FORMAT=torch: `written/` is a legacy --ckpt-format torch save (mp_rank_* files), loaded by
+# load_checkpoint with --ckpt-format torch; SHARDING is then "distributed" (distrib_optim.pt beside each
+# rank's file) or "plain" (Megatron's non-distributed optimizer inside model_optim_rng.pt).
+FORMAT = os.environ.get("UCP_CKPT_FORMAT", "torch_dist")
+ETP = int(os.environ.get("UCP_ETP", "0")) or None  # expert tensor-parallel size (default TP)
 STEPS = 2  # the fixtures' optimizer steps (megatron_dist_fixtures.STEPS)
 sys.path.insert(0, src)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +64,7 @@ import megatron_dist_fixtures as gen
 
 def worker(rank, world, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
+                      USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank), CUDA_DEVICE_MAX_CONNECTIONS="1")
     gen.install_shims()
     gen.patch_dcp_load()
     gen.patch_torch_adam_step()
@@ -55,42 +72,34 @@ def worker(rank, world, port):
     from megatron.core import dist_checkpointing
 
     case = dict(gen.CASES[case_name])
-    case.update(tp=TP, pp=PP, dp=DP, vpp=VPP, first=FIRST, last=LAST, f16module=case.get("f16module") or SHARDING == "dp_reshardable" and not OWN)
+    # Bucket layouts (dp_reshardable, the legacy distrib_optim.pt) need DDP's buffers as a training run
+    # builds them: a bf16 model wrapped in Float16Module as pretrain_gpt.py wraps it.
+    buckets = SHARDING == "dp_reshardable" or FORMAT == "torch"
+    case.update(tp=TP, pp=PP, dp=DP, vpp=VPP, first=FIRST, last=LAST, f16module=case.get("f16module") or buckets and not OWN,
+                distopt=SHARDING != "plain")
+    if ETP:
+        case.update(etp=ETP)
     # The vocabulary as a run at TP pads it (ucp writes that padding, zeros).
     case["geom"] = dict(case.get("geom", {}), padded_vocab=gen.padded_vocab(TP))
     if EP is not None:
         case.update(ep=EP)
     cfg, ddp, model, opt = gen.build(case, rank, world)
+    from megatron.core import parallel_state as ps
+
+    if case.get("experts"):  # the run really has the expert degrees asked for
+        got = (ps.get_expert_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size())
+        if got != (case["ep"], ETP or TP):
+            sys.exit(f"FAIL {case_dir}: built with EP, expert TP {got}, want {(case['ep'], ETP or TP)}")
     gen.nan_before_load(model, opt)
     save = os.path.join(case_dir, "written")
     it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
     t0 = time.time()
-    # The training loop's load takes the metadata the checkpoint was saved with (content_metadata);
-    # the fixtures themselves (UCP_OWN) were saved without it, as before core 0.13.
-    meta = dist_checkpointing.load_content_metadata(it)
-    if meta is None and OWN:
-        meta = {"distrib_optim_sharding_type": SHARDING}
-    if meta is None or meta.get("distrib_optim_sharding_type") != SHARDING:
-        sys.exit(f"FAIL {case_dir}: content_metadata {meta}, want distrib_optim_sharding_type {SHARDING}")
-    from megatron.core import parallel_state as ps
-
-    meta = dict(meta, dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True))
-    # Model chunks under 'model0', 'model1', ... with a virtual pipeline, as the training loop's
-    # generate_state_dict names them (megatron/training/checkpointing.py, core_v0.19.0).
-    ms = gen.chunks(model)
-    keys = [f"model{i}" for i in range(len(ms))] if VPP else ["model"]
-    state = {k: m.sharded_state_dict(metadata=meta) for k, m in zip(keys, ms)}
-    state["optimizer"] = opt.sharded_state_dict(dict(state) if VPP else state["model"], is_loading=True, metadata=meta)
-    loaded = dist_checkpointing.load(state, it)
-    for k, m in zip(keys, ms):
-        m.load_state_dict(loaded[k])
-    # core 0.19's load_parameter_state_from_dp_reshardable lacks the @torch.no_grad() of
-    # load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main
-    # params are views of the model's, and its copy_ raises "a view of a leaf Variable that requires
-    # grad is being used in an in-place operation"; Megatron's own fp32 dp_reshardable fixture
-    # fails the same way (UCP_OWN=1). The load runs under no_grad, as the fully_reshardable one does.
-    with torch.no_grad():
-        opt.load_state_dict(loaded["optimizer"])
+    if DIRECT or OWN:
+        direct_load(model, opt, it)
+    else:
+        iteration = megatron_load(case, gen.chunks(ddp), opt, save, world)
+        if iteration != STEPS:
+            sys.exit(f"FAIL {case_dir}: load_checkpoint returned iteration {iteration}, want {STEPS}")
     load_s = time.time() - t0
     steps = {float(st["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for st in o.optimizer.state.values()}
     pieces = [None] * world
@@ -144,12 +153,129 @@ def worker(rank, world, port):
             print("FAIL", case_dir, *bad[:20], sep="\n  ")
         else:
             uneven = f" (first, last stage layers {FIRST}, {LAST})" if FIRST or LAST else ""
-            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP} EP {case.get('ep', 1)}{uneven}: "
-                  f"{n} tensors equal to the truth ({SHARDING}), one training step taken; load {load_s:.2f}s", flush=True)
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP} EP {case.get('ep', 1)}{f' expert-TP {ETP}' if ETP else ''}{uneven}: "
+                  f"{n} tensors equal to the truth ({FORMAT} {SHARDING}, {'dist_checkpointing.load' if DIRECT or OWN else 'load_checkpoint'}), "
+                  f"one training step taken; load {load_s:.2f}s", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     if bad:
         sys.exit(1)
+
+
+def megatron_args(case, world, save):
+    """The case's pretrain_gpt.py command line at the load degrees, parsed and validated by Megatron's own
+    parse_args/validate_args (megatron/training/arguments.py) and installed as the global args
+    (set_global_variables, no tokenizer) that load_checkpoint reads."""
+    import megatron.training.arguments as marguments
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.global_vars import set_global_variables
+
+    g = gen.geometry(case)
+    argv = ["pretrain_gpt.py", "--num-layers", g["layers"], "--hidden-size", g["hidden"],
+            "--num-attention-heads", g["heads"], "--group-query-attention", "--num-query-groups", g["groups"],
+            "--kv-channels", g["kv"], "--ffn-hidden-size", g["ffn"], "--swiglu", "--disable-bias-linear",
+            "--position-embedding-type", "rope", "--seq-length", gen.SEQ, "--max-position-embeddings", gen.SEQ,
+            "--micro-batch-size", 1, "--lr", 1e-2, "--weight-decay", 0.01, "--transformer-impl", "local",
+            "--use-cpu-initialization", "--no-gradient-accumulation-fusion", "--no-rope-fusion",
+            "--no-bias-swiglu-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
+            "--hidden-dropout", 0, "--attention-dropout", 0, "--make-vocab-size-divisible-by", 32,
+            "--tensor-model-parallel-size", TP, "--pipeline-model-parallel-size", PP,
+            "--ckpt-format", FORMAT, "--load", save,
+            # ucp writes no rng state (DISTWRITE.md): a resume at new degrees does not load one either.
+            "--no-load-rng"]
+    if case["distopt"]:
+        argv += ["--use-distributed-optimizer"]
+    if not case["tied"]:
+        argv += ["--untie-embeddings-and-output-weights"]
+    if case["dtype"] == "bf16":
+        argv += ["--bf16"]
+    if VPP:
+        argv += ["--num-virtual-stages-per-pipeline-rank", VPP]
+    if FIRST:
+        argv += ["--decoder-first-pipeline-num-layers", FIRST]
+    if LAST:
+        argv += ["--decoder-last-pipeline-num-layers", LAST]
+    for k, v in case.get("cfg", {}).items():  # the case's TransformerConfig extras, as the flags that set them
+        argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [v])
+    if case.get("experts"):
+        argv += ["--num-experts", case["experts"], "--moe-router-topk", 2, "--moe-ffn-hidden-size", g["ffn"],
+                 "--expert-model-parallel-size", case.get("ep", 1), "--moe-token-dispatcher-type", "allgather",
+                 "--expert-tensor-parallel-size", case.get("etp") or TP]
+    sys.argv = [str(a) for a in argv]
+    marguments.get_device_arch_version = lambda: 9  # no GPU to ask; picks only which performance note applies
+    args = parse_args()
+    validate_args(args, {})
+    set_global_variables(args, build_tokenizer=False)
+    return args
+
+
+def megatron_load(case, ddps, opt, save, world):
+    """Megatron's own load_checkpoint (megatron/training/checkpointing.py) of `save` into the DDP model
+    chunks and the optimizer, with the args a pretrain_gpt.py run at the load degrees parses: it reads the
+    tracker and the common state, checks the args, builds the sharded state dicts from the checkpoint's
+    content_metadata (sharding type; chained-optimizer key prefix), dist_checkpointing.load, then the
+    model's and the optimizer's load_state_dict. Returns the iteration it loaded."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.training.checkpointing import load_checkpoint
+
+    megatron_args(case, world, save)
+    # core 0.19's load_parameter_state_from_dp_reshardable (torch_dist dp_reshardable) and
+    # load_parameter_state_from_dp_zero (the legacy distrib_optim.pt) lack the @torch.no_grad() of
+    # load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main
+    # params are views of the model's, and their copy_ raises "a view of a leaf Variable that requires
+    # grad is being used in an in-place operation"; Megatron's own fp32 dp_reshardable fixture fails
+    # the same way (UCP_OWN=1). The shim runs them under no_grad, as their fully_reshardable twin runs.
+    for name in ("load_parameter_state_from_dp_reshardable", "load_parameter_state_from_dp_zero"):
+        f = getattr(DistributedOptimizer, name, None)
+        if f is not None:
+            setattr(DistributedOptimizer, name, torch.no_grad()(f))
+    # load_checkpoint retries a failing strict model load non-strictly and only prints the outcome: record
+    # the strict load's error, so that a key mismatch fails the check instead of passing unnoticed.
+    errors = []
+    for d in ddps:
+        def strict_load(sd, strict=True, _load=d.load_state_dict):
+            try:
+                return _load(sd, strict=strict)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                raise
+        d.load_state_dict = strict_load
+    iteration, _ = load_checkpoint(ddps, opt, None)
+    if errors:
+        sys.exit(f"FAIL {case_dir}: load_checkpoint's strict model load failed: {errors[0][:2000]}")
+    return iteration
+
+
+def direct_load(model, opt, it):
+    """The steps of load_checkpoint's torch_dist path, taken one by one (the load-time rounds, where
+    Megatron's own fixture has no content_metadata: it was saved outside the training loop)."""
+    from megatron.core import dist_checkpointing
+    # The training loop's load takes the metadata the checkpoint was saved with (content_metadata);
+    # the fixtures themselves (UCP_OWN) were saved without it, as before core 0.13.
+    meta = dist_checkpointing.load_content_metadata(it)
+    if meta is None and OWN:
+        meta = {"distrib_optim_sharding_type": SHARDING}
+    if meta is None or meta.get("distrib_optim_sharding_type") != SHARDING:
+        sys.exit(f"FAIL {case_dir}: content_metadata {meta}, want distrib_optim_sharding_type {SHARDING}")
+    from megatron.core import parallel_state as ps
+
+    meta = dict(meta, dp_cp_group=ps.get_data_parallel_group(with_context_parallel=True))
+    # Model chunks under 'model0', 'model1', ... with a virtual pipeline, as the training loop's
+    # generate_state_dict names them (megatron/training/checkpointing.py, core_v0.19.0).
+    ms = gen.chunks(model)
+    keys = [f"model{i}" for i in range(len(ms))] if VPP else ["model"]
+    state = {k: m.sharded_state_dict(metadata=meta) for k, m in zip(keys, ms)}
+    state["optimizer"] = opt.sharded_state_dict(dict(state) if VPP else state["model"], is_loading=True, metadata=meta)
+    loaded = dist_checkpointing.load(state, it)
+    for k, m in zip(keys, ms):
+        m.load_state_dict(loaded[k])
+    # core 0.19's load_parameter_state_from_dp_reshardable lacks the @torch.no_grad() of
+    # load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main
+    # params are views of the model's, and its copy_ raises "a view of a leaf Variable that requires
+    # grad is being used in an in-place operation"; Megatron's own fp32 dp_reshardable fixture
+    # fails the same way (UCP_OWN=1). The load runs under no_grad, as the fully_reshardable one does.
+    with torch.no_grad():
+        opt.load_state_dict(loaded["optimizer"])
 
 
 if __name__ == "__main__":
