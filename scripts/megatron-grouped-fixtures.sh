@@ -18,8 +18,16 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src" "$work/out"
 cp -r "$src/megatron" "$work/src/"
 cp -r "$here/testdata/gen/cpu_shims" "$work/"
-cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_grouped_fixtures.py" "$work/"
+cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_grouped_fixtures.py" \
+  "$here/testdata/gen/megatron_grouped_verify.py" "$work/"
 "$here/scripts/torch2-chroot.sh" run "$work" env OMP_NUM_THREADS=1 python3 megatron_grouped_fixtures.py src out "$@"
+# Megatron itself loads each torch_dist case back at TP 1 / EP 1 (GroupedMLP's own merge of the per-expert
+# tensors) and must give the truth's weights.
+for d in "$work"/out/*_dist/; do
+  [ -d "$d" ] || continue
+  name=$(basename "$d")
+  "$here/scripts/torch2-chroot.sh" run "$work" env OMP_NUM_THREADS=1 python3 megatron_grouped_verify.py src "out/$name" "$(echo "$name" | sed 's/^core[0-9]*_[0-9]*_//')"
+done
 for d in "$work"/out/*/; do
   name=$(basename "$d")
   case $name in

@@ -210,9 +210,9 @@ def grouped_pattern(name, c, fmt):
     return "Shard-NC"
 
 
-def worker(rank, world, case, out, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", CUDA_DEVICE_MAX_CONNECTIONS="1")
+def build(case, rank, world, save):
+    """The CPU shims, gloo, Megatron's args for the case and its model (get_model): (DDP list, GPTModel, args)."""
+    os.environ.update(CUDA_DEVICE_MAX_CONNECTIONS="1")
     torch.set_num_threads(1)
     import torch._dynamo as dynamo
 
@@ -232,13 +232,11 @@ def worker(rank, world, case, out, port):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.moe.experts import GroupedMLP
     from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args
-    from megatron.training.checkpointing import save_checkpoint
     from megatron.training.global_vars import set_args
-    from megatron.training.training import get_model, get_optimizer_param_scheduler
+    from megatron.training.training import get_model
     import megatron.training.arguments as marguments
     import megatron.training.global_vars as mglobal
 
@@ -256,7 +254,6 @@ def worker(rank, world, case, out, port):
         moe_utils.te_general_gemm = None
     if hasattr(marguments, "get_device_arch_version"):
         marguments.get_device_arch_version = lambda: 9
-    save = os.path.abspath(os.path.join(out, case, "checkpoint"))
     sys.argv = argv(case, save)
     args = parse_args()
     args.rank, args.world_size = rank, world
@@ -280,6 +277,20 @@ def worker(rank, world, case, out, port):
     ddp = get_model(provider)
     model = ddp[0].module.module  # DDP(Float16Module(GPTModel))
     assert all(isinstance(l.mlp.experts, GroupedMLP) for l in model.decoder.layers), "no GroupedMLP experts"
+    return ddp, model, args
+
+
+def worker(rank, world, case, out, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo")
+    c = CASES[case]
+    ddp, model, args = build(case, rank, world, os.path.abspath(os.path.join(out, case, "checkpoint")))
+    from megatron.core import parallel_state as ps
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.training.checkpointing import save_checkpoint
+    from megatron.training.training import get_optimizer_param_scheduler
+    import megatron_dist_fixtures as mdf
+
     kwargs = {f: getattr(args, f) for f in OptimizerConfig.__dataclass_fields__ if hasattr(args, f)}
     ocfg = OptimizerConfig(**kwargs)
     opt = get_megatron_optimizer(ocfg, ddp, use_gloo_process_groups=args.enable_gloo_process_groups)

@@ -1,12 +1,15 @@
 package megatron
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
@@ -493,5 +496,59 @@ func TestGroupedMLPArgs(t *testing.T) {
 	}
 	if got, err := (&distReader{dir: "x"}).groupedMLP(); err != nil || got {
 		t.Errorf("no args: %v, %v", got, err)
+	}
+}
+
+// The same GroupedMLP run saved as --ckpt-format torch and as torch_dist
+// (same seeds, same optimizer): the legacy reader's fused weight1 [H, E*G*F]
+// / weight2 [E*F, H] hold, per expert, the dist reader's linear_fc1 [G*F, H]
+// / linear_fc2 [H, F] transposed (weight1's memory is [E, H, G*F]), for every
+// state, when EP divides H and when it does not.
+func TestGroupedTorchAndDistAgree(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		E, H, GF, F int64
+	}{
+		{"core0_15_gmm_tp2_ep2", 4, 12, 16, 8},
+		{"core0_15_gmm_tp2_ep2_h13", 6, 13, 8, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			legacy := testkit.Convert(t, index(t, testkit.Fixture("megatron", c.name+"_torch", "checkpoint"), Options{}), 2)
+			dist := testkit.Convert(t, indexDist(t, distCase(c.name+"_dist"), Options{VocabSize: 50}), 2)
+			read := func(dir, name, state string) []float32 {
+				t.Helper()
+				raw, _, err := testkit.ReadAtomic(filepath.Join(dir, atomic.StatePath(name, state)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := make([]float32, len(raw)/4)
+				for i := range out {
+					out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+				}
+				return out
+			}
+			for _, state := range []string{fragment.FP32, "exp_avg", "exp_avg_sq"} {
+				for l := 0; l < 2; l++ {
+					pre := fmt.Sprintf("decoder.layers.%d.mlp.experts.", l)
+					w1, w2 := read(legacy, pre+"weight1", state), read(legacy, pre+"weight2", state)
+					for g := int64(0); g < c.E; g++ {
+						fc1 := read(dist, fmt.Sprintf("%slocal_experts.%d.linear_fc1.weight", pre, g), state)
+						fc2 := read(dist, fmt.Sprintf("%slocal_experts.%d.linear_fc2.weight", pre, g), state)
+						for h := int64(0); h < c.H; h++ {
+							for k := int64(0); k < c.GF; k++ {
+								if a, b := w1[(g*c.H+h)*c.GF+k], fc1[k*c.H+h]; a != b {
+									t.Fatalf("%s %s: weight1 expert %d (h %d, %d) = %v, linear_fc1 %v", pre, state, g, h, k, a, b)
+								}
+							}
+							for f := int64(0); f < c.F; f++ {
+								if a, b := w2[(g*c.F+f)*c.H+h], fc2[h*c.F+f]; a != b {
+									t.Fatalf("%s %s: weight2 expert %d (f %d, h %d) = %v, linear_fc2 %v", pre, state, g, f, h, a, b)
+								}
+							}
+						}
+					}
+				}
+			}
+		})
 	}
 }
