@@ -15,7 +15,7 @@ export UCP_REQUIRE_TOOLS  := 1
 CI_CHECKS := cuda-check
 endif
 
-.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed check-families check-torchtitan megatron-fixtures check-megatron
+.PHONY: all build install demo test deps fixtures dcp-fixtures bench fuzz lint clean python cuda-check cross check-deepspeed check-families check-torchtitan megatron-fixtures megatron-grouped-fixtures check-megatron
 
 all: build
 
@@ -129,6 +129,12 @@ check-moe: build
 megatron-fixtures:
 	@test -n "$(MEGATRON_SRC)" || { echo "usage: make megatron-fixtures MEGATRON_SRC=/path/to/Megatron-LM"; exit 2; }
 	./scripts/megatron-fixtures.sh $(MEGATRON_SRC)
+
+# GroupedMLP (legacy grouped GEMM) fixtures, --ckpt-format torch and torch_dist, with real megatron-core
+# core_v0.15.3 (GroupedMLP is gone from core 0.17) and the CPU grouped_gemm stand-in (testdata/gen/cpu_shims).
+megatron-grouped-fixtures:
+	@test -n "$(MEGATRON_SRC)" || { echo "usage: make megatron-grouped-fixtures MEGATRON_SRC=/path/to/Megatron-LM (core_v0.15.3)"; exit 2; }
+	./scripts/megatron-grouped-fixtures.sh $(MEGATRON_SRC)
 
 # Real megatron-core (a Megatron-LM release tag's tree: core_v0.19.0, core_v0.18.2, core_v0.15.3) loads
 # what `ucp reshard --to megatron --ckpt-format torch_dist` writes at new degrees, bit for bit against the

@@ -79,8 +79,10 @@ cases=(
   "core0_19_moe_tp2_dp2_fp32_fullrs_local moe_tp2_dp2_fp32_fullrs_local 2 1 2 distributed 0 0,0 2"
   "core0_19_moe_tp2_dp2_fp32_fullrs_local moe_tp2_dp2_fp32_fullrs_local 2 1 2 plain 0 0,0 2"
   "core0_19_moe_tp2_ep2_fp32_fullrs_local moe_tp2_ep2_fp32_fullrs_local 2 1 2 plain 0 0,0 2 1"
-  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs moe_tp2_ep2_ebias_bf16_fullrs 2 1 2 fully_reshardable 0 0,0 1"
-  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs moe_tp2_ep2_ebias_bf16_fullrs 1 2 2 dp_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs_local moe_tp2_ep2_ebias_bf16_fullrs_local 2 1 2 fully_reshardable 0 0,0 1"
+  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs_local moe_tp2_ep2_ebias_bf16_fullrs_local 1 2 2 dp_reshardable 0 0,0 2"
+  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs_local moe_tp2_ep2_ebias_bf16_fullrs_local 2 1 2 plain 0 0,0 1"
+  "core0_19_moe_tp2_ep2_ebias_bf16_fullrs_local moe_tp2_ep2_ebias_bf16_fullrs_local 1 2 2 distributed 0 0,0 2"
 )
 failed=0
 for c in "${cases[@]}"; do

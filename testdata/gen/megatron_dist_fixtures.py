@@ -71,10 +71,11 @@ CASES = {
     "moe_tp2_dp2_fp32_fullrs_local": dict(tp=2, pp=1, dp=2, dtype="fp32", sharding="fully_reshardable", tied=False, args=True,
                                           experts=4, ep=1, impl=True),
     # DeepSeek-V3's aux-loss-free balancing (--moe-router-enable-expert-bias, which needs the sigmoid
-    # router): the router's persistent fp32 expert_bias buffer (set_expert_bias), bf16 in Float16Module.
-    "moe_tp2_ep2_ebias_bf16_fullrs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False, args=True,
-                                          experts=4, ep=2, f16module=True,
-                                          cfg=dict(moe_router_enable_expert_bias=True, moe_router_score_function="sigmoid")),
+    # router): the router's persistent fp32 expert_bias buffer (set_expert_bias), bf16 in Float16Module;
+    # args record the local spec (loadable in --ckpt-format torch on CPU too).
+    "moe_tp2_ep2_ebias_bf16_fullrs_local": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="fully_reshardable", tied=False,
+                                                args=True, experts=4, ep=2, f16module=True, impl=True,
+                                                cfg=dict(moe_router_enable_expert_bias=True, moe_router_score_function="sigmoid")),
     # 8 heads in 4 query groups over 4 layers (loadable at TP 4 and at PP 2 x VPP 2), wrapped in
     # Float16Module as pretrain_gpt.py wraps a bf16 model (one DDP buffer, norms in bf16).
     "g4_tp2_dp2_bf16_dprs": dict(tp=2, pp=1, dp=2, dtype="bf16", sharding="dp_reshardable", tied=False, args=True,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -571,19 +570,13 @@ type rankWriter struct {
 	at   int64
 }
 
-// streamBufs are one worker's buffers and its copier (chunks stored in the
-// output dtype are copied in the kernel).
-type streamBufs struct {
-	buf, out []byte
-	copier   fsutil.Copier
-}
-
 // stream is one tensor chunk's torch.save stream at its place in the file.
 type stream struct {
-	k    *outKey
-	ch   *outChunk
-	l    *torchfile.Layout
-	base int64
+	k      *outKey
+	ch     *outChunk
+	l      *torchfile.Layout
+	base   int64
+	region int // its payload in write's Regions
 }
 
 func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey, workers int) error {
@@ -617,43 +610,32 @@ func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey, worker
 	if err := fsutil.Presize(w.f, w.at); err != nil {
 		return err
 	}
-	return layout.Pooled(ctx, workers, streams, func() *streamBufs { return &streamBufs{} }, nil,
-		func(b *streamBufs, s stream) error {
-			if err := w.tensor(b, s); err != nil {
-				return fmt.Errorf("%s: %s: %w", w.path, s.k.key, err)
+	// Every chunk's payload is a region of the file: the atomic states'
+	// ranges are filled by layout.WriteFills (runs stored as written copied
+	// in the kernel, the rest converted through small buffers, large
+	// chunks cut into ranges the workers share), small tensors written as
+	// they are; each stream's tail (its CRC) follows.
+	var regions layout.Regions
+	var fills []layout.TensorFill
+	for i := range streams {
+		s := &streams[i]
+		for _, seg := range s.l.Head() {
+			if _, err := w.f.WriteAt(seg.Data, s.base+seg.Off); err != nil {
+				return fmt.Errorf("%s: %w", w.path, err)
 			}
-			return nil
-		})
-}
-
-// pieceElems bounds the elements converted at once: buffers that stay in
-// the CPU's cache (layout.Chunk).
-const pieceElems = layout.Chunk
-
-// tensor writes one chunk as a torch.save stream of a contiguous tensor.
-func (w *rankWriter) tensor(b *streamBufs, s stream) error {
-	k, ch, l, base := s.k, *s.ch, s.l, s.base
-	for _, s := range l.Head() {
-		if _, err := w.f.WriteAt(s.Data, base+s.Off); err != nil {
-			return err
 		}
-	}
-	data := base + l.BlobOffset(0)
-	var crc uint32
-	if k.blob != nil {
-		if int64(len(k.blob.Data)) != k.blob.NBytes() {
-			return fmt.Errorf("%d bytes for %v%v", len(k.blob.Data), k.blob.DType, k.blob.Shape)
+		k, ch := s.k, s.ch
+		n := torchfile.Numel(ch.size)
+		s.region = regions.Add(w.f, s.base+s.l.BlobOffset(0), n*int64(k.dt.Size()))
+		if k.blob != nil {
+			if int64(len(k.blob.Data)) != k.blob.NBytes() {
+				return fmt.Errorf("%s: %s: %d bytes for %v%v", w.path, k.key, len(k.blob.Data), k.blob.DType, k.blob.Shape)
+			}
+			if err := regions.WriteAt(s.region, k.blob.Data, 0); err != nil {
+				return fmt.Errorf("%s: %s: %w", w.path, k.key, err)
+			}
+			continue
 		}
-		if _, err := w.f.WriteAt(k.blob.Data, data); err != nil {
-			return err
-		}
-		crc = crc32.ChecksumIEEE(k.blob.Data)
-	} else {
-		st, err := w.r.OpenState(k.param, k.state)
-		if err != nil {
-			return err
-		}
-		defer st.Close()
 		row := int64(1)
 		for _, d := range k.size[min(1, len(k.size)):] {
 			row *= d
@@ -662,62 +644,28 @@ func (w *rankWriter) tensor(b *streamBufs, s stream) error {
 		if len(ch.offsets) > 0 {
 			start = ch.offsets[0] * row
 		}
-		n := torchfile.Numel(ch.size)
-		es := int64(k.dt.Size())
-		if st.DType != k.dt && st.DType != dtype.Float32 {
-			return fmt.Errorf("%s: %v, cannot be written as %v", st.Path, st.DType, k.dt)
-		}
-		if src, at := st.File(); src != nil && st.DType == k.dt {
-			// Stored as written: copied in the kernel, the CRC taken on the way.
-			c, err := b.copier.CopyRangeCRC(w.f, data, src, at+start*es, n*es)
-			if err != nil {
-				return err
-			}
-			st.Record(start, n, c)
-			crc, n = c, 0
-		}
-		for done := int64(0); done < n; {
-			m := min(n-done, pieceElems)
-			if st.DType == k.dt {
-				// Kept as stored (and float32 to float32): no conversion.
-				b.out = grow(b.out, es*m)
-				if err := st.ReadRange(start+done, m, b.out); err != nil {
-					return err
-				}
-			} else {
-				b.buf = grow(b.buf, 4*m)
-				if err := st.ReadRange(start+done, m, b.buf); err != nil {
-					return err
-				}
-				b.out = grow(b.out, es*m)
-				if err := fromFloat32(b.out, b.buf, k.dt); err != nil {
-					return err
-				}
-			}
-			if err := fsutil.WriteAt(w.f, b.out, data+done*es); err != nil {
-				return err
-			}
-			crc = crc32.Update(crc, crc32.IEEETable, b.out)
-			done += m
-		}
+		fills = append(fills, layout.TensorFill{I: s.region, DType: k.dt, N: n,
+			Pieces: []layout.StatePiece{{Param: k.param, State: k.state, Local: start, N: n}}})
 	}
-	tail, err := l.Tail([]uint32{crc})
-	if err != nil {
-		return err
+	if err := layout.WriteFills(ctx, w.r, &regions, fills, workers, 0); err != nil {
+		return fmt.Errorf("%s: %w", w.path, err)
 	}
-	for _, s := range tail {
-		if _, err := w.f.WriteAt(s.Data, base+s.Off); err != nil {
+	for _, s := range streams {
+		crc, err := regions.CRC(s.region)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.k.key, err)
+		}
+		tail, err := s.l.Tail([]uint32{crc})
+		if err != nil {
 			return err
+		}
+		for _, seg := range tail {
+			if _, err := w.f.WriteAt(seg.Data, s.base+seg.Off); err != nil {
+				return fmt.Errorf("%s: %w", w.path, err)
+			}
 		}
 	}
 	return nil
-}
-
-func grow(b []byte, n int64) []byte {
-	if int64(cap(b)) < n {
-		return make([]byte, n)
-	}
-	return b[:n]
 }
 
 // exportMetadata builds the .metadata of the written keys, as

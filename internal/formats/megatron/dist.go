@@ -52,12 +52,15 @@ type distReader struct {
 	ep     int // expert parallel: from the bucketed expert optimizer state, else args, else 1
 	etp    int // expert tensor parallel: args, else TP
 	swiglu bool
-	vocab  int64 // true vocabulary rows (0: keep the padding)
-	table  *fragment.Table
-	params map[string]*distParam
-	order  []string // atomic names in model-key order
-	step   pyobj.Value
-	split  [][][2]int // [stage][model chunk] first global layer, layers (dp_reshardable only)
+	// grouped: the experts are GroupedMLP's (legacy grouped GEMM): a model
+	// chunk spans several experts, or args say so (groupedMLP).
+	grouped bool
+	vocab   int64 // true vocabulary rows (0: keep the padding)
+	table   *fragment.Table
+	params  map[string]*distParam
+	order   []string // atomic names in model-key order
+	step    pyobj.Value
+	split   [][][2]int // [stage][model chunk] first global layer, layers (dp_reshardable only)
 }
 
 // distParam is one atomic parameter and where its model tensor lies.
@@ -105,6 +108,9 @@ func IndexDist(ctx context.Context, path string, opt Options) (*fragment.Table, 
 
 func (r *distReader) index(ctx context.Context) error {
 	if err := r.readCommon(ctx); err != nil {
+		return err
+	}
+	if err := r.splitPrepended(); err != nil {
 		return err
 	}
 	if err := r.geometry(); err != nil {
@@ -326,6 +332,94 @@ func splitKey(key string) (int, func(idx []int64) string) {
 		return 1, func(idx []int64) string { return fmt.Sprintf("%s%s%d.%s", before, expertName, idx[0], after) }
 	}
 	return 0, func([]int64) string { return key }
+}
+
+// splitPrepended cuts every chunk that spans several entries of the
+// prepended axes (layer, expert) into one chunk per entry, so that each
+// chunk holds one layer's parameter of one expert. GroupedMLP (core <=
+// 0.16) saves each EP rank's experts as one chunk of nle entries on the
+// expert axis (experts.py sharded_state_dict: (prepend_axis_num, ep_rank,
+// ep_size) of the [nle, ...] local tensor); the other layouts save one
+// expert per chunk. An entry of a row-major chunk is a contiguous run of
+// its elements.
+func (r *distReader) splitPrepended() error {
+	for _, t := range r.c.Tensors {
+		key := t.Key
+		if _, _, opt := optKey(key); opt {
+			i := strings.Index(key, "decoder.")
+			if i < 0 {
+				continue
+			}
+			key = key[i:]
+		}
+		axes, _ := splitKey(key)
+		if axes == 0 {
+			continue
+		}
+		var out []dcp.ChunkRef
+		for _, ch := range t.Chunks {
+			if len(ch.Sizes) < axes || torchfile.Numel(ch.Sizes[:axes]) == 1 {
+				out = append(out, ch)
+				continue
+			}
+			ct := ch.Ref.T
+			if ct == nil || !torchfile.SameShape(ct.Shape, ch.Sizes) || !slices.Equal(ct.Stride, torchfile.ContiguousStrides(ct.Shape)) {
+				return fmt.Errorf("%s: %q: chunk at %v of sizes %v spans several entries of the prepended axes and is not a contiguous tensor of that shape", r.dir, t.Key, ch.Offsets, ch.Sizes)
+			}
+			if _, _, opt := optKey(t.Key); !opt {
+				r.grouped = true
+			}
+			inner := torchfile.Numel(ch.Sizes[axes:])
+			idx := make([]int64, axes)
+			for k := int64(0); ; k++ {
+				sub := ch
+				sub.Offsets, sub.Sizes = clone(ch.Offsets), clone(ch.Sizes)
+				for d := range idx {
+					sub.Offsets[d] += idx[d]
+					sub.Sizes[d] = 1
+				}
+				st := *ct
+				st.StorageOffset += k * inner
+				st.Shape, st.Stride = clone(sub.Sizes), torchfile.ContiguousStrides(sub.Sizes)
+				sub.Ref = fragment.TensorRef{Path: ch.Ref.Path, T: &st}
+				out = append(out, sub)
+				d := axes - 1
+				for ; d >= 0; d-- {
+					idx[d]++
+					if idx[d] < ch.Sizes[d] {
+						break
+					}
+					idx[d] = 0
+				}
+				if d < 0 {
+					break
+				}
+			}
+		}
+		t.Chunks = out
+	}
+	return nil
+}
+
+// groupedMLP reports whether the experts are GroupedMLP's: a model chunk
+// spanned several experts (splitPrepended), or args ask for grouped GEMM
+// (--moe-grouped-gemm) from the local spec or with
+// --moe-use-legacy-grouped-gemm (the TE spec otherwise builds
+// TEGroupedMLP, saved per expert like SequentialMLP).
+func (r *distReader) groupedMLP() (bool, error) {
+	if r.grouped {
+		return true, nil
+	}
+	gg, _, err := r.argBool("moe_grouped_gemm")
+	if err != nil || !gg {
+		return false, err
+	}
+	legacy, _, err := r.argBool("moe_use_legacy_grouped_gemm")
+	if err != nil || legacy {
+		return legacy, err
+	}
+	impl, _ := r.args.Attr("transformer_impl")
+	return impl == "local", nil
 }
 
 // modelParams splits the model keys into atomic parameters: one per index
@@ -560,6 +654,7 @@ func (r *distReader) finish(opType string) error {
 	}
 	if local {
 		r.note("args record the local layer spec (transformer_impl 'local'): norms saved under TE names are named input_layernorm/pre_mlp_layernorm, as in the model")
+		r.order = localNormOrder(r.order)
 	}
 	for _, name := range r.order {
 		p := r.params[name]
@@ -692,6 +787,46 @@ func (r *distReader) localSpec() (local bool, err error) {
 		}
 	}
 	return s == "local", nil
+}
+
+// localNormOrder puts a local-spec layer's norms where the module has
+// them (TransformerLayer registers input_layernorm first and
+// pre_mlp_layernorm right before mlp): the saved key order does not tell,
+// as the keys map renames them (core 0.15 lists them after the layer's
+// other keys, 0.19 before).
+func localNormOrder(order []string) []string {
+	out := make([]string, 0, len(order))
+	for i := 0; i < len(order); {
+		l := layerOf(order[i])
+		j := i + 1
+		for l >= 0 && j < len(order) && layerOf(order[j]) == l {
+			j++
+		}
+		var in, pre, rest []string
+		for _, n := range order[i:j] {
+			switch {
+			case l >= 0 && strings.Contains(n, localSpecNorms[0].saved):
+				in = append(in, n)
+			case l >= 0 && strings.Contains(n, localSpecNorms[1].saved):
+				pre = append(pre, n)
+			default:
+				rest = append(rest, n)
+			}
+		}
+		out = append(out, in...)
+		placed := len(pre) == 0
+		for _, n := range rest {
+			if !placed && strings.Contains(n, ".mlp.") {
+				out, placed = append(out, pre...), true
+			}
+			out = append(out, n)
+		}
+		if !placed {
+			out = append(out, pre...)
+		}
+		i = j
+	}
+	return out
 }
 
 // moduleName is the legacy reader's name of an atomic parameter of a

@@ -99,6 +99,22 @@ func (r *distReader) optimizer() (string, error) {
 			return "", err
 		}
 	}
+	grouped, err := r.groupedMLP()
+	if err != nil {
+		return "", err
+	}
+	if grouped && (buckets || typ == "fully_sharded_model_space") {
+		// Both keep GroupedMLP's fused layout: dp_reshardable buckets hold
+		// weight1/weight2 as the rank's flat [nle, H, G*F/t] / [nle, F/t, H]
+		// (not per expert), and fully_sharded_model_space saves the states
+		// per expert but untransposed, [E, H, G*F] against the weights'
+		// [E, G*F, H] (experts.py sh_ten_build_fn, flattened_range branch).
+		f := "dp_reshardable"
+		if !buckets {
+			f = typ
+		}
+		return "", fmt.Errorf("%s: GroupedMLP experts (--moe-grouped-gemm, legacy grouped GEMM) with the %s optimizer state, whose expert states keep GroupedMLP's fused weight1/weight2 layout, which ucp does not read (only fully_reshardable, or --ckpt-format torch)", r.dir, f)
+	}
 	switch {
 	case fully && buckets:
 		return "", fmt.Errorf("%s: both optimizer.state.* and optimizer.distributed.* keys: not one Megatron optimizer format", r.dir)

@@ -1,30 +1,69 @@
 package megatron
 
 import (
+	"encoding/binary"
+	"fmt"
+	"math"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/pyobj"
+	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
-// fullIndex lists, for each element of a shard in row-major order, its
-// row-major index in the full tensor (-1 where nothing is placed).
-func fullIndex(sh fragment.Shard, full []int64) []int64 {
-	n := torchfile.Numel(sh.Shape)
-	out := make([]int64, n)
-	for i := range out {
-		out[i] = -1
-	}
-	sh.Runs(full, 0, n, func(r fragment.Run) {
-		for k := int64(0); k < r.N; k++ {
-			out[r.Local+k] = r.Full + k
+// fullIndex lists, for each element of a rank's stored tensor in
+// row-major order, its row-major index in the full tensor (-1 where
+// nothing is placed), through the rank's pieces.
+func fullIndex(pcs []piece, full []int64) []int64 {
+	var out []int64
+	for _, pc := range pcs {
+		sh := pc.shard
+		n := torchfile.Numel(sh.Shape)
+		part := make([]int64, n)
+		for i := range part {
+			part[i] = -1
 		}
-	})
+		sh.Runs(full, 0, n, func(r fragment.Run) {
+			for k := int64(0); k < r.N; k++ {
+				part[r.Local+k] = r.Full + k
+			}
+		})
+		out = append(out, part...)
+	}
 	return out
+}
+
+// groupedState is one state of a parameter whose shards are the pieces of
+// every rank, each rank one stored tensor of the given local shape.
+func groupedState(t *testing.T, full, local []int64, pieces [][]piece) *fragment.Param {
+	t.Helper()
+	p := &fragment.Param{Name: "w", Shape: full}
+	st := p.AddState(fragment.FP32)
+	src := fragment.TensorRef{Path: "x", T: &torchfile.Tensor{Shape: local, Stride: torchfile.ContiguousStrides(local)}}
+	for r, pcs := range pieces {
+		var n int64
+		for _, pc := range pcs {
+			if pc.off != n {
+				t.Fatalf("rank %d: piece at %d, want %d", r, pc.off, n)
+			}
+			ln := torchfile.Numel(pc.shard.Shape)
+			st.Shards = append(st.Shards, pc.shard)
+			st.Frags = append(st.Frags, fragment.Fragment{Shard: len(st.Shards) - 1, Len: ln, Src: src, SrcStart: pc.off})
+			n += ln
+		}
+		if n != torchfile.Numel(local) {
+			t.Fatalf("rank %d: pieces hold %d elements, the stored tensor %v", r, n, local)
+		}
+	}
+	if err := st.Validate(full); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // TestGroupedShards places GroupedMLP weights of 4 experts over EP 2 and
@@ -93,24 +132,12 @@ func TestGroupedShards(t *testing.T) {
 			}
 			for i, want := range c.want {
 				if got := fullIndex(shards[i], full); !reflect.DeepEqual(got, want) {
-					t.Errorf("shard %d (%s): full indices\n got %v\nwant %v", i, shards[i].Label, got, want)
+					t.Errorf("rank %d (%s): full indices\n got %v\nwant %v", i, shards[i][0].shard.Label, got, want)
 				}
 			}
-			// Every shard holds one stored tensor of the local shape, and
-			// together they tile the full tensor: Shard-NC.
-			p := &fragment.Param{Name: c.name, Shape: full}
-			st := p.AddState(fragment.FP32)
-			for i, sh := range shards {
-				if torchfile.Numel(sh.Shape) != torchfile.Numel(c.local) {
-					t.Fatalf("shard %d has %v elements, the stored tensor %v", i, sh.Shape, c.local)
-				}
-				st.Shards = append(st.Shards, sh)
-				src := fragment.TensorRef{Path: "x", T: &torchfile.Tensor{Shape: c.local, Stride: torchfile.ContiguousStrides(c.local)}}
-				st.Frags = append(st.Frags, fragment.Fragment{Shard: i, Len: torchfile.Numel(c.local), Src: src})
-			}
-			if err := st.Validate(full); err != nil {
-				t.Fatal(err)
-			}
+			// Every rank's pieces tile its stored tensor, and together
+			// they tile the full tensor: Shard-NC.
+			p := groupedState(t, full, c.local, shards)
 			if k, _ := fragment.Classify(p); k != fragment.ShardNC {
 				t.Errorf("pattern %v, want Shard-NC", k)
 			}
@@ -134,11 +161,98 @@ func TestGroupedShardsTP1(t *testing.T) {
 	if got := fullIndex(shards[1], full); !reflect.DeepEqual(got, want) {
 		t.Errorf("EP rank 1: %v", got)
 	}
-	p := &fragment.Param{Shape: full}
-	st := p.AddState(fragment.FP32)
-	st.Shards = shards
+	p := groupedState(t, full, []int64{4, 8}, shards)
 	if k, dims := fragment.Classify(p); k != fragment.ShardV || !reflect.DeepEqual(dims, []int{0}) {
 		t.Errorf("pattern %v %v, want Shard-V [0]", k, dims)
+	}
+}
+
+// EP does not divide H (nor, in some rows, the local expert count): an EP
+// rank's weight1 starts or ends inside a full row, and is placed in pieces.
+func TestGroupedShardsHiddenNotDividedByEP(t *testing.T) {
+	// E 4, EP 2, H 3, gated, F 2, T 2 (F/T 1): full [3, 16], memory
+	// [E 4, H 3, G 2, F 2]. Rank (e, r) stores [j 2, h 3, g 2, 1]: local
+	// (j, h, g) is full ((2e+j)*3 + h)*4 + 2g + r. Rank 0 ends inside
+	// row 1 (lines 0..5 of 12, 4 per row), rank 1 starts inside it.
+	full, pieces, err := groupedShards(true, []int64{3, 4}, 3, 4, 2, 2, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(full, []int64{3, 16}) {
+		t.Fatalf("full shape %v", full)
+	}
+	for i, want := range map[int][]int64{
+		0: {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22},
+		3: {25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45, 47},
+	} {
+		if got := fullIndex(pieces[i], full); !reflect.DeepEqual(got, want) {
+			t.Errorf("rank %d: full indices\n got %v\nwant %v", i, got, want)
+		}
+	}
+	if len(pieces[0]) != 2 || len(pieces[3]) != 2 {
+		t.Errorf("pieces per rank: %d and %d, want a block of whole rows and a part of a row each", len(pieces[0]), len(pieces[3]))
+	}
+	p := groupedState(t, full, []int64{3, 4}, pieces)
+	if k, _ := fragment.Classify(p); k != fragment.ShardNC {
+		t.Errorf("pattern %v, want Shard-NC", k)
+	}
+}
+
+// Every element of every rank lands where Megatron's views put it, for
+// geometries where EP and the local expert count divide H or not: local
+// weight1 (j, h, g, c) of rank (e, r) is full element
+// (((e*nle+j)*H + h)*G + g)*F + r*F/T + c; weight2 (j, f, h) is
+// ((e*nle+j)*F + r*F/T + f)*H + h.
+func TestGroupedShardsViews(t *testing.T) {
+	for _, c := range []struct{ H, E, EP, T, G, F int64 }{
+		{13, 6, 2, 2, 2, 4}, // H 13 over EP 2, 3 local experts: head, rows and tail pieces
+		{13, 4, 2, 1, 2, 6}, // expert TP 1
+		{5, 8, 4, 2, 1, 4},  // not gated, EP 4
+		{7, 6, 3, 1, 2, 2},  // EP 3
+		{2, 8, 4, 2, 2, 2},  // fewer hidden rows than experts per row
+		{12, 4, 2, 2, 2, 8}, // EP divides H: one piece
+		{1, 4, 4, 1, 1, 2},  // one local expert, H 1
+	} {
+		nle, w := c.E/c.EP, c.F/c.T
+		for _, w1 := range []bool{true, false} {
+			local := []int64{c.H, nle * c.G * w}
+			if !w1 {
+				local = []int64{nle * w, c.H}
+			}
+			full, pieces, err := groupedShards(w1, local, c.H, c.E, int(c.EP), int(c.T), c.G)
+			if err != nil {
+				t.Fatalf("%+v weight1 %v: %v", c, w1, err)
+			}
+			for e := int64(0); e < c.EP; e++ {
+				for r := int64(0); r < c.T; r++ {
+					got := fullIndex(pieces[e*c.T+r], full)
+					var want []int64
+					if w1 {
+						for j := int64(0); j < nle; j++ {
+							for h := int64(0); h < c.H; h++ {
+								for g := int64(0); g < c.G; g++ {
+									for k := int64(0); k < w; k++ {
+										want = append(want, (((e*nle+j)*c.H+h)*c.G+g)*c.F+r*w+k)
+									}
+								}
+							}
+						}
+					} else {
+						for j := int64(0); j < nle; j++ {
+							for f := int64(0); f < w; f++ {
+								for h := int64(0); h < c.H; h++ {
+									want = append(want, ((e*nle+j)*c.F+r*w+f)*c.H+h)
+								}
+							}
+						}
+					}
+					if !reflect.DeepEqual(got, want) {
+						t.Errorf("%+v weight1 %v rank (%d, %d):\n got %v\nwant %v", c, w1, e, r, got, want)
+					}
+				}
+			}
+			groupedState(t, full, local, pieces)
+		}
 	}
 }
 
@@ -150,7 +264,6 @@ func TestGroupedShardsErrors(t *testing.T) {
 		EP      int
 		want    string
 	}{
-		{true, []int64{6, 8}, 6, 4, "hidden_size 6 does not split over expert parallel 4"},
 		{true, []int64{8, 6}, 8, 2, "weight1 has shape [8 6]"},
 		{true, []int64{4, 8}, 8, 2, "weight1 has shape [4 8]"},
 		{false, []int64{8, 4}, 8, 2, "weight2 has shape [8 4]"},
@@ -220,6 +333,222 @@ func TestGroupedArgsErrors(t *testing.T) {
 				})
 			}
 			wantError(t, root, Options{}, tc.want...)
+		})
+	}
+}
+
+// The real megatron-core GroupedMLP checkpoints (TestFixtures compares them
+// bit for bit with the live truth): each (EP, expert-TP) rank's weight1 is
+// placed in pieces exactly when EP does not divide hidden_size, and the
+// patterns are the truth's.
+func TestGroupedRealFixtures(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		H, E, F   int64
+		ranks     int // EP x expert TP
+		piecesMin int // shards of weight1's fp32 state
+	}{
+		{"core0_15_gmm_tp2_ep2_torch", 12, 4, 8, 4, 4},
+		{"core0_15_gmm_tp2_ep2_h13_torch", 13, 6, 4, 4, 8},      // per EP rank: rows + tail, head + rows
+		{"core0_15_gmm_tp2_etp1_ep2_h13_torch", 13, 4, 6, 2, 4}, // rows + tail, head + rows
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tbl := index(t, testkit.Fixture("megatron", c.name, "checkpoint"), Options{})
+			for _, layer := range []string{"0", "1"} {
+				w1 := tbl.Param("decoder.layers." + layer + ".mlp.experts.weight1")
+				w2 := tbl.Param("decoder.layers." + layer + ".mlp.experts.weight2")
+				if w1 == nil || w2 == nil {
+					t.Fatalf("layer %s: no GroupedMLP weights", layer)
+				}
+				if want := []int64{c.H, c.E * 2 * c.F}; !reflect.DeepEqual(w1.Shape, want) {
+					t.Errorf("weight1 shape %v, want %v", w1.Shape, want)
+				}
+				if want := []int64{c.E * c.F, c.H}; !reflect.DeepEqual(w2.Shape, want) {
+					t.Errorf("weight2 shape %v, want %v", w2.Shape, want)
+				}
+				placed := 0
+				for _, sh := range w1.State(fragment.FP32).Shards {
+					if sh.Replica == 0 {
+						placed++
+					}
+				}
+				if placed != c.piecesMin {
+					t.Errorf("weight1: %d placed shards, want %d over %d ranks", placed, c.piecesMin, c.ranks)
+				}
+			}
+		})
+	}
+}
+
+// What ucp still does not read of a GroupedMLP checkpoint is refused,
+// naming the file and the reason.
+func TestGroupedRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, fixture string
+		edit          func(args *pyobj.Dict)
+		want          []string
+	}{
+		// Expert TP != TP with the distributed optimizer (refused for every
+		// expert layout: the expert buffers' layout at ETP != TP is unread).
+		{"expert TP with the distributed optimizer", "core0_15_gmm_tp2_ep2_torch",
+			func(a *pyobj.Dict) { a.Set("expert_tensor_parallel_size", int64(1)) },
+			[]string{"model_optim_rng.pt", "expert_tensor_parallel_size 1 differs from tensor_model_parallel_size 2 with the distributed optimizer"}},
+		// args that contradict the stored shapes.
+		{"num_experts", "core0_15_gmm_tp2_ep2_h13_torch",
+			func(a *pyobj.Dict) { a.Set("num_experts", int64(12)) },
+			[]string{"model_optim_rng.pt", "decoder.layers.0.mlp.experts.weight1", "expert hidden size of 2 but args.moe_ffn_hidden_size is 4"}},
+		{"num_experts at expert TP 1", "core0_15_gmm_tp2_etp1_ep2_h13_torch",
+			func(a *pyobj.Dict) { a.Set("num_experts", int64(8)) },
+			[]string{"model_optim_rng.pt", "decoder.layers.0.mlp.experts.weight1", "expert hidden size of 3 but args.moe_ffn_hidden_size is 6"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testkit.CopyTree(t, testkit.Fixture("megatron", tc.fixture, "checkpoint"))
+			// TP 2 x EP 2 saves 4 folders; with expert TP 1 the ranks
+			// (tp, ep) = (0, 0) and (1, 1) hold every expert-TP part.
+			files, err := filepath.Glob(filepath.Join(root, "iter_*", "mp_rank_*", "model_optim_rng.pt"))
+			if err != nil || len(files) < 2 {
+				t.Fatalf("%v: %v", files, err)
+			}
+			for _, f := range files {
+				rewrite(t, f, func(r pyobj.Value) pyobj.Value {
+					tc.edit(argsOf(r))
+					return r
+				})
+			}
+			wantError(t, root, Options{}, tc.want...)
+		})
+	}
+}
+
+// torch_dist: GroupedMLP saves each EP rank's experts as one chunk of nle
+// entries on the expert axis, cut into one chunk per expert; every expert
+// then reads as SequentialMLP's (TestDistFixtures compares the values).
+func TestGroupedDist(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		E        int
+		fc1, fc2 []int64
+		pattern  string // of fc1
+	}{
+		{"core0_15_gmm_tp2_ep2_dist", 4, []int64{16, 12}, []int64{12, 8}, "Shard-NC"},
+		{"core0_15_gmm_tp2_ep2_h13_dist", 6, []int64{8, 13}, []int64{13, 4}, "Shard-NC"},
+		{"core0_15_gmm_tp2_etp1_ep2_h13_dist", 4, []int64{12, 13}, []int64{13, 6}, "Shard-V"}, // whole, in two chunks (gate, up)
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tbl := indexDist(t, distCase(c.name), Options{VocabSize: 50})
+			for l := 0; l < 2; l++ {
+				for e := 0; e < c.E; e++ {
+					pre := fmt.Sprintf("decoder.layers.%d.mlp.experts.local_experts.%d.", l, e)
+					fc1, fc2 := tbl.Param(pre+"linear_fc1.weight"), tbl.Param(pre+"linear_fc2.weight")
+					if fc1 == nil || fc2 == nil {
+						t.Fatalf("%s: missing", pre)
+					}
+					if !reflect.DeepEqual(fc1.Shape, c.fc1) || !reflect.DeepEqual(fc2.Shape, c.fc2) {
+						t.Errorf("%s: shapes %v, %v, want %v, %v", pre, fc1.Shape, fc2.Shape, c.fc1, c.fc2)
+					}
+					if k, _ := fragment.Classify(fc1); k.String() != c.pattern {
+						t.Errorf("%s linear_fc1: pattern %v, want %s", pre, k, c.pattern)
+					}
+				}
+			}
+		})
+	}
+}
+
+// GroupedMLP's dp_reshardable and fully_sharded_model_space optimizer
+// states keep the fused layout: refused, naming the folder and why.
+func TestGroupedDistRefused(t *testing.T) {
+	root := testkit.CopyTree(t, distCase("core0_15_gmm_tp2_ep2_dist"))
+	common := filepath.Join(root, "iter_0000002", "common.pt")
+	rewrite(t, common, func(r pyobj.Value) pyobj.Value {
+		od, _ := r.(*pyobj.Dict).Get("optimizer")
+		d := od.(*pyobj.Dict)
+		for i := 0; i < d.Len(); i++ {
+			_, sub := d.Item(i)
+			sub.(*pyobj.Dict).Set("param_state_sharding_type", "fully_sharded_model_space")
+		}
+		return r
+	})
+	wantDistError(t, root, "GroupedMLP experts", "fully_sharded_model_space optimizer state", "fused weight1/weight2 layout")
+}
+
+// groupedMLP tells GroupedMLP from the other expert layouts by args when
+// no chunk spans several experts (one local expert).
+func TestGroupedMLPArgs(t *testing.T) {
+	for _, c := range []struct {
+		args map[string]pyobj.Value
+		want bool
+	}{
+		{map[string]pyobj.Value{"moe_grouped_gemm": true, "transformer_impl": "local"}, true},
+		{map[string]pyobj.Value{"moe_grouped_gemm": true, "transformer_impl": "transformer_engine"}, false},
+		{map[string]pyobj.Value{"moe_grouped_gemm": true, "transformer_impl": "transformer_engine", "moe_use_legacy_grouped_gemm": true}, true},
+		{map[string]pyobj.Value{"moe_grouped_gemm": false, "transformer_impl": "local"}, false},
+		{map[string]pyobj.Value{}, false},
+	} {
+		d := pyobj.NewDict(pyobj.PlainDict)
+		for k, v := range c.args {
+			d.Set(k, v)
+		}
+		r := &distReader{dir: "x", args: &pyobj.Object{State: d}}
+		if got, err := r.groupedMLP(); err != nil || got != c.want {
+			t.Errorf("args %v: groupedMLP %v, %v; want %v", c.args, got, err, c.want)
+		}
+	}
+	if got, err := (&distReader{dir: "x"}).groupedMLP(); err != nil || got {
+		t.Errorf("no args: %v, %v", got, err)
+	}
+}
+
+// The same GroupedMLP run saved as --ckpt-format torch and as torch_dist
+// (same seeds, same optimizer): the legacy reader's fused weight1 [H, E*G*F]
+// / weight2 [E*F, H] hold, per expert, the dist reader's linear_fc1 [G*F, H]
+// / linear_fc2 [H, F] transposed (weight1's memory is [E, H, G*F]), for every
+// state, when EP divides H and when it does not.
+func TestGroupedTorchAndDistAgree(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		E, H, GF, F int64
+	}{
+		{"core0_15_gmm_tp2_ep2", 4, 12, 16, 8},
+		{"core0_15_gmm_tp2_ep2_h13", 6, 13, 8, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			legacy := testkit.Convert(t, index(t, testkit.Fixture("megatron", c.name+"_torch", "checkpoint"), Options{}), 2)
+			dist := testkit.Convert(t, indexDist(t, distCase(c.name+"_dist"), Options{VocabSize: 50}), 2)
+			read := func(dir, name, state string) []float32 {
+				t.Helper()
+				raw, _, err := testkit.ReadAtomic(filepath.Join(dir, atomic.StatePath(name, state)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := make([]float32, len(raw)/4)
+				for i := range out {
+					out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+				}
+				return out
+			}
+			for _, state := range []string{fragment.FP32, "exp_avg", "exp_avg_sq"} {
+				for l := 0; l < 2; l++ {
+					pre := fmt.Sprintf("decoder.layers.%d.mlp.experts.", l)
+					w1, w2 := read(legacy, pre+"weight1", state), read(legacy, pre+"weight2", state)
+					for g := int64(0); g < c.E; g++ {
+						fc1 := read(dist, fmt.Sprintf("%slocal_experts.%d.linear_fc1.weight", pre, g), state)
+						fc2 := read(dist, fmt.Sprintf("%slocal_experts.%d.linear_fc2.weight", pre, g), state)
+						for h := int64(0); h < c.H; h++ {
+							for k := int64(0); k < c.GF; k++ {
+								if a, b := w1[(g*c.H+h)*c.GF+k], fc1[k*c.H+h]; a != b {
+									t.Fatalf("%s %s: weight1 expert %d (h %d, %d) = %v, linear_fc1 %v", pre, state, g, h, k, a, b)
+								}
+							}
+							for f := int64(0); f < c.F; f++ {
+								if a, b := w2[(g*c.F+f)*c.H+h], fc2[h*c.F+f]; a != b {
+									t.Fatalf("%s %s: weight2 expert %d (f %d, h %d) = %v, linear_fc2 %v", pre, state, g, f, h, a, b)
+								}
+							}
+						}
+					}
+				}
+			}
 		})
 	}
 }

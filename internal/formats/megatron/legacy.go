@@ -321,10 +321,7 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	k := splitKind(first.lp.local, a.SwiGLU)
 	expert := isExpert(name) && a.ETP != a.TP
 	if expert {
-		if k == kindGrouped1 || k == kindGrouped2 {
-			return nil, fmt.Errorf("%s: %s: GroupedMLP with expert_tensor_parallel_size %d different from tensor_model_parallel_size %d, which ucp does not read yet", first.f.rd.model, first.lp.local, a.ETP, a.TP)
-		}
-		T = a.ETP // routed experts are cut over the expert-TP ranks
+		T = a.ETP // routed experts (GroupedMLP's too) are cut over the expert-TP ranks
 	}
 	if buffer {
 		k = kindRep
@@ -348,7 +345,7 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 	}
 	// Copies per TP rank, in folder order: the first is placed, the others
 	// (EP replicas of dense parameters, TP replicas) are checked equal.
-	byRank := make([][]source, len(pl.shards))
+	byRank := make([][]source, pl.ranks())
 	for _, s := range srcs {
 		r := 0
 		switch {
@@ -376,7 +373,7 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 		states = stateNames(srcs)
 	}
 	for _, sn := range states {
-		if err := b.placeState(p, sn, byRank, pl.shards, buffer, rankName); err != nil {
+		if err := b.placeState(p, sn, byRank, pl, buffer, rankName); err != nil {
 			return nil, err
 		}
 	}
@@ -394,7 +391,7 @@ func (b *builder) param(name string, srcs []source) (*fragment.Param, error) {
 
 // placeState adds state sn of p: per rank, the first copy placed and the
 // others as replicas; a buffer's state is the model tensor itself.
-func (b *builder) placeState(p *fragment.Param, sn string, byRank [][]source, shards []fragment.Shard, buffer bool, rankName func(int) string) error {
+func (b *builder) placeState(p *fragment.Param, sn string, byRank [][]source, pl *placement, buffer bool, rankName func(int) string) error {
 	name := p.Name
 	st := p.AddState(sn)
 	for r, ss := range byRank {
@@ -412,16 +409,32 @@ func (b *builder) placeState(p *fragment.Param, sn string, byRank [][]source, sh
 					return fmt.Errorf("%s: %s has no optimizer state %q, which other copies have", s.f.rd.model, s.lp.local, sn)
 				}
 			}
-			sh := shards[r]
-			sh.Replica = 0
 			if placed {
 				replica++
-				sh.Replica = replica
 			}
 			placed = true
-			sh.Label = s.f.rd.name
-			st.Shards = append(st.Shards, sh)
-			st.Frags = append(st.Frags, fragment.Fragment{Shard: len(st.Shards) - 1, Len: s.lp.t.Numel(), Src: ref.ref, SrcStart: ref.start})
+			// A rank's stored tensor is one shard, or several pieces
+			// (GroupedMLP weight1 when EP does not divide H) that tile it.
+			pcs := pl.rankPieces(r)
+			var n int64
+			for i, pc := range pcs {
+				sh := pc.shard
+				sh.Replica = replica
+				sh.Label = s.f.rd.name
+				if len(pcs) > 1 {
+					sh.Label += fmt.Sprintf(" part %d", i)
+				}
+				ln := torchfile.Numel(sh.Shape)
+				if pc.off != n {
+					return fmt.Errorf("%s: %s: internal error: piece %d starts at %d, not %d", s.f.rd.model, s.lp.local, i, pc.off, n)
+				}
+				n += ln
+				st.Shards = append(st.Shards, sh)
+				st.Frags = append(st.Frags, fragment.Fragment{Shard: len(st.Shards) - 1, Len: ln, Src: ref.ref, SrcStart: ref.start + pc.off})
+			}
+			if n != s.lp.t.Numel() {
+				return fmt.Errorf("%s: %s has %d elements but its placement covers %d", s.f.rd.model, s.lp.local, s.lp.t.Numel(), n)
+			}
 		}
 		if !placed {
 			return fmt.Errorf("%s: no folder holds state %q of %s of %s", b.table.Source, sn, rankName(r), name)

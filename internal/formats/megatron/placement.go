@@ -10,9 +10,28 @@ import (
 // placement is how the TP shards of one parameter rebuild it.
 type placement struct {
 	shape  []int64          // atomic shape (vocabulary padding stripped)
-	shards []fragment.Shard // one per TP rank; one for replicated parameters; ep*T+tp when byEP
+	shards []fragment.Shard // one per TP rank; one for replicated parameters
 	info   fragment.Info
-	byEP   bool // each (EP, TP) rank holds a different part (GroupedMLP weights)
+	// GroupedMLP weights: each (EP, expert-TP) rank, at ep*T+tp, holds a
+	// different part, placed as one or more pieces (shards is nil).
+	byEP   bool
+	pieces [][]piece
+}
+
+// ranks is the number of ranks holding different parts.
+func (pl *placement) ranks() int {
+	if pl.byEP {
+		return len(pl.pieces)
+	}
+	return len(pl.shards)
+}
+
+// rankPieces is how rank r's stored tensor is placed.
+func (pl *placement) rankPieces(r int) []piece {
+	if pl.byEP {
+		return pl.pieces[r]
+	}
+	return []piece{{shard: pl.shards[r]}}
 }
 
 // placement builds the shards of a parameter of the given kind whose
@@ -96,7 +115,7 @@ func (b *builder) groupedPlacement(k kind, first source, T int) (*placement, err
 	if a.SwiGLU {
 		G = 2
 	}
-	full, shards, err := groupedShards(k == kindGrouped1, first.lp.t.Shape, a.Hidden, int64(a.NumExperts), a.EP, T, G)
+	full, pieces, err := groupedShards(k == kindGrouped1, first.lp.t.Shape, a.Hidden, int64(a.NumExperts), a.EP, T, G)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
@@ -113,7 +132,7 @@ func (b *builder) groupedPlacement(k kind, first source, T int) (*placement, err
 		F = full[1] / (E * G)
 	}
 	if ffn > 0 && F != ffn {
-		return nil, fmt.Errorf("%s: shape %v over %d experts, expert parallel %d and tensor parallel %d gives an expert hidden size of %d but args.%s is %d",
+		return nil, fmt.Errorf("%s: shape %v over %d experts, expert parallel %d and expert tensor parallel %d gives an expert hidden size of %d but args.%s is %d",
 			where, first.lp.t.Shape, E, a.EP, T, F, from, ffn)
 	}
 	// The TP split, as DeepSpeed's universal loader describes it: E*G (E)
@@ -126,12 +145,20 @@ func (b *builder) groupedPlacement(k kind, first source, T int) (*placement, err
 	if info.NSubParams < 2 {
 		info.NSubParams = 0
 	}
-	return &placement{shape: full, shards: shards, info: info, byEP: true}, nil
+	return &placement{shape: full, pieces: pieces, info: info, byEP: true}, nil
 }
 
-// groupedShards returns the full shape of a GroupedMLP weight and the shard
-// of each (EP rank e, TP rank r) at index e*T + r, from the local shape
-// (weight1 [H, nle*G*F/T], weight2 [nle*F/T, H]).
+// piece is a part of one rank's stored tensor placed as its own shard:
+// elements [off, off + numel(shard.Shape)) of the stored tensor, in
+// row-major order. Most parameters have one piece per rank, at 0.
+type piece struct {
+	off   int64
+	shard fragment.Shard
+}
+
+// groupedShards returns the full shape of a GroupedMLP weight and the
+// pieces of each (EP rank e, expert-TP rank r) at index e*T + r, from the
+// local shape (weight1 [H, nle*G*F/T], weight2 [nle*F/T, H]).
 //
 // Megatron uses the local weight1 as view(nle, H, G*F/T) and weight2 as
 // view(nle, F/T, H): expert j's block is its fc1 (fc2) TP slice,
@@ -141,58 +168,45 @@ func (b *builder) groupedPlacement(k kind, first source, T int) (*placement, err
 // weight2: rank (e, r) holds, for each local expert j, rows [F/T) of the
 // full rows of global expert e*nle+j at offset r*F/T: nle equal
 // sub-parameters of the EP rank's nle*F rows (fragment.SubParams), moved
-// down by e*nle*F rows.
+// down by e*nle*F rows. One piece.
 //
-// weight1: the flat elements of EP rank e are the contiguous block
-// [e, e+1) * nle*H*G*F, i.e. full rows [e*H/EP, (e+1)*H/EP) when EP
-// divides H. Seen as a [H/EP, E*X] tensor (X = G*F/T), a local row holds E
-// consecutive lines of X elements, as a full row holds E lines of G*F
-// (line = one (expert, hidden) pair; lines keep their slot i < E within a
-// row because EP divides H): local column block i*X + g*F/T + [0, F/T) is
-// full column block i*G*F + g*F + r*F/T + [0, F/T). That is E*G equal
-// sub-parameters along dim 1, each split over T (fragment.SubParams), moved
-// down by e*H/EP rows. The shard's shape [H/EP, E*X] is a reshape of the
-// stored [H, nle*X]: fragments are flat, row-major runs.
-func groupedShards(weight1 bool, local []int64, H, E int64, EP, T int, G int64) ([]int64, []fragment.Shard, error) {
+// weight1: see weight1Pieces.
+func groupedShards(weight1 bool, local []int64, H, E int64, EP, T int, G int64) ([]int64, [][]piece, error) {
 	if len(local) != 2 {
 		return nil, nil, fmt.Errorf("a GroupedMLP weight has shape %v, not 2 dims", local)
 	}
 	if E <= 0 || EP <= 0 || T <= 0 || E%int64(EP) != 0 {
 		return nil, nil, fmt.Errorf("%d experts do not split over expert parallel %d", E, EP)
 	}
-	nle, ep, t := E/int64(EP), int64(EP), int64(T)
-	var full, slice []int64 // full tensor; the part of one EP rank
-	var subs, rowStep int64 // sub-parameters in the slice; rows per EP rank
-	var dim int
+	nle, t := E/int64(EP), int64(T)
+	pieces := make([][]piece, EP*T)
 	if weight1 {
 		if local[0] != H || local[1]%(nle*G) != 0 || local[1] == 0 {
 			return nil, nil, fmt.Errorf("weight1 has shape %v but hidden_size %d and %d local experts need [%d, %d x %d x F/%d]", local, H, nle, H, nle, G, T)
 		}
 		w := local[1] / (nle * G) // F/T
-		if H%ep != 0 {
-			return nil, nil, fmt.Errorf("hidden_size %d does not split over expert parallel %d, so an expert-parallel rank's part of weight1 is not a block of rows; ucp cannot place it", H, EP)
+		full := []int64{H, E * G * w * t}
+		for e := 0; e < EP; e++ {
+			for r := 0; r < T; r++ {
+				pieces[e*T+r] = weight1Pieces(H, E, nle, G, w, t, int64(e), int64(r))
+			}
 		}
-		full = []int64{H, E * G * w * t}
-		slice = []int64{H / ep, full[1]}
-		subs, rowStep, dim = E*G, H/ep, 1
-	} else {
-		if local[1] != H || local[0]%nle != 0 || local[0] == 0 {
-			return nil, nil, fmt.Errorf("weight2 has shape %v but hidden_size %d and %d local experts need [%d x F/%d, %d]", local, H, nle, nle, T, H)
-		}
-		w := local[0] / nle
-		full = []int64{E * w * t, H}
-		slice = []int64{nle * w * t, H}
-		subs, rowStep, dim = nle, nle*w*t, 0
+		return full, label(pieces, T), nil
 	}
-	var pat fragment.Pattern = fragment.Split{Dim: 0} // one EP rank's rows, whole
+	if local[1] != H || local[0]%nle != 0 || local[0] == 0 {
+		return nil, nil, fmt.Errorf("weight2 has shape %v but hidden_size %d and %d local experts need [%d x F/%d, %d]", local, H, nle, nle, T, H)
+	}
+	w := local[0] / nle
+	full := []int64{E * w * t, H}
+	slice := []int64{nle * w * t, H} // one EP rank's rows
+	var pat fragment.Pattern = fragment.Split{Dim: 0}
 	if T > 1 {
-		sp, err := fragment.EqualSubParams(dim, int(subs), slice[dim], T)
+		sp, err := fragment.EqualSubParams(0, int(nle), slice[0], T)
 		if err != nil {
 			return nil, nil, err
 		}
 		pat = sp
 	}
-	shards := make([]fragment.Shard, EP*T)
 	for e := 0; e < EP; e++ {
 		for r := 0; r < T; r++ {
 			var sh fragment.Shard
@@ -200,7 +214,7 @@ func groupedShards(weight1 bool, local []int64, H, E int64, EP, T int, G int64) 
 			if T > 1 {
 				sh, err = pat.Shard(slice, r, T)
 				for i := range sh.Maps {
-					sh.Maps[i].To[0] += int64(e) * rowStep
+					sh.Maps[i].To[0] += int64(e) * slice[0]
 				}
 			} else {
 				sh, err = pat.Shard(full, e, EP)
@@ -208,11 +222,69 @@ func groupedShards(weight1 bool, local []int64, H, E int64, EP, T int, G int64) 
 			if err != nil {
 				return nil, nil, err
 			}
-			sh.Label = fmt.Sprintf("ep%d tp%d", e, r)
-			shards[e*T+r] = sh
+			pieces[e*T+r] = []piece{{shard: sh}}
 		}
 	}
-	return full, shards, nil
+	return full, label(pieces, T), nil
+}
+
+// weight1Pieces places the weight1 of rank (e, r). Call a line one
+// (expert, hidden) pair: X = G*w elements on a rank (w = F/T), G*F in the
+// full tensor. The full [H, E*G*F] holds E lines per row, in slots 0..E-1,
+// and line L (global expert i, hidden h: L = i*H + h) sits in row L/E,
+// slot L%E. Rank e stores lines [L0, L0+n), L0 = e*nle*H, n = nle*H, as
+// [n, X]: within a line, local columns g*w + [0, w) are full columns
+// slot*G*F + g*F + r*w + [0, w).
+//
+// Lines that fill whole full rows form one piece [m, E*X] (local row k =
+// full row R+k; E*G boxes of m x w, one at T = 1). L0 is a multiple of E
+// only when EP divides H: otherwise the rank's first lines finish a row
+// that the previous rank started (a head piece [1, a*X]) and its last
+// lines start one (a tail piece [1, b*X]); both are boxes within one row.
+func weight1Pieces(H, E, nle, G, w, t, e, r int64) []piece {
+	X, GF := G*w, G*w*t
+	n, L0 := nle*H, e*nle*H
+	// rowPiece places lines [l, l+m*k) of the rank (k per row, m rows) at
+	// full row R, slots s0.. as a piece of shape [m, k*X].
+	rowPiece := func(l, m, k, R, s0 int64) piece {
+		sh := fragment.Shard{Shape: []int64{m, k * X}}
+		if t == 1 { // whole lines: contiguous in both
+			sh.Maps = []fragment.BoxMap{{From: []int64{0, 0}, To: []int64{R, s0 * GF}, Size: []int64{m, k * X}}}
+		} else {
+			for i := int64(0); i < k; i++ {
+				for g := int64(0); g < G; g++ {
+					sh.Maps = append(sh.Maps, fragment.BoxMap{From: []int64{0, i*X + g*w}, To: []int64{R, (s0+i)*GF + g*GF/G + r*w}, Size: []int64{m, w}})
+				}
+			}
+		}
+		return piece{off: l * X, shard: sh}
+	}
+	var out []piece
+	a := min((E-L0%E)%E, n) // lines finishing a row the previous rank started
+	if a > 0 {
+		out = append(out, rowPiece(0, 1, a, L0/E, L0%E))
+	}
+	m := (n - a) / E
+	if m > 0 {
+		out = append(out, rowPiece(a, m, E, (L0+a)/E, 0))
+	}
+	if b := n - a - m*E; b > 0 {
+		out = append(out, rowPiece(a+m*E, 1, b, (L0+a)/E+m, 0))
+	}
+	return out
+}
+
+// label names every piece by its rank.
+func label(pieces [][]piece, T int) [][]piece {
+	for i, ps := range pieces {
+		for j := range ps {
+			ps[j].shard.Label = fmt.Sprintf("ep%d tp%d", i/T, i%T)
+			if len(ps) > 1 {
+				ps[j].shard.Label += fmt.Sprintf(" part %d", j)
+			}
+		}
+	}
+	return pieces
 }
 
 // checkShape compares a merged shape with the geometry in args.

@@ -19,14 +19,14 @@ import (
 
 // TestReshardExpertBias: checkpoints whose router has the persistent fp32
 // expert_bias buffer of --moe-router-enable-expert-bias, trained in bf16
-// (moe_ep2, generated; core0_19_moe_tp2_ep2_ebias_bf16_fullrs, written by
+// (moe_ep2, generated; core0_19_moe_tp2_ep2_ebias_bf16_fullrs_local, written by
 // real megatron-core 0.19 with the sigmoid router it requires), written by
 // both Megatron writers at a new TP / PP / EP read back equal to the
 // fixture's truth bit for bit, expert_bias included and still float32;
 // every rank file holding a router holds its buffer in float32 and no
 // optimizer holds it.
 func TestReshardExpertBias(t *testing.T) {
-	const real = "dist/core0_19_moe_tp2_ep2_ebias_bf16_fullrs"
+	const real = "dist/core0_19_moe_tp2_ep2_ebias_bf16_fullrs_local"
 	cases := []struct {
 		fixture string
 		o       DistOptions

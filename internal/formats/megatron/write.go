@@ -1070,6 +1070,15 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 	if p.vocab > 0 {
 		nd.Set("padded_vocab_size", p.vocab)
 	}
+	if _, ok := nd.Get("accumulate_allreduce_grads_in_fp32"); !ok && p.dt == dtype.BFloat16 {
+		// Args saved outside the training loop lack it: arguments.py's bf16
+		// rule (fp32 grads unless grad_reduce_in_bf16, core_v0.19.0) is what
+		// the loading run builds its DDP buffers with, and distrib_optim.pt's
+		// (param dtype, grad dtype) keys follow it.
+		if bf, _ := nd.Get("grad_reduce_in_bf16"); bf != true {
+			nd.Set("accumulate_allreduce_grads_in_fp32", true)
+		}
+	}
 	// The split written: the uneven-pipeline arguments asked for, else none.
 	for _, k := range []string{"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
 		"num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "pipeline_model_parallel_layout"} {
