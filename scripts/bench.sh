@@ -202,7 +202,7 @@ if [ "${BENCH_EXPORT:-1}" = 1 ] && [ -f "$B/src/latest" ]; then
   rm -f "$B"/t.*
   for r in $(seq "$REPEAT"); do
     rm -rf "$B/hf"; sync
-    timed "$B/t.export" "$UCP" export --quiet --force --to hf --dtype bfloat16 --memory "$MEM" --verify=false "$B/atomic" "$B/hf"
+    timed "$B/t.export" "$UCP" export --quiet --force --to hf --arch none --dtype bfloat16 --memory "$MEM" --verify=false "$B/atomic" "$B/hf"
     rm -rf "$B/hfcp"; sync
     timed "$B/t.hfcp" copysync "$B/hf" "$B/hfcp"
   done
