@@ -18,14 +18,7 @@ import (
 // vocabulary padding with zeros (it clears only when the range has
 // padding, so a buffer of garbage catches a missed clear).
 func TestReadLocalAsPadding(t *testing.T) {
-	tbl, err := deepspeed.Index(context.Background(), testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), deepspeed.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tp2Atomic(t)
 	padded := 0
 	for _, p := range r.Params() {
 		st, err := r.OpenState(p.Name, "fp32")
@@ -68,4 +61,19 @@ func TestReadLocalAsPadding(t *testing.T) {
 	if padded == 0 {
 		t.Fatal("no shard with padding was read")
 	}
+}
+
+// tp2Atomic is the atomic checkpoint of a real DeepSpeed Megatron TP 2 bf16
+// fixture (vocabulary-padded embeddings, fp32 states).
+func tp2Atomic(t *testing.T) *atomic.Reader {
+	t.Helper()
+	tbl, err := deepspeed.Index(context.Background(), testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), deepspeed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

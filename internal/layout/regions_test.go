@@ -8,11 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/dtype"
-	"github.com/ucp-project/ucp/internal/formats/deepspeed"
 	"github.com/ucp-project/ucp/internal/layout"
-	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -23,14 +20,7 @@ import (
 // must hold what ReadLocalAs reads, zeros around the piece, the bytes
 // between regions untouched, and CRC must be the region's CRC-32.
 func TestWriteFillsRegions(t *testing.T) {
-	tbl, err := deepspeed.Index(context.Background(), testkit.Fixture("deepspeed", "megatron_tp2_bf16opt_dp2", "checkpoint"), deepspeed.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := tp2Atomic(t)
 	f, err := os.Create(filepath.Join(t.TempDir(), "rank.distcp"))
 	if err != nil {
 		t.Fatal(err)
