@@ -254,6 +254,16 @@ func (f *File) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n in
 	return f.tw.CopyFrom(c, i, src, srcOff, off, n)
 }
 
+// CopyFromCRC is CopyFrom for bytes whose CRC-32 is known: a whole zip
+// record of the source, whose central directory gives its CRC. They are
+// not read back (FORMAT.md, "crc32").
+func (f *File) CopyFromCRC(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64, crc uint32) error {
+	if f.sw != nil {
+		return f.sw.CopyFromCRC(c, i, src, srcOff, off, n, crc)
+	}
+	return f.tw.CopyFromCRC(c, i, src, srcOff, off, n, crc)
+}
+
 // Commit finishes this node's part of the file and records it: a whole
 // file with its size and CRC-32 (returned), a shared one by its pieces.
 func (f *File) Commit() (FileEntry, error) {

@@ -79,6 +79,37 @@ func (c *Copier) CopyRangeCRC(dst *os.File, dstOff int64, src *os.File, srcOff, 
 	return crc, err
 }
 
+// bigPiece is one copy_file_range call of a copy that is not read back:
+// on Linux 6.18 (ext4) 1 MiB calls cost 10-20% more system time than
+// calls of 8 MiB or more.
+const bigPiece = 64 << 20
+
+// CopyRange copies n bytes of src at srcOff to dst at dstOff, in the
+// kernel where it can, without hashing them: for bytes whose CRC is known
+// (a whole zip record of the source).
+func (c *Copier) CopyRange(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) error {
+	kernel := c.kernel
+	if kernel == nil {
+		kernel = kernelCopy
+	}
+	for n > 0 && !c.noKernel {
+		k, err := kernel(dst, dstOff, src, srcOff, int(min(n, bigPiece)))
+		if errors.Is(err, errKernelUnsupported) {
+			c.noKernel = true
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
+		}
+		if k == 0 {
+			return fmt.Errorf("copying %s to %s: %s ends before byte %d: %w", src.Name(), dst.Name(), src.Name(), srcOff+n, io.ErrUnexpectedEOF)
+		}
+		n, srcOff, dstOff = n-int64(k), srcOff+int64(k), dstOff+int64(k)
+	}
+	_, err := c.copyBuffered(0, dst, dstOff, src, srcOff, n)
+	return err
+}
+
 // hash extends crc with n bytes of f at off, read through the buffer.
 func (c *Copier) hash(crc uint32, f *os.File, off, n int64) (uint32, error) {
 	if len(c.Buf) == 0 {

@@ -14,8 +14,9 @@ import (
 
 // TestCopyRange copies ranges of a file into the middle of another with
 // the kernel, with a kernel that refuses (the fallback), with one that
-// fails half-way through, and through the hashing path; the destination
-// must hold exactly the source bytes at the offset and nothing else.
+// fails half-way through, each through CopyRangeCRC (hashing) and CopyRange
+// (not); the destination must hold exactly the source bytes at the offset
+// and nothing else.
 func TestCopyRange(t *testing.T) {
 	dir := t.TempDir()
 	data := make([]byte, 3<<20+17)
@@ -57,46 +58,16 @@ func TestCopyRange(t *testing.T) {
 		{name: "crc fallback", copier: Copier{kernel: refuse}, srcOff: 3, n: 1<<20 + 1, dstOff: 11},
 		{name: "empty", kernel: true, srcOff: 10, n: 0, dstOff: 10},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			dstPath := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
-			dst, err := os.Create(dstPath)
-			if err != nil {
-				t.Fatal(err)
+		for _, hashed := range []bool{true, false} {
+			name := c.name
+			if !hashed {
+				name += " unhashed"
 			}
-			defer dst.Close()
-			size := c.dstOff + c.n + 9
-			if err := dst.Truncate(size); err != nil {
-				t.Fatal(err)
-			}
-			cp := c.copier
-			if c.bufSize > 0 {
-				cp.Buf = make([]byte, c.bufSize)
-			}
-			want := data[c.srcOff : c.srcOff+c.n]
-			crc, err := cp.CopyRangeCRC(dst, c.dstOff, src, c.srcOff, c.n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if crc != crc32.ChecksumIEEE(want) {
-				t.Errorf("crc %08x, want %08x", crc, crc32.ChecksumIEEE(want))
-			}
-			if cp.noKernel == c.kernel {
-				t.Errorf("noKernel = %v after the copy", cp.noKernel)
-			}
-			got, err := os.ReadFile(dstPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if int64(len(got)) != size {
-				t.Fatalf("destination has %d bytes, want %d", len(got), size)
-			}
-			if !bytes.Equal(got[c.dstOff:c.dstOff+c.n], want) {
-				t.Error("copied bytes differ from the source")
-			}
-			if !bytes.Equal(got[:c.dstOff], make([]byte, c.dstOff)) || !bytes.Equal(got[c.dstOff+c.n:], make([]byte, 9)) {
-				t.Error("bytes outside the range were written")
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				calls = 0
+				copyCase(t, dir, src, data, c.copier, c.kernel, c.srcOff, c.n, c.dstOff, c.bufSize, hashed, name)
+			})
+		}
 	}
 	// A range past the end of the source is an error naming the file, on both paths.
 	for _, cp := range []*Copier{{}, {kernel: refuse}} {
@@ -105,10 +76,59 @@ func TestCopyRange(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = cp.CopyRangeCRC(dst, 0, src, int64(len(data))-10, 20)
+		err2 := (&Copier{kernel: cp.kernel}).CopyRange(dst, 0, src, int64(len(data))-10, 20)
 		dst.Close()
-		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), srcPath) {
-			t.Errorf("short source: %v", err)
+		for _, err := range []error{err, err2} {
+			if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), srcPath) {
+				t.Errorf("short source: %v", err)
+			}
 		}
+	}
+}
+
+// copyCase is one case of TestCopyRange: hashed through CopyRangeCRC,
+// else through CopyRange.
+func copyCase(t *testing.T, dir string, src *os.File, data []byte, cp Copier, kernel bool, srcOff, n, dstOff int64, bufSize int, hashed bool, name string) {
+	dstPath := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+	dst, err := os.Create(dstPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	size := dstOff + n + 9
+	if err := dst.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	if bufSize > 0 {
+		cp.Buf = make([]byte, bufSize)
+	}
+	want := data[srcOff : srcOff+n]
+	if hashed {
+		crc, err := cp.CopyRangeCRC(dst, dstOff, src, srcOff, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if crc != crc32.ChecksumIEEE(want) {
+			t.Errorf("crc %08x, want %08x", crc, crc32.ChecksumIEEE(want))
+		}
+	} else if err := cp.CopyRange(dst, dstOff, src, srcOff, n); err != nil {
+		t.Fatal(err)
+	}
+	if cp.noKernel == kernel {
+		t.Errorf("noKernel = %v after the copy", cp.noKernel)
+	}
+	got, err := os.ReadFile(dstPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(got)) != size {
+		t.Fatalf("destination has %d bytes, want %d", len(got), size)
+	}
+	if !bytes.Equal(got[dstOff:dstOff+n], want) {
+		t.Error("copied bytes differ from the source")
+	}
+	if !bytes.Equal(got[:dstOff], make([]byte, dstOff)) || !bytes.Equal(got[dstOff+n:], make([]byte, 9)) {
+		t.Error("bytes outside the range were written")
 	}
 }
 

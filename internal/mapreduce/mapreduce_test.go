@@ -3,6 +3,7 @@ package mapreduce_test
 import (
 	"bytes"
 	"context"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 	"github.com/ucp-project/ucp/internal/formats/deepspeed"
 	"github.com/ucp-project/ucp/internal/fragment"
 	. "github.com/ucp-project/ucp/internal/mapreduce"
+	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -304,6 +306,87 @@ func TestStateDType(t *testing.T) {
 		got, err := StateDType(p, st)
 		if got != c.want || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
 			t.Errorf("%s: %v, %v; want %v, %q", c.name, got, err, c.want, c.err)
+		}
+	}
+}
+
+// TestModelStatesKeepSharedStorage converts a ZeRO-2 bf16 checkpoint
+// without universal info, whose model states are
+// written again: the module weights, views of one flat bf16 buffer, stay
+// views of one storage record copied whole (its CRC taken from the
+// source's zip, not read back), each with the source's offset, shape,
+// stride and bytes, and every record's CRC matches its bytes.
+func TestModelStatesKeepSharedStorage(t *testing.T) {
+	ckpt := testkit.Fixture("deepspeed", "hf_z2_bf16_nouci_dp2", "checkpoint")
+	tbl, err := deepspeed.Index(context.Background(), ckpt, deepspeed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tbl.Close()
+	if len(tbl.WriteFiles) == 0 {
+		t.Fatal("the fixture's model states are not written again (it has universal info?)")
+	}
+	dst := convert(t, tbl, PlanOptions{Nodes: 1, Cores: 2}, 2)
+	name := "mp_rank_00_model_states.pt"
+	src, err := torchfile.Open(filepath.Join(ckpt, "global_step3", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	out, err := torchfile.Open(filepath.Join(dst, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if len(src.Storages) != 1 || len(out.Storages) != len(src.Storages) {
+		t.Fatalf("%d storages written for the source's %d (want the one flat buffer)", len(out.Storages), len(src.Storages))
+	}
+	for _, st := range out.Storages {
+		b := make([]byte, st.NBytes())
+		if _, err := out.ReaderAt().ReadAt(b, st.Offset); err != nil {
+			t.Fatal(err)
+		}
+		if got := crc32.ChecksumIEEE(b); st.CRC32 != got {
+			t.Errorf("record data/%s: the zip says CRC %08x, its bytes have %08x", st.Key, st.CRC32, got)
+		}
+	}
+	module := func(f *torchfile.File) *pyobj.Dict {
+		root, _ := f.Root.(*pyobj.Dict)
+		if root == nil {
+			t.Fatalf("%s: root is %T", f.Name, f.Root)
+		}
+		m, _ := root.Get("module")
+		d, _ := m.(*pyobj.Dict)
+		if d == nil {
+			t.Fatalf("%s: module is %T", f.Name, m)
+		}
+		return d
+	}
+	sm, om := module(src), module(out)
+	if sm.Len() == 0 || sm.Len() != om.Len() {
+		t.Fatalf("%d module entries written for the source's %d", om.Len(), sm.Len())
+	}
+	for _, k := range sm.Keys() {
+		sv, _ := sm.Get(k)
+		ov, _ := om.Get(k)
+		st, _ := sv.(*torchfile.Tensor)
+		ot, _ := ov.(*torchfile.Tensor)
+		if st == nil || ot == nil {
+			t.Fatalf("module %v: %T written for %T", k, ov, sv)
+		}
+		if ot.StorageOffset != st.StorageOffset || !reflect.DeepEqual(ot.Shape, st.Shape) || !reflect.DeepEqual(ot.Stride, st.Stride) || ot.DType != st.DType {
+			t.Errorf("module %v: %v %v+%d %v written for %v %v+%d %v", k, ot.Shape, ot.Stride, ot.StorageOffset, ot.DType, st.Shape, st.Stride, st.StorageOffset, st.DType)
+		}
+		a, err := src.ReadTensor(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := out.ReadTensor(ot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("module %v: bytes differ", k)
 		}
 	}
 }

@@ -356,7 +356,7 @@ func (red *reducer) copyDirect(tk Task, o *Output, p *fragment.Param, cps []dire
 		if err != nil {
 			return err
 		}
-		if err := f.CopyFrom(&red.copier, 0, src, c.ref.T.FileOffset()+es*c.src, es*c.full, es*c.n); err != nil {
+		if err := copyRef(f, &red.copier, 0, src, c.ref, c.src, c.full, c.n); err != nil {
 			return fmt.Errorf("parameter %s, state %s: %w", p.Name, o.Name, err)
 		}
 		n += es * c.n

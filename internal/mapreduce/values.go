@@ -2,6 +2,7 @@ package mapreduce
 
 import (
 	"fmt"
+	"os"
 	atomic32 "sync/atomic"
 
 	"golang.org/x/sync/errgroup"
@@ -13,31 +14,82 @@ import (
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
-// refCopy is a source tensor to stream into a blob of a file being written.
+// refCopy is a source tensor to stream into a blob of a file being
+// written, or with whole the source's entire storage record (the blob is
+// that storage, its tensors views of it).
 type refCopy struct {
-	blob *torchfile.Blob
-	ref  *fragment.TensorRef
+	blob  *torchfile.Blob
+	ref   *fragment.TensorRef
+	whole bool
 }
 
-// blobsForRefs returns v with every *fragment.TensorRef replaced by an
-// empty Blob of its dtype and shape (one per reference), and the copies that
-// fill them: tensors found in source pickles (a ZeRO-3 step, DCP extra
-// state, a model state's module weights) are written again, streamed,
-// whatever their size. Containers holding no reference are shared, not copied.
+// bytes is what the copy reads and writes.
+func (c refCopy) bytes() int64 {
+	if c.whole {
+		return c.ref.T.Storage.NBytes()
+	}
+	return c.ref.T.NBytes()
+}
+
+// blobsForRefs returns v with every *fragment.TensorRef replaced by a
+// tensor to write and the copies that fill them: tensors found in source
+// pickles (a ZeRO-3 step, DCP extra state, a model state's module weights)
+// are written again, streamed, whatever their size. A tensor of a storage
+// whose record CRC the source's zip states (torchfile.Storage.CRC32) and
+// that has a typed storage class becomes a View of that storage, written
+// once whole as the source stores it: DeepSpeed's ZeRO-1/2 module weights
+// are views of one flat buffer, which is then copied in the kernel and
+// never read back (its CRC is the source's). Any other tensor becomes an
+// empty Blob of its dtype and shape (one per reference). Containers holding
+// no reference are shared, not copied.
 func blobsForRefs(v pyobj.Value, lim pyobj.Limits) (pyobj.Value, []refCopy, error) {
 	var copies []refCopy
-	seen := map[*fragment.TensorRef]*torchfile.Blob{}
+	seen := map[*fragment.TensorRef]pyobj.Value{}
+	type storageKey struct {
+		path string
+		st   *torchfile.Storage
+	}
+	// A storage is written whole when v's tensors cover at least half of
+	// it: a small tensor of a big storage is copied alone.
+	covered := map[storageKey]int64{}
+	counted := map[*fragment.TensorRef]bool{}
+	err := pyobj.Walk(v, lim, func(_ []pyobj.Value, v pyobj.Value) error {
+		if ref, ok := v.(*fragment.TensorRef); ok && !counted[ref] {
+			counted[ref] = true
+			covered[storageKey{ref.Path, ref.T.Storage}] += ref.T.NBytes()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	bases := map[storageKey]*torchfile.Blob{}
 	out, err := pyobj.Rewrite(v, lim, func(v pyobj.Value) (pyobj.Value, bool, error) {
 		ref, ok := v.(*fragment.TensorRef)
 		if !ok {
 			return nil, false, nil
 		}
-		bl, ok := seen[ref]
-		if !ok {
-			bl = &torchfile.Blob{DType: ref.T.DType, Shape: append([]int64(nil), ref.T.Shape...)}
-			seen[ref] = bl
-			copies = append(copies, refCopy{blob: bl, ref: ref})
+		if t, ok := seen[ref]; ok {
+			return t, true, nil
 		}
+		st := ref.T.Storage
+		k := storageKey{ref.Path, st}
+		if st.CRC32 != 0 && st.Offset >= 0 && 2*covered[k] >= st.NBytes() && st.DType == ref.T.DType && st.DType.StorageClass() != "" &&
+			len(ref.T.Stride) == len(ref.T.Shape) {
+			base, ok := bases[k]
+			if !ok {
+				base = &torchfile.Blob{DType: st.DType, Shape: []int64{st.Numel}}
+				bases[k] = base
+				copies = append(copies, refCopy{blob: base, ref: ref, whole: true})
+			}
+			t := &torchfile.View{Base: base, Offset: ref.T.StorageOffset, Shape: append([]int64(nil), ref.T.Shape...),
+				Stride: append([]int64(nil), ref.T.Stride...)}
+			seen[ref] = t
+			return t, true, nil
+		}
+		bl := &torchfile.Blob{DType: ref.T.DType, Shape: append([]int64(nil), ref.T.Shape...)}
+		seen[ref] = bl
+		copies = append(copies, refCopy{blob: bl, ref: ref})
 		return bl, true, nil
 	})
 	return out, copies, err
@@ -53,7 +105,7 @@ func refBytes(v pyobj.Value) int64 {
 	}
 	var n int64
 	for _, c := range copies {
-		n += c.ref.T.NBytes()
+		n += c.bytes()
 	}
 	return n
 }
@@ -77,6 +129,23 @@ func writeValue(w *atomic.Writer, rel string, v pyobj.Value, workers int) (atomi
 		return atomic.FileEntry{}, fmt.Errorf("%s: %w", rel, err)
 	}
 	return f.Commit()
+}
+
+// copyRef copies n elements of the contiguous tensor ref from its element
+// src to element off of blob i of w, in the kernel. When they are its
+// whole storage record, the record's CRC-32 from the source's zip central
+// directory stands for theirs and they are not read back: DeepSpeed's
+// model-state module weights written again, Megatron and DCP tensors
+// stored one per record. A source record whose stored CRC is wrong then
+// gives an output file that fails verification, where reading back
+// would have given a valid file of the corrupt bytes.
+func copyRef(w *atomic.File, c *fsutil.Copier, i int, f *os.File, ref *fragment.TensorRef, src, off, n int64) error {
+	es := int64(ref.T.DType.Size())
+	st := ref.T.Storage
+	if st.CRC32 != 0 && ref.T.StorageOffset+src == 0 && n*es == st.NBytes() {
+		return w.CopyFromCRC(c, i, f, st.Offset, es*off, es*n, st.CRC32)
+	}
+	return w.CopyFrom(c, i, f, ref.T.FileOffset()+es*src, es*off, es*n)
 }
 
 // fill streams every copy's source elements into its blob of w, the
@@ -105,10 +174,17 @@ func fill(w *atomic.File, copies []refCopy, workers int) error {
 				if err != nil {
 					return err
 				}
+				if c.whole {
+					st := c.ref.T.Storage
+					if err := w.CopyFromCRC(&cp, index[c.blob], f, st.Offset, 0, st.NBytes(), st.CRC32); err != nil {
+						return err
+					}
+					continue
+				}
 				es := int64(c.ref.T.DType.Size())
 				n := c.ref.T.Numel()
 				if c.ref.T.IsContiguous() && c.ref.T.Storage.Offset >= 0 {
-					if err := w.CopyFrom(&cp, index[c.blob], f, c.ref.T.FileOffset(), 0, n*es); err != nil {
+					if err := copyRef(w, &cp, index[c.blob], f, c.ref, 0, 0, n); err != nil {
 						return err
 					}
 					continue

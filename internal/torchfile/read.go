@@ -251,6 +251,7 @@ func readZip(r io.ReaderAt, size int64, name string, budget int64) (*File, error
 			return nil, fmt.Errorf("storage record data/%s lies outside the file", st.Key)
 		}
 		st.Offset = off
+		st.CRC32 = zf.CRC32
 	}
 	return f, nil
 }

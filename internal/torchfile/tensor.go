@@ -22,6 +22,11 @@ type Storage struct {
 	Location string      // device at save time, such as "cpu" or "cuda:0"
 	Numel    int64       // elements of DType in the storage
 	Offset   int64       // file offset of the first byte; -1 until resolved
+	// CRC32 is the CRC-32 of the storage's zip record as the archive's
+	// central directory states it: a copy of the whole record can take
+	// it instead of reading the bytes back. 0 means unknown (legacy
+	// files; torch 2.6 and later write 0 when compute_crc32 is off).
+	CRC32 uint32
 }
 
 // NBytes returns the storage size in bytes.

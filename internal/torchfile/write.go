@@ -33,6 +33,20 @@ func (b *Blob) PyTypeName() string { return "torch.Tensor" }
 // NBytes returns the payload size.
 func (b *Blob) NBytes() int64 { return Numel(b.Shape) * int64(b.DType.Size()) }
 
+// View is a tensor over part of a Blob's storage, as torch saves the
+// tensors that share one flat buffer (DeepSpeed's ZeRO-1/2 module weights
+// are views of one bf16 buffer): one storage record, each tensor a view
+// of it. Base must have a typed storage class (not _rebuild_tensor_v3).
+type View struct {
+	Base   *Blob // the storage, written as one record
+	Offset int64 // in elements of Base.DType
+	Shape  []int64
+	Stride []int64
+}
+
+// PyTypeName implements the pyobj type naming.
+func (v *View) PyTypeName() string { return "torch.Tensor" }
+
 // NewBlob returns a blob holding data (little-endian elements).
 func NewBlob(dt dtype.DType, shape []int64, data []byte) *Blob {
 	return &Blob{DType: dt, Shape: append([]int64(nil), shape...), Data: data}
@@ -91,18 +105,23 @@ func NewLayout(prefix string, root pyobj.Value) (*Layout, error) {
 	}
 	l := &Layout{Prefix: prefix}
 	keys := map[*Blob]int{}
-	pkl, err := pyobj.Marshal(root, func(e *pyobj.Encoder, v pyobj.Value) (bool, error) {
-		b, ok := v.(*Blob)
-		if !ok {
-			return false, nil
-		}
+	key := func(b *Blob) string {
 		k, seen := keys[b]
 		if !seen {
 			k = len(l.Blobs)
 			keys[b] = k
 			l.Blobs = append(l.Blobs, b)
 		}
-		return true, encodeBlob(e, b, strconv.Itoa(k))
+		return strconv.Itoa(k)
+	}
+	pkl, err := pyobj.Marshal(root, func(e *pyobj.Encoder, v pyobj.Value) (bool, error) {
+		switch v := v.(type) {
+		case *Blob:
+			return true, encodeBlob(e, v, key(v))
+		case *View:
+			return true, encodeView(e, v, key(v.Base))
+		}
+		return false, nil
 	})
 	if err != nil {
 		return nil, err
@@ -161,6 +180,58 @@ func encodeBlob(e *pyobj.Encoder, b *Blob, key string) error {
 	}
 	if v3 {
 		if err := e.Encode(pyobj.DType{DType: b.DType}); err != nil {
+			return err
+		}
+	}
+	e.Op('t', 'R') // TUPLE, REDUCE
+	return nil
+}
+
+// encodeView writes _rebuild_tensor_v2(storage of v.Base, offset, shape,
+// stride, False, OrderedDict()); torch.load gives every view of one storage
+// key the same storage.
+func encodeView(e *pyobj.Encoder, v *View, key string) error {
+	b := v.Base
+	class := b.DType.StorageClass()
+	if !b.DType.Valid() || class == "" {
+		return fmt.Errorf("a view of a %v storage cannot be written", b.DType)
+	}
+	if len(v.Shape) != len(v.Stride) || v.Offset < 0 {
+		return fmt.Errorf("view of shape %v, stride %v at offset %d", v.Shape, v.Stride, v.Offset)
+	}
+	end := v.Offset // one past the last element the view reaches
+	for i, d := range v.Shape {
+		if d < 0 || v.Stride[i] < 0 {
+			return fmt.Errorf("view of shape %v, stride %v", v.Shape, v.Stride)
+		}
+		if d == 0 {
+			end = v.Offset
+			break
+		}
+		end += (d - 1) * v.Stride[i]
+	}
+	if Numel(v.Shape) > 0 && end+1 > Numel(b.Shape) {
+		return fmt.Errorf("view of shape %v, stride %v at offset %d outside its storage of %d elements", v.Shape, v.Stride, v.Offset, Numel(b.Shape))
+	}
+	e.Global("torch._utils", "_rebuild_tensor_v2")
+	e.Op('(', '(')
+	if err := e.Encode("storage"); err != nil {
+		return err
+	}
+	e.Global("torch", class)
+	for _, x := range []pyobj.Value{key, "cpu", Numel(b.Shape)} {
+		if err := e.Encode(x); err != nil {
+			return err
+		}
+	}
+	e.Op('t', 'Q') // TUPLE, BINPERSID
+	shape := make(pyobj.Tuple, len(v.Shape))
+	stride := make(pyobj.Tuple, len(v.Shape))
+	for i := range v.Shape {
+		shape[i], stride[i] = v.Shape[i], v.Stride[i]
+	}
+	for _, x := range []pyobj.Value{v.Offset, shape, stride, false, pyobj.NewDict(pyobj.OrderedDict)} {
+		if err := e.Encode(x); err != nil {
 			return err
 		}
 	}
@@ -414,16 +485,41 @@ func (b *blobFile) WriteAt(i int, p []byte, off int64) error {
 // bytes never pass through a user buffer. Safe for concurrent use with
 // disjoint ranges, one Copier per goroutine.
 func (b *blobFile) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error {
+	if err := b.checkCopy(i, off, n); err != nil {
+		return err
+	}
+	crc, err := c.CopyRangeCRC(b.f, b.Layout.BlobOffset(i)+off, src, srcOff, n)
+	if err != nil {
+		return fmt.Errorf("%s: %w", b.path, err)
+	}
+	return b.copied(i, off, n, crc)
+}
+
+// CopyFromCRC is CopyFrom for bytes whose CRC-32 is known (a whole source
+// record, Storage.CRC32): they are copied in the kernel and never read
+// back, and the file's CRC is made from crc.
+func (b *blobFile) CopyFromCRC(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64, crc uint32) error {
+	if err := b.checkCopy(i, off, n); err != nil {
+		return err
+	}
+	if err := c.CopyRange(b.f, b.Layout.BlobOffset(i)+off, src, srcOff, n); err != nil {
+		return fmt.Errorf("%s: %w", b.path, err)
+	}
+	return b.copied(i, off, n, crc)
+}
+
+func (b *blobFile) checkCopy(i int, off, n int64) error {
 	if i < 0 || i >= len(b.Layout.Blobs) {
 		return fmt.Errorf("%s: no tensor %d", b.path, i)
 	}
 	if off < 0 || n < 0 || off+n > b.Layout.Blobs[i].NBytes() {
 		return fmt.Errorf("%s: copy of %d bytes at %d outside tensor %d of %d bytes", b.path, n, off, i, b.Layout.Blobs[i].NBytes())
 	}
-	crc, err := c.CopyRangeCRC(b.f, b.Layout.BlobOffset(i)+off, src, srcOff, n)
-	if err != nil {
-		return fmt.Errorf("%s: %w", b.path, err)
-	}
+	return nil
+}
+
+// copied records a copied piece and starts its writeback.
+func (b *blobFile) copied(i int, off, n int64, crc uint32) error {
 	if b.Writeback {
 		fsutil.StartWriteback(b.f, b.Layout.BlobOffset(i)+off, n)
 	}
