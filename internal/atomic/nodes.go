@@ -50,7 +50,7 @@ func (w *Writer) FinishNode() (bool, error) {
 	w.mu.Lock()
 	rec := w.rec
 	w.mu.Unlock()
-	if err := writeJSON(w.recordPath(w.opt.Node), rec); err != nil {
+	if err := writeJSON(w.recordPath(w.opt.Node), rec, w.opt.NoSync); err != nil {
 		return false, err
 	}
 	for n := 0; n < w.opt.Nodes; n++ {

@@ -251,6 +251,9 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 	if p.style, err = styleOf(o.Optimizer, p.steps); err != nil {
 		return nil, err
 	}
+	if p.groups, err = adamGroups(r.Dir, p.groups, p.style); err != nil {
+		return nil, err
+	}
 	return p, p.place()
 }
 
