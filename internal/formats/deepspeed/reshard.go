@@ -72,7 +72,14 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st := &ReshardStats{Notes: p.notes}
 	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
-		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
+		return r.VerifyingReads(func() error {
+			p.out = layout.NewFiles(r, layout.WriteOptions{Sync: !o.NoSync})
+			if err := p.write(ctx, tmp, st); err != nil {
+				p.out.Abort()
+				return err
+			}
+			return p.out.Flush(ctx)
+		})
 	}); err != nil {
 		return nil, err
 	}
@@ -96,6 +103,7 @@ type rgroup struct {
 // plan is everything Reshard decided before writing.
 type plan struct {
 	r        *atomic.Reader
+	out      *layout.Files // the files being written, several at once
 	o        ReshardOptions
 	dt       dtype.DType
 	srcT     int
@@ -857,7 +865,7 @@ func zeroStageEnum(stage int) pyobj.Enum {
 // writeFile writes root, streaming the fills' tensors (cast to each blob's
 // dtype) and zeros between their pieces; blobs with Data are written as is.
 func (p *plan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
-	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
+	n, err := p.out.Add(ctx, path, root, fills)
 	if err != nil {
 		return err
 	}

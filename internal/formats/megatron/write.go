@@ -92,6 +92,7 @@ type outFile struct{ t, e, u int }
 // rsPlan is everything Reshard decided before writing (RESHARD.md).
 type rsPlan struct {
 	r      *atomic.Reader
+	out    *layout.Files // the rank files being written, several at once
 	o      ReshardOptions
 	dt     dtype.DType
 	extra  *pyobj.Dict
@@ -155,7 +156,14 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
-		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
+		return r.VerifyingReads(func() error {
+			p.out = layout.NewFiles(r, layout.WriteOptions{Sync: !o.NoSync})
+			if err := p.write(ctx, tmp, st); err != nil {
+				p.out.Abort()
+				return err
+			}
+			return p.out.Flush(ctx)
+		})
 	}); err != nil {
 		return nil, err
 	}
@@ -1107,9 +1115,10 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 }
 
 // writeFile writes one torch.save file, streaming each tensor from its
-// atomic states.
+// atomic states: queued with the plan's other files (layout.Files, flushed
+// by Reshard).
 func (p *rsPlan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
-	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
+	n, err := p.out.Add(ctx, path, root, fills)
 	if err != nil {
 		return err
 	}
