@@ -141,8 +141,8 @@ done
 # Megatron-DeepSpeed -> Megatron-LM with the optimizer: the llama-family Megatron-DeepSpeed fixture,
 # resharded (local spec, torch AdamW's step) as --ckpt-format torch (non-distributed optimizer) and as
 # torch_dist (fully_reshardable distributed optimizer), loaded by real megatron-core
-# (testdata/check/megatron_torch_load.py: load_state_dict of the file, or dist_checkpointing.load of the
-# model's and optimizer's sharded state dicts): weights, fp32 mains and Adam moments equal the fixture's
+# (testdata/check/megatron_torch_load.py: Megatron's own load_checkpoint with pretrain_gpt.py
+# args parsed by Megatron): weights, fp32 mains and Adam moments equal the fixture's
 # truth bit for bit, step 3, one optimizer step. Case: name | format | TP | DP.
 megds=$here/testdata/fixtures/deepspeed/megatron_llama_tp2_z1_bf16_dp4
 cp "$here/testdata/check/megatron_torch_load.py" "$work/"
