@@ -11,7 +11,6 @@
 package atomic
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"sync"
 
 	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/multinode"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -516,10 +516,4 @@ func (w *Writer) Abort() {
 	w.release()
 }
 
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return fsutil.WriteFileAtomic(path, append(b, '\n'), false)
-}
+func writeJSON(path string, v any) error { return multinode.WriteJSON(path, v) }
