@@ -59,6 +59,19 @@ func saveArgs(src, save, folder string, args []string, extra ...string) []string
 	return append(append([]string{"reshard", "--no-sync", src, dst}, args...), extra...)
 }
 
+// oneNodeRef converts the fixture (once) and reshards it with one process
+// into <oneRoot>/save; the nodes' run goes to <allRoot>/save (as long, since
+// torch_dist's .metadata names the folder).
+func oneNodeRef(t *testing.T, dir string, i int, fixture [2]string, folder string, args []string) (src, oneRoot, allRoot string) {
+	t.Helper()
+	src = atomicOf(t, dir, fixture)
+	oneRoot, allRoot = filepath.Join(dir, fmt.Sprintf("%02d-one", i)), filepath.Join(dir, fmt.Sprintf("%02d-all", i))
+	if r := ucp(t, nil, saveArgs(src, filepath.Join(oneRoot, "save"), folder, args)...); r.code != 0 {
+		t.Fatalf("1 node: %s", r.stderr)
+	}
+	return src, oneRoot, allRoot
+}
+
 var uuidRe = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 
 // sameSave fails unless the save folder got has the files of ref byte for
@@ -89,12 +102,8 @@ func TestReshardNodes(t *testing.T) {
 	dir := t.TempDir()
 	for i, c := range reshardNodeCases {
 		t.Run(c.name, func(t *testing.T) {
-			src := atomicOf(t, dir, c.fixture)
-			oneRoot, allRoot := filepath.Join(dir, fmt.Sprintf("%02d-one", i)), filepath.Join(dir, fmt.Sprintf("%02d-all", i))
+			src, oneRoot, allRoot := oneNodeRef(t, dir, i, c.fixture, c.folder, c.args)
 			ref, got := filepath.Join(oneRoot, "save"), filepath.Join(allRoot, "save")
-			if r := ucp(t, nil, saveArgs(src, ref, c.folder, c.args)...); r.code != 0 {
-				t.Fatalf("1 node: %s", r.stderr)
-			}
 			results := make([]result, c.nodes)
 			var wg sync.WaitGroup
 			for n := 0; n < c.nodes; n++ {
@@ -140,12 +149,8 @@ func TestReshardNodeKilledRerun(t *testing.T) {
 	dir := t.TempDir()
 	for i, c := range reshardNodeCases[:4] {
 		t.Run(c.name, func(t *testing.T) {
-			src := atomicOf(t, dir, c.fixture)
-			oneRoot, allRoot := filepath.Join(dir, fmt.Sprintf("%02d-one", i)), filepath.Join(dir, fmt.Sprintf("%02d-all", i))
+			src, oneRoot, allRoot := oneNodeRef(t, dir, i, c.fixture, c.folder, c.args)
 			ref, got := filepath.Join(oneRoot, "save"), filepath.Join(allRoot, "save")
-			if r := ucp(t, nil, saveArgs(src, ref, c.folder, c.args)...); r.code != 0 {
-				t.Fatalf("1 node: %s", r.stderr)
-			}
 			node := func(n int, extra ...string) []string {
 				return saveArgs(src, got, c.folder, c.args, append([]string{"--num-nodes", "3", "--node-rank", strconv.Itoa(n)}, extra...)...)
 			}
