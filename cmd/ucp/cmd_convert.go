@@ -312,8 +312,8 @@ func printPlan(out io.Writer, t *fragment.Table, plan *mapreduce.Plan, dst strin
 			for _, tk := range share {
 				tr, tw := plan.IO(tk)
 				r, w = r+tr, w+tw
-				if tk.Kind != mapreduce.CopyTask {
-					params[plan.Outputs[tk.Output].Param] = true
+				if pi := plan.Outputs[tk.Output].Param; pi >= 0 {
+					params[pi] = true
 				}
 			}
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%.1f%%\n", n, wi, len(share), len(params), humanBytes(r), humanBytes(w),

@@ -24,10 +24,17 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopProfile, err := startProfile()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	root := newRootCommand()
 	if err := root.ExecuteContext(ctx); err != nil {
+		stopProfile()
 		msg, code := exitMessage(ctx, err)
 		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(code)
 	}
+	stopProfile()
 }

@@ -10,9 +10,15 @@ import (
 // phase just finished, the process says so on stderr and waits there for
 // the test to kill it.
 func stopAfter(phase string) {
+	if os.Getenv("UCP_PHASES") != "" {
+		fmt.Fprintf(os.Stderr, "ucp: %s at %.3f s\n", phase, time.Since(processStart).Seconds())
+	}
 	if os.Getenv("UCP_STOP_AFTER") != phase {
 		return
 	}
 	fmt.Fprintf(os.Stderr, "ucp: stopped after %s\n", phase)
 	time.Sleep(time.Hour)
 }
+
+// processStart is when the process started, for UCP_PHASES.
+var processStart = time.Now()

@@ -292,7 +292,7 @@ var PlanFields = []arrow.Field{
 }
 
 // taskKinds names the plan's task kinds in the kind column.
-var taskKinds = map[mapreduce.TaskKind]string{mapreduce.ReduceTask: "state", mapreduce.StepTask: "step", mapreduce.CopyTask: "copy"}
+var taskKinds = map[mapreduce.TaskKind]string{mapreduce.ReduceTask: "state", mapreduce.StepTask: "step", mapreduce.CopyTask: "copy", mapreduce.ValueTask: "value"}
 
 // Plan writes the plan's tasks as an Arrow IPC file. The worker is the
 // one Plan.WorkerShares expects to run the task (workers pull tasks, so a

@@ -127,6 +127,8 @@ func wantPlan(t *fragment.Table, p *mapreduce.Plan) []map[string]any {
 			kind = "copy"
 		case mapreduce.StepTask:
 			kind = "step"
+		case mapreduce.ValueTask:
+			kind = "value"
 		}
 		if o.Param >= 0 {
 			param = t.Params[o.Param].Name

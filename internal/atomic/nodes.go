@@ -45,7 +45,7 @@ func (w *Writer) FinishNode() (bool, error) {
 	w.mu.Lock()
 	rec := w.rec
 	w.mu.Unlock()
-	return multinode.WriteRecord(w.tmp, w.opt.Node, w.opt.Nodes, rec)
+	return multinode.WriteRecord(w.tmp, w.opt.Node, w.opt.Nodes, rec, w.opt.NoSync)
 }
 
 // Lock elects the finalizing node: it takes an exclusive flock on

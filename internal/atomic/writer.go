@@ -447,7 +447,7 @@ func (w *Writer) commit(m *Manifest) error {
 		}
 	}
 	w.phase("synced")
-	if err := writeJSON(filepath.Join(w.tmp, ManifestName), m); err != nil {
+	if err := writeJSON(filepath.Join(w.tmp, ManifestName), m, w.opt.NoSync); err != nil {
 		return err
 	}
 	w.phase("manifest")
@@ -516,4 +516,8 @@ func (w *Writer) Abort() {
 	w.release()
 }
 
-func writeJSON(path string, v any) error { return multinode.WriteJSON(path, v) }
+// writeJSON writes v to path through a temporary name, synced unless
+// noSync: with --no-sync an fsync here cost 0.3-0.45 s of a 2.5 s
+// conversion (ext4 commits the journal, which first writes out the data of
+// every pre-allocated file written so far).
+func writeJSON(path string, v any, noSync bool) error { return multinode.WriteJSON(path, v, noSync) }

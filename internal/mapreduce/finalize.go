@@ -73,10 +73,15 @@ func (p *Plan) complete(w *atomic.Writer) func(*atomic.Records) (*atomic.Manifes
 				if err := atomic.CheckName(filepath.Base(o.Path)); err != nil || filepath.IsAbs(o.Path) || strings.Contains(o.Path, "..") {
 					return nil, fmt.Errorf("refusing to write %q", o.Path)
 				}
+				if e, ok := recs.Files[rel]; ok { // a node's ValueTask
+					m.Files = append(m.Files, e)
+					continue
+				}
 				if e, ok := w.Done(o.Path); ok { // a resumed run's
 					m.Files = append(m.Files, e)
 					continue
 				}
+				// No node recorded it: write it here.
 				e, err := writeValue(w, o.Path, o.Value, p.Cores)
 				if err != nil {
 					return nil, err

@@ -43,6 +43,21 @@ func blobsForRefs(v pyobj.Value, lim pyobj.Limits) (pyobj.Value, []refCopy, erro
 	return out, copies, err
 }
 
+// refBytes is the bytes of the distinct tensors v references: what
+// writing it reads and writes, its task's planning weight. A value that
+// cannot be rewritten counts 0; writing it reports the error.
+func refBytes(v pyobj.Value) int64 {
+	_, copies, err := blobsForRefs(v, pyobj.DefaultLimits())
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, c := range copies {
+		n += c.ref.T.NBytes()
+	}
+	return n
+}
+
 // copyChunk bounds the memory of streaming one source tensor.
 const copyChunk = 16 << 20
 

@@ -203,7 +203,7 @@ func (f *Folder) Run(ctx context.Context) (*Result, error) {
 		}
 		rec.Files = append(rec.Files, FileSize{Path: filepath.ToSlash(p), Bytes: st.Size()})
 	}
-	all, err := WriteRecord(tmp, f.Node, f.Nodes, rec)
+	all, err := WriteRecord(tmp, f.Node, f.Nodes, rec, f.NoSync)
 	if err != nil {
 		return res, err
 	}
@@ -241,7 +241,7 @@ func (f *Folder) checkPlan(tmp, id string) error {
 		// Written under a temporary name and linked: the first node wins,
 		// the others read what it wrote.
 		part := fmt.Sprintf("%s.node-%d", path, f.Node)
-		if err := WriteJSON(part, want); err != nil {
+		if err := WriteJSON(part, want, f.NoSync); err != nil {
 			return err
 		}
 		err := os.Link(part, path)

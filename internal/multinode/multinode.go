@@ -30,19 +30,20 @@ func RecordPath(tmp string, node int) string {
 	return filepath.Join(tmp, Dir, fmt.Sprintf("node-%d.json", node))
 }
 
-// WriteJSON writes v as indented JSON, atomically (temporary file, rename).
-func WriteJSON(path string, v any) error {
+// WriteJSON writes v as indented JSON, atomically (temporary file, rename),
+// synced unless noSync.
+func WriteJSON(path string, v any, noSync bool) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return fsutil.WriteFileAtomic(path, append(b, '\n'), false)
+	return fsutil.WriteFileAtomic(path, append(b, '\n'), noSync)
 }
 
 // WriteRecord writes node's completion record rec and reports whether
 // the records of all nodes are now present.
-func WriteRecord(tmp string, node, nodes int, rec any) (bool, error) {
-	if err := WriteJSON(RecordPath(tmp, node), rec); err != nil {
+func WriteRecord(tmp string, node, nodes int, rec any, noSync bool) (bool, error) {
+	if err := WriteJSON(RecordPath(tmp, node), rec, noSync); err != nil {
 		return false, err
 	}
 	return AllDone(tmp, nodes), nil

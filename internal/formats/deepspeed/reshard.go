@@ -82,7 +82,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 			return st, err
 		}
 	} else if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
-		return r.VerifyingReads(func() error { return p.write(ctx, tmp, p.files(), st) })
+		return r.VerifyingReads(func() error { return p.writeFlushed(ctx, tmp, p.files(), st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -106,6 +106,7 @@ type rgroup struct {
 // plan is everything Reshard decided before writing.
 type plan struct {
 	r        *atomic.Reader
+	out      *layout.Files // the files being written, several at once
 	o        ReshardOptions
 	dt       dtype.DType
 	srcT     int
@@ -575,6 +576,17 @@ func (p *plan) write(ctx context.Context, dir string, files []dsFile, st *Reshar
 	return nil
 }
 
+// writeFlushed writes the files given into dir, several at once
+// (layout.Files), and returns once they are in place.
+func (p *plan) writeFlushed(ctx context.Context, dir string, files []dsFile, st *ReshardStats) error {
+	p.out = layout.NewFiles(p.r, layout.WriteOptions{Sync: !p.o.NoSync})
+	if err := p.write(ctx, dir, files, st); err != nil {
+		p.out.Abort()
+		return err
+	}
+	return p.out.Flush(ctx)
+}
+
 // nodeFolder is the tag folder as the multi-node protocol writes it: one
 // unit per file (sized by its tensors), and nothing to write last but
 // 'latest' beside the folder, which Reshard writes once it is complete.
@@ -595,7 +607,7 @@ func (p *plan) nodeFolder(ctx context.Context, dst string, st *ReshardStats) *mu
 				mine = append(mine, files[u])
 				names = append(names, p.name(files[u]))
 			}
-			return names, p.r.VerifyingReads(func() error { return p.write(ctx, tmp, mine, st) })
+			return names, p.r.VerifyingReads(func() error { return p.writeFlushed(ctx, tmp, mine, st) })
 		}}
 }
 
@@ -947,7 +959,7 @@ func zeroStageEnum(stage int) pyobj.Enum {
 // writeFile writes root, streaming the fills' tensors (cast to each blob's
 // dtype) and zeros between their pieces; blobs with Data are written as is.
 func (p *plan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
-	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
+	n, err := p.out.Add(ctx, path, root, fills)
 	if err != nil {
 		return err
 	}

@@ -657,7 +657,9 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 			opt = pyobj.NewDict(pyobj.PlainDict)
 		}
 	}
-	if w.o.Core != Core015 || w.o.OptimSharding == DPReshardable {
+	// Every core's DistributedOptimizer.sharded_state_dict sets it (core 0.15's load_state_dict
+	// asserts it is there: megatron/core/optimizer/distrib_optimizer.py, core_v0.15.3).
+	{
 		subs := []*pyobj.Dict{opt}
 		if p.chained() {
 			// {0: dense, 1: expert}: each sub-optimizer's own dict.

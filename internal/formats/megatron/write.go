@@ -98,6 +98,7 @@ type outFile struct{ t, e, u int }
 // rsPlan is everything Reshard decided before writing (RESHARD.md).
 type rsPlan struct {
 	r      *atomic.Reader
+	out    *layout.Files // the rank files being written, several at once
 	o      ReshardOptions
 	dt     dtype.DType
 	extra  *pyobj.Dict
@@ -172,19 +173,19 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 				fs = append(fs, rf[u])
 			}
 			var files []string
-			err := r.VerifyingReads(func() error {
-				var err error
-				files, err = p.write(ctx, tmp, fs, st)
-				return err
-			})
+			err := r.VerifyingReads(func() error { return p.writeFlushed(ctx, tmp, fs, st) })
+			for _, f := range fs {
+				if err == nil {
+					files, err = listFolder(tmp, f.name, files)
+				}
+			}
 			return files, err
 		})
 		return st, p.finishNode(ctx, folder, dst, tracker, o.NoSync, st)
 	}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
 		return r.VerifyingReads(func() error {
-			_, err := p.write(ctx, tmp, rf, st)
-			return err
+			return p.writeFlushed(ctx, tmp, rf, st)
 		})
 	}); err != nil {
 		return nil, err
@@ -304,6 +305,9 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		return nil, err
 	}
 	if p.style, err = styleOf(o.Optimizer, p.steps); err != nil {
+		return nil, err
+	}
+	if p.groups, err = adamGroups(r.Dir, p.groups, p.style); err != nil {
 		return nil, err
 	}
 	return p, p.place()
@@ -593,24 +597,39 @@ func (p *rsPlan) rankBytes(r rankFolder) int64 {
 	return n * 14
 }
 
-// write writes the mp_rank folders given into dir and returns the files
-// written, relative to dir.
-func (p *rsPlan) write(ctx context.Context, dir string, folders []rankFolder, st *ReshardStats) ([]string, error) {
-	var files []string
+// writeFlushed writes the mp_rank folders given into dir, several files
+// at once (layout.Files), and returns once they are in place.
+func (p *rsPlan) writeFlushed(ctx context.Context, dir string, folders []rankFolder, st *ReshardStats) error {
+	p.out = layout.NewFiles(p.r, layout.WriteOptions{Sync: !p.o.NoSync})
 	for _, rf := range folders {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			p.out.Abort()
+			return err
 		}
 		sub := filepath.Join(dir, rf.name)
 		if err := os.MkdirAll(sub, 0o755); err != nil { // a rerun node finds its folders
-			return nil, err
+			p.out.Abort()
+			return err
 		}
 		if err := p.writeRank(ctx, filepath.Join(sub, modelFile), rf.f, rf.s, st); err != nil {
-			return nil, err
+			p.out.Abort()
+			return err
 		}
-		files = append(files, filepath.Join(rf.name, modelFile))
-		if _, err := os.Stat(filepath.Join(sub, distribFile)); err == nil {
-			files = append(files, filepath.Join(rf.name, distribFile))
+	}
+	return p.out.Flush(ctx)
+}
+
+// listFolder appends the files of dir/sub (relative to dir) to files:
+// what a node wrote into a rank folder, temporary files of a killed run
+// left out.
+func listFolder(dir, sub string, files []string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(dir, sub))
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() && !strings.HasPrefix(e.Name(), ".") {
+			files = append(files, filepath.Join(sub, e.Name()))
 		}
 	}
 	return files, nil
@@ -1206,9 +1225,10 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 }
 
 // writeFile writes one torch.save file, streaming each tensor from its
-// atomic states.
+// atomic states: queued with the plan's other files (layout.Files, flushed
+// by Reshard).
 func (p *rsPlan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
-	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
+	n, err := p.out.Add(ctx, path, root, fills)
 	if err != nil {
 		return err
 	}
