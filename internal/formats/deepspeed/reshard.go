@@ -73,12 +73,10 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	st := &ReshardStats{Notes: p.notes}
 	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
 		return r.VerifyingReads(func() error {
-			p.out = layout.NewFiles(r, layout.WriteOptions{Sync: !o.NoSync})
-			if err := p.write(ctx, tmp, st); err != nil {
-				p.out.Abort()
-				return err
-			}
-			return p.out.Flush(ctx)
+			return layout.WriteAll(ctx, r, layout.WriteOptions{Sync: !o.NoSync}, func(out *layout.Files) error {
+				p.out = out
+				return p.write(ctx, tmp, st)
+			})
 		})
 	}); err != nil {
 		return nil, err
