@@ -159,18 +159,19 @@ for c in "${megds_cases[@]}"; do
   dir=$work/$rel
   mkdir -p "$dir"
   "$ucp" convert "$megds/checkpoint" "$dir/atomic" --quiet
+  adam=adamw; [ "$fused" = 1 ] && adam=fused
   if [ "$format" = torch ]; then
-    "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --tp "$tp" --megatron-spec local --megatron-optimizer adamw --quiet
+    "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --tp "$tp" --megatron-spec local --megatron-optimizer $adam --quiet
   else
     "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
-      --tp "$tp" --dp "$dp" --megatron-spec local --megatron-optimizer adamw --quiet
+      --tp "$tp" --dp "$dp" --megatron-spec local --megatron-optimizer $adam --quiet
   fi
   cp "$megds/truth.pt" "$dir/"
-  if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_torch_load.py src "$rel" "$tp" "$dp" "$format" >"$dir/log" 2>&1; then
+  if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_FUSED_ADAM="$fused" python3 megatron_torch_load.py src "$rel" "$tp" "$dp" "$format" >"$dir/log" 2>&1; then
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: Megatron-DeepSpeed megatron_llama_tp2_z1_bf16_dp4 -> Megatron $format TP $tp DP $dp"; tail -30 "$dir/log"
+    echo "FAIL core $core$label: Megatron-DeepSpeed megatron_llama_tp2_z1_bf16_dp4 -> Megatron $format TP $tp DP $dp"; tail -30 "$dir/log"
   fi
 done
 # Load time: Megatron's load of ucp's output against its own checkpoint of the same model at the same

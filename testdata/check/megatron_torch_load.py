@@ -24,6 +24,9 @@ metadata={'distrib_optim_sharding_type': 'fully_reshardable'})}`, `model.load_st
 `optimizer.load_state_dict` (the fixture generator's load shims: megatron_dist_fixtures.nan_before_load,
 patch_dcp_load, patch_torch_adam_step); each rank's owned range of every main parameter and Adam moment is
 compared with the truth's, bit for bit, and the step must be 3.
+With UCP_FUSED_ADAM=1 (core 0.15, whose fully_reshardable load fails with torch AdamW's per-parameter
+step) Megatron takes the CPU stand-in testdata/gen/cpu_shims/fused_adam.py as Apex's FusedAdam (ucp then
+writes --megatron-optimizer fused) and the step is read from the param groups.
 Run inside the torch 2.6 chroot by scripts/megatron-check.sh.
 """
 import os
@@ -34,6 +37,7 @@ DP = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 DIST = (sys.argv[5] if len(sys.argv) > 5 else "torch") == "torch_dist"
 sys.path.insert(0, src)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_shims"))  # six for core 0.15
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -128,7 +132,8 @@ def worker(rank, world, port):
         bad.append(f"rank {rank} training step: {moved} parameters moved")
     print(f"{'ok' if not bad else 'FAIL'} rank {rank}: core loaded {'torch_dist' if DIST else 'torch'} TP {TP} DP {DP}: "
           f"{n} optimizer tensors and {len(names)} weights compared, step {STEP}, scheduler max_lr {sched['max_lr']}; "
-          f"one step: {moved} parameters moved", flush=True)
+          f"one step: {moved} parameters moved{' (cpu_shims FusedAdam)' if os.environ.get('UCP_FUSED_ADAM') == '1' else ''}",
+          flush=True)
     for b in bad[:20]:
         print("  " + b, flush=True)
     dist.barrier()
@@ -170,7 +175,7 @@ def load_dist(model, opt, truth, names, t, rank):
             n += 1
             if got.shape != want.shape or not torch.equal(got, want):
                 bad.append(f"rank {rank} {nm} {key} differs")
-    steps = {float(s["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for s in o.optimizer.state.values()}
+    steps = gen.optimizer_steps(opt)
     if steps != {float(STEP)}:
         bad.append(f"rank {rank}: optimizer steps after the load {steps}, want {STEP}")
     return bad, n, sched
@@ -198,8 +203,9 @@ def load_torch(model, opt, truth, names, t, rank):
                 n += 1
                 if got.shape != want.shape or not torch.equal(got.detach().float(), want.float()):
                     bad.append(f"rank {rank} {nm} {key} differs")
-            if float(st["step"]) != STEP:
-                bad.append(f"rank {rank} {nm} step {st['step']}")
+            step = st["step"] if gen.torch_adam(fopt) else inner.param_groups[g]["step"]
+            if float(step) != STEP:
+                bad.append(f"rank {rank} {nm} step {step}")
             if not torch.equal(lp.detach(), expected(truth, "fp32", nm, t).to(lp.dtype)):
                 bad.append(f"rank {rank} {nm} model weight differs")
     if len(names) != sum(len(x) for x in fopt.float16_groups):

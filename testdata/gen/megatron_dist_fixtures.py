@@ -182,6 +182,14 @@ def install_shims():
     for n in stubs:
         if sys.modules.get(n) is stubs[n][0]:
             del sys.modules[n]
+    import warnings
+    import megatron.core.model_parallel_config as mpc
+
+    if not hasattr(mpc, "warnings"):
+        # core 0.15.3's ModelParallelConfig.__post_init__ warns about EP x TP without sequence parallelism
+        # through a `warnings` it never imports (NameError): give the module its import (as
+        # megatron_grouped_fixtures.py does).
+        mpc.warnings = warnings
     if os.environ.get("UCP_FUSED_ADAM") == "1":
         from megatron.core.optimizer import distrib_optimizer
 

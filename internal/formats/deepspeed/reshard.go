@@ -579,12 +579,10 @@ func (p *plan) write(ctx context.Context, dir string, files []dsFile, st *Reshar
 // writeFlushed writes the files given into dir, several at once
 // (layout.Files), and returns once they are in place.
 func (p *plan) writeFlushed(ctx context.Context, dir string, files []dsFile, st *ReshardStats) error {
-	p.out = layout.NewFiles(p.r, layout.WriteOptions{Sync: !p.o.NoSync})
-	if err := p.write(ctx, dir, files, st); err != nil {
-		p.out.Abort()
-		return err
-	}
-	return p.out.Flush(ctx)
+	return layout.WriteAll(ctx, p.r, layout.WriteOptions{Sync: !p.o.NoSync}, func(out *layout.Files) error {
+		p.out = out
+		return p.write(ctx, dir, files, st)
+	})
 }
 
 // nodeFolder is the tag folder as the multi-node protocol writes it: one

@@ -600,23 +600,22 @@ func (p *rsPlan) rankBytes(r rankFolder) int64 {
 // writeFlushed writes the mp_rank folders given into dir, several files
 // at once (layout.Files), and returns once they are in place.
 func (p *rsPlan) writeFlushed(ctx context.Context, dir string, folders []rankFolder, st *ReshardStats) error {
-	p.out = layout.NewFiles(p.r, layout.WriteOptions{Sync: !p.o.NoSync})
-	for _, rf := range folders {
-		if err := ctx.Err(); err != nil {
-			p.out.Abort()
-			return err
+	return layout.WriteAll(ctx, p.r, layout.WriteOptions{Sync: !p.o.NoSync}, func(out *layout.Files) error {
+		p.out = out
+		for _, rf := range folders {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			sub := filepath.Join(dir, rf.name)
+			if err := os.MkdirAll(sub, 0o755); err != nil { // a rerun node finds its folders
+				return err
+			}
+			if err := p.writeRank(ctx, filepath.Join(sub, modelFile), rf.f, rf.s, st); err != nil {
+				return err
+			}
 		}
-		sub := filepath.Join(dir, rf.name)
-		if err := os.MkdirAll(sub, 0o755); err != nil { // a rerun node finds its folders
-			p.out.Abort()
-			return err
-		}
-		if err := p.writeRank(ctx, filepath.Join(sub, modelFile), rf.f, rf.s, st); err != nil {
-			p.out.Abort()
-			return err
-		}
-	}
-	return p.out.Flush(ctx)
+		return nil
+	})
 }
 
 // listFolder appends the files of dir/sub (relative to dir) to files:
