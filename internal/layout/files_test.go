@@ -27,14 +27,7 @@ func TestFiles(t *testing.T) {
 		root := pyobj.NewDict(pyobj.PlainDict)
 		var fills []layout.StateFill
 		for _, p := range r.Params() {
-			st, err := r.OpenState(p.Name, "fp32")
-			if err != nil {
-				t.Fatal(err)
-			}
-			meta, err := layout.ReadMeta(st.Path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st, meta := openFP32(t, r, p.Name)
 			shape := st.Shape
 			st.Close()
 			sh, err := layout.TPShard(meta, shape, 2, tp, 0)

@@ -125,6 +125,17 @@ func (b *Files) Add(ctx context.Context, path string, root pyobj.Value, fills []
 	return w.Layout.Size(), nil
 }
 
+// WriteAll runs write with a Files, then writes the files it added
+// (Flush), or removes them when write fails.
+func WriteAll(ctx context.Context, r *atomic.Reader, o WriteOptions, write func(*Files) error) error {
+	b := NewFiles(r, o)
+	if err := write(b); err != nil {
+		b.Abort()
+		return err
+	}
+	return b.Flush(ctx)
+}
+
 // Flush writes the queued files and moves each into place.
 func (b *Files) Flush(ctx context.Context) error {
 	defer b.reset()
