@@ -14,7 +14,7 @@
 # One Megatron run at a time, each under a watchdog (a rank can vanish on a busy machine), retried
 # twice. Not run by CI (it needs Megatron's source). Prints one line per case; exit 1 if any failed.
 # MEGATRON_CHECK_ONLY=REGEX runs only the cases whose line matches; MEGATRON_CHECK_TIME=0 skips the
-# load-time measurement.
+# load-time measurement (below).
 set -euo pipefail
 src=${1:?usage: $0 MEGATRON_SRC [UCP_BIN]}
 [ -d "$src/megatron/core" ] || { echo "megatron-check: $src has no megatron/core" >&2; exit 2; }
@@ -26,7 +26,14 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src"
 cp -r "$src/megatron" "$work/src/"
 cp "$here/testdata/gen/megatron_dist_fixtures.py" "$here/testdata/gen/megatron_dist_load.py" "$work/"
+mkdir -p "$work/cpu_shims" && cp "$here/testdata/gen/cpu_shims/"{fused_adam,six}.py "$work/cpu_shims/"
 core=$(sed -n 's/^MAJOR = \([0-9]*\)/\1/p; s/^MINOR = \([0-9]*\)/\1/p' "$src/megatron/core/package_info.py" | paste -sd.)
+# Core 0.15's dp_reshardable needs a fused Adam (the step in the param groups, as TE/Apex keep it; its
+# bucket state dict refuses torch AdamW's per-parameter step): the Megatron runs of the cases then import
+# the CPU stand-in testdata/gen/cpu_shims/fused_adam.py as Apex's FusedAdam (MEGATRON_CHECK_FUSED_ADAM=1,
+# default for core 0.15), and ucp writes the step where it keeps it (--megatron-optimizer fused).
+fused=${MEGATRON_CHECK_FUSED_ADAM:-$([ "$core" = 0.15 ] && echo 1 || echo 0)}
+optflag=(); label=; [ "$fused" = 1 ] && optflag=(--megatron-optimizer fused) && label=" (cpu_shims FusedAdam)"
 fx=$here/testdata/fixtures/megatron_dist
 # source fixture | generator case | TP PP DP written | optimizer sharding written (default fully_reshardable)
 # | VPP written (model chunks per stage; default none) | layers of the first,last pipeline stage
@@ -93,10 +100,10 @@ for c in "${cases[@]}"; do
   sharding=${sharding:-fully_reshardable}
   epflag=(); [ -n "$ep" ] && epflag=(--ep "$ep")
   [ -n "$etp" ] && epflag+=(--expert-tp "$etp")
-  format=torch_dist; fmtflag=(--ckpt-format torch_dist --megatron-core "$core" --dist-optim-sharding "$sharding")
+  format=torch_dist; fmtflag=(--ckpt-format torch_dist --megatron-core "$core" --dist-optim-sharding "$sharding" "${optflag[@]}")
   case $sharding in
-  distributed) format=torch; fmtflag=(--distributed-optimizer) ;;
-  plain) format=torch; fmtflag=(--megatron-optimizer adamw) ;;
+  distributed) format=torch; fmtflag=(--distributed-optimizer "${optflag[@]}") ;;
+  plain) format=torch; fmtflag=(--megatron-optimizer "$([ "$fused" = 1 ] && echo fused || echo adamw)") ;;
   esac
   tag=; [ "${fixture#legacy:}" != "$fixture" ] && tag=.legacy
   vflag=(); [ -n "$vpp" ] && vflag=(--vpp "$vpp") && tag=.vpp$vpp$tag
@@ -118,7 +125,7 @@ for c in "${cases[@]}"; do
   rel=${dir#"$work"/}
   ok=0
   for attempt in 1 2 3; do
-    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_VPP="${vpp:-0}" UCP_FIRST_LAST="$first,$last" UCP_CKPT_FORMAT=$format UCP_ETP="${etp:-0}" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" $ep >"$dir/log" 2>&1; then
+    if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_FUSED_ADAM="$fused" UCP_VPP="${vpp:-0}" UCP_FIRST_LAST="$first,$last" UCP_CKPT_FORMAT=$format UCP_ETP="${etp:-0}" python3 megatron_dist_load.py src "$rel" "$gencase" "$tp" "$pp" "$dp" "$sharding" $ep >"$dir/log" 2>&1; then
       ok=1; break
     fi
     grep -q '^FAIL' "$dir/log" && break # a real difference: no retry
@@ -128,14 +135,14 @@ for c in "${cases[@]}"; do
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: $fixture -> $format TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp${ep:+ EP $ep}${etp:+ expert-TP $etp} $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
+    echo "FAIL core $core${label}: $fixture -> $format TP $tp PP $pp${vpp:+ VPP $vpp} DP $dp${ep:+ EP $ep}${etp:+ expert-TP $etp} $sharding (first,last stage layers $first,$last)"; tail -30 "$dir/log"
   fi
 done
 # Megatron-DeepSpeed -> Megatron-LM with the optimizer: the llama-family Megatron-DeepSpeed fixture,
 # resharded (local spec, torch AdamW's step) as --ckpt-format torch (non-distributed optimizer) and as
 # torch_dist (fully_reshardable distributed optimizer), loaded by real megatron-core
-# (testdata/check/megatron_torch_load.py: load_state_dict of the file, or dist_checkpointing.load of the
-# model's and optimizer's sharded state dicts): weights, fp32 mains and Adam moments equal the fixture's
+# (testdata/check/megatron_torch_load.py: Megatron's own load_checkpoint with pretrain_gpt.py
+# args parsed by Megatron): weights, fp32 mains and Adam moments equal the fixture's
 # truth bit for bit, step 3, one optimizer step. Case: name | format | TP | DP.
 megds=$here/testdata/fixtures/deepspeed/megatron_llama_tp2_z1_bf16_dp4
 cp "$here/testdata/check/megatron_torch_load.py" "$work/"
@@ -152,57 +159,31 @@ for c in "${megds_cases[@]}"; do
   dir=$work/$rel
   mkdir -p "$dir"
   "$ucp" convert "$megds/checkpoint" "$dir/atomic" --quiet
+  adam=adamw; [ "$fused" = 1 ] && adam=fused
   if [ "$format" = torch ]; then
-    "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --tp "$tp" --megatron-spec local --megatron-optimizer adamw --quiet
+    "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --tp "$tp" --megatron-spec local --megatron-optimizer $adam --quiet
   else
     "$ucp" reshard "$dir/atomic" "$dir/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" \
-      --tp "$tp" --dp "$dp" --megatron-spec local --megatron-optimizer adamw --quiet
+      --tp "$tp" --dp "$dp" --megatron-spec local --megatron-optimizer $adam --quiet
   fi
   cp "$megds/truth.pt" "$dir/"
-  if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" python3 megatron_torch_load.py src "$rel" "$tp" "$dp" "$format" >"$dir/log" 2>&1; then
+  if timeout -k 10 400 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_FUSED_ADAM="$fused" python3 megatron_torch_load.py src "$rel" "$tp" "$dp" "$format" >"$dir/log" 2>&1; then
     grep '^ok ' "$dir/log"
   else
     failed=1
-    echo "FAIL core $core: Megatron-DeepSpeed megatron_llama_tp2_z1_bf16_dp4 -> Megatron $format TP $tp DP $dp"; tail -30 "$dir/log"
+    echo "FAIL core $core$label: Megatron-DeepSpeed megatron_llama_tp2_z1_bf16_dp4 -> Megatron $format TP $tp DP $dp"; tail -30 "$dir/log"
   fi
 done
-# Load time: Megatron loading ucp's output vs its own checkpoint of the same model at the same
-# degrees (the fullrs case at TP 2 x DP 2, where its own core wrote it; UCP_OWN=1 loads Megatron's
-# own). Each run's "load" figure is dist_checkpointing.load + load_state_dict on rank 0, fastest of
-# MEGATRON_CHECK_ROUNDS (default 3) alternating rounds (own, ucp), both trees read once before, so
-# that machine load and page cache affect both alike. MEGATRON_CHECK_TIME=1 (default) times the stored
-# kilobyte fixture; =big first has MEGATRON_SRC's core write the same model at ~120 MB
-# (scripts/megatron-big.sh); =DIR uses that script's earlier output DIR (same core); =0 skips it.
+# Load time: Megatron's load of ucp's output against its own checkpoint of the same model at the same
+# degrees (scripts/megatron-loadtime.sh: both loaded alternately in one run, wall and CPU time).
+# MEGATRON_CHECK_TIME=1 (default) times the stored kilobyte fixture; =big a ~125 MB model written by
+# MEGATRON_SRC's core first (scripts/megatron-big.sh, in the work folder); =DIR that script's output DIR
+# (same core; written there when DIR has none); =0 skips it.
 timing=${MEGATRON_CHECK_TIME:-1}
-own=core${core/./_}_tp2_dp2_bf16_fullrs
-geometry=
-fxt=$fx
-if [ "$timing" = big ]; then
-  fxt=$work/big
-  geometry=$("$here/scripts/megatron-big.sh" "$src" "$fxt") || echo "big model: generation failed"
-elif [ -f "$timing/geometry" ]; then
-  fxt=$timing # made before by scripts/megatron-big.sh with the same core
-  geometry=$(cat "$timing/geometry")
-fi
-if [ -d "$fxt/$own" ] && [ "$timing" != 0 ]; then
-  dir=$work/time && mkdir -p "$dir/own"
-  "$ucp" convert "$fxt/$own/checkpoint" "$dir/atomic" --quiet
-  "$ucp" reshard "$dir/atomic" "$dir/ucp/written" --to megatron --ckpt-format torch_dist --megatron-core "$core" --tp 2 --dp 2 --quiet
-  cp -r "$fxt/$own/checkpoint" "$dir/own/written"
-  cp "$fxt/$own/truth.pt" "$dir/own/"; cp "$fxt/$own/truth.pt" "$dir/ucp/"
-  echo "load-time model: $(du -sb "$dir/own/written" | cut -f1) bytes (Megatron's save), $(du -sb "$dir/ucp/written" | cut -f1) bytes (ucp's)"
-  # Both trees read once first: the rounds then find both in the page cache alike.
-  find "$dir/own/written" "$dir/ucp/written" -type f -exec cat {} + >/dev/null
-  rounds=${MEGATRON_CHECK_ROUNDS:-3}
-  for round in $(seq "$rounds"); do
-    for kind in own ucp; do
-      o=0; [ $kind = own ] && o=1
-      timeout -k 10 900 "$here/scripts/torch2-chroot.sh" run "$work" env UCP_OWN=$o UCP_DIRECT=1 UCP_MEGATRON_GEOMETRY=$geometry python3 megatron_dist_load.py src "time/$kind" tp2_dp2_bf16_fullrs 2 1 2 >"$dir/$kind.$round.log" 2>&1 || true
-      sed -n "s/.*; load \([0-9.]*\)s.*/$kind \1/p" "$dir/$kind.$round.log" >>"$dir/times"
-    done
-  done
-  echo "load times (s): $(paste -sd' ' "$dir/times")"
-  awk '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2 }
-       END { if (("own" in best) && ("ucp" in best)) printf "load time (fastest of '"$rounds"', rank 0): Megatron own checkpoint %.2fs, ucp output %.2fs, ratio %.2f\n", best["own"], best["ucp"], best["ucp"] / best["own"]; else print "load time: a run failed" }' "$dir/times"
-fi
+case $timing in
+0) ;;
+1) "$here/scripts/megatron-loadtime.sh" "$src" "" "$ucp" || failed=1 ;;
+big) "$here/scripts/megatron-loadtime.sh" "$src" "$work/big" "$ucp" || failed=1 ;;
+*) "$here/scripts/megatron-loadtime.sh" "$src" "$timing" "$ucp" || failed=1 ;;
+esac
 exit $failed

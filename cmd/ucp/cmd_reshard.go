@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -13,13 +14,17 @@ import (
 	"github.com/ucp-project/ucp/internal/convert"
 	"github.com/ucp-project/ucp/internal/dtype"
 	"github.com/ucp-project/ucp/internal/formats"
+	"github.com/ucp-project/ucp/internal/multinode"
 )
 
 type reshardOptions struct {
-	To     string
-	DType  string
-	Verify bool
-	Quiet  bool
+	To       string
+	DType    string
+	Verify   bool
+	Quiet    bool
+	NumNodes int
+	NodeRank int
+	Finalize bool
 	formats.ReshardOptions
 }
 
@@ -72,10 +77,22 @@ from the family's names (formats/megatron/RESHARD.md).
 
 Everything is checked before anything is written: a --tp the model cannot
 take, a --dp DeepSpeed cannot save, an unknown stage are errors. DST is
-written as DST.partial and renamed when complete.`,
+written as DST.partial and renamed when complete.
+
+Several machines can share the work: run one ucp per node with the same
+arguments and --num-nodes N --node-rank I (taken by default from Slurm,
+torchrun, Open MPI, PMI or a Kubernetes Indexed Job). Every node computes the
+same plan, writes its share of the files (DeepSpeed files, Megatron mp_rank
+folders, torch_dist __R_0.distcp files) into the one folder's .partial on a
+shared filesystem and leaves a completion record; the node that finds all
+records present writes what comes last (torch_dist's metadata.json, common
+state and .metadata), renames the folder and writes 'latest' or
+latest_checkpointed_iteration.txt (or run 'ucp reshard --finalize' with the
+same arguments). A failed node can be rerun alone.`,
 		Example: `  ucp reshard out/atomic ckpt/global_step100 --to deepspeed --dp 3 --zero 2
   ucp reshard --to deepspeed --dp 8 --zero 1 --tp 1 --dtype bfloat16 --bf16-optimizer atomic/ ckpt/step100
-  ucp reshard out/atomic megatron_ckpt --to megatron --tp 2 --pp 4 --vpp 2 --dp 8`,
+  ucp reshard out/atomic megatron_ckpt --to megatron --tp 2 --pp 4 --vpp 2 --dp 8
+  srun -N4 --ntasks-per-node=1 ucp reshard /shared/atomic /shared/mckpt --to megatron --ckpt-format torch_dist --tp 8 --pp 4`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runReshard(cmd.Context(), cmd.OutOrStdout(), args[0], args[1], opts)
@@ -106,6 +123,10 @@ written as DST.partial and renamed when complete.`,
 	f.BoolVar(&opts.NoLatest, "no-latest", false, "--to deepspeed: do not write or change the 'latest' pointer file beside DST")
 	f.BoolVar(&opts.Verify, "verify", true, "check every atomic file's CRC-32 against the manifest before using it")
 	f.BoolVar(&opts.Quiet, "quiet", false, "no summary")
+	f.IntVar(&opts.NumNodes, "num-nodes", 0, "nodes sharing the reshard (default: from the launcher's environment, else 1)")
+	f.IntVar(&opts.NodeRank, "node-rank", -1, "this node's rank, 0-based (default: from the launcher's environment, else 0)")
+	f.Lookup("node-rank").DefValue = "0" // -1 means "not given"; the usage says the default
+	f.BoolVar(&opts.Finalize, "finalize", false, "only finish a multi-node reshard whose nodes have all finished")
 	return cmd
 }
 
@@ -139,6 +160,14 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 	if err := atomicCheck(src); err != nil {
 		return err
 	}
+	node, nodes, from, err := nodePlace(opts.NodeRank, opts.NumNodes, os.Getenv)
+	if err != nil {
+		return fmt.Errorf("%s: %w", dst, err)
+	}
+	if opts.Finalize && nodes == 1 {
+		return fmt.Errorf("%s: --finalize finishes a multi-node reshard: give the --num-nodes its nodes ran with", dst)
+	}
+	opts.Place = multinode.Place{Node: node, Nodes: nodes, Finalize: opts.Finalize, AfterPhase: stopAfter}
 	start := time.Now()
 	r, err := atomic.OpenReader(src, atomic.ReaderOptions{Verify: opts.Verify})
 	if err != nil {
@@ -154,13 +183,17 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 	if err != nil {
 		return err
 	}
-	if opts.Quiet {
+	switch {
+	case opts.Quiet:
 		return nil
-	}
-	if tg.Name == "megatron" {
+	case st.Node != nil:
+		if reshardNode(out, dst, node, nodes, from, st, opts, start) {
+			return nil
+		}
+	case tg.Name == "megatron":
 		fmt.Fprintf(out, "resharded %s -> %s (%s: TP %d, PP %d, VPP %d, DP %d%s)\n", src, dst, tg.Name, opts.TP, opts.PP, opts.VPP, opts.DP, expertDegrees(opts.ReshardOptions))
 		fmt.Fprintf(out, "  %d files, %s in %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
-	} else {
+	default:
 		fmt.Fprintf(out, "resharded %s -> %s (%s: DP %d, TP %d, ZeRO-%d)\n", src, dst, tg.Name, opts.DP, opts.TP, opts.Zero)
 		fmt.Fprintf(out, "  %d files, %s in %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
 	}
@@ -181,4 +214,23 @@ func expertDegrees(o formats.ReshardOptions) string {
 		etp = o.TP
 	}
 	return fmt.Sprintf(", EP %d, expert TP %d", max(o.EP, 1), etp)
+}
+
+// reshardNode says what this node of a multi-node reshard did; done
+// when the folder is not complete yet (nothing more to say).
+func reshardNode(out io.Writer, dst string, node, nodes int, from string, st *formats.ReshardStats, opts reshardOptions, start time.Time) (done bool) {
+	res := st.Node
+	if res.NodeDone {
+		fmt.Fprintf(out, "node %d of %d (from %s) done: %d of the %d parts, %d files, %s in %s\n", node, nodes, from, len(res.Units),
+			res.Total, st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
+	}
+	switch {
+	case res.Finalized:
+		fmt.Fprintf(out, "finalized %s: the nodes' files checked against their records, the folder complete\n", dst)
+	case !res.AllDone && !opts.Finalize:
+		fmt.Fprintln(out, "other nodes are still running; the last one to finish completes the folder (or run with --finalize)")
+	case res.OtherFinalizing:
+		fmt.Fprintln(out, "another node (a live process) is completing the folder")
+	}
+	return !res.Finalized
 }

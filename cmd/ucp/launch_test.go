@@ -26,21 +26,23 @@ var launchFixture = []string{"deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "check
 // nodeScript runs one node under a launcher: it takes the node rank from
 // the launcher's variable named in $UCP_RANK_VAR only to decide whether
 // this is the node to kill; ucp itself reads the launcher's environment.
-// The killed node stops after its reducers finished ("converted") and is
-// killed with SIGKILL; the script then exits 0 so that the launcher does
-// not tear the other nodes down with it.
+// The killed node stops after the phase $UCP_KILL_PHASE (default: its
+// reducers finished, "converted") and is killed with SIGKILL; the script
+// then exits 0 so that the launcher does not tear the other nodes down
+// with it.
 const nodeScript = `#!/bin/sh
 eval rank=\${$UCP_RANK_VAR}
+phase=${UCP_KILL_PHASE:-converted}
 if [ -n "$UCP_KILL_RANK" ] && [ "$rank" = "$UCP_KILL_RANK" ]; then
   err=$(mktemp)
-  UCP_STOP_AFTER=converted "$@" 2>"$err" & pid=$!
+  UCP_STOP_AFTER=$phase "$@" 2>"$err" & pid=$!
   i=0
-  until grep -q "stopped after converted" "$err"; do
+  until grep -q "stopped after $phase" "$err"; do
     i=$((i+1)); [ $i -gt 3000 ] && { cat "$err" >&2; kill -9 $pid; exit 1; }
     sleep 0.1
   done
   kill -9 $pid; wait $pid; rm -f "$err"
-  echo "node $rank killed after converted"
+  echo "node $rank killed after $phase"
   exit 0
 fi
 exec "$@"
@@ -59,11 +61,18 @@ type launcher struct {
 // node of rank kill (>= 0) killed after its share was converted.
 func runLaunched(t *testing.T, l launcher, src, dst string, kill int) string {
 	t.Helper()
+	return runLaunchedArgs(t, l, []string{"convert", "--workers", "1", "--chunk-elems", "11", src, dst}, kill)
+}
+
+// runLaunchedArgs runs ucp args on 3 nodes started by l, with the node of
+// rank kill (>= 0) killed after the phase $UCP_KILL_PHASE.
+func runLaunchedArgs(t *testing.T, l launcher, args []string, kill int) string {
+	t.Helper()
 	script := filepath.Join(t.TempDir(), "node.sh")
 	if err := os.WriteFile(script, []byte(nodeScript), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	argv := l.args(t, []string{script, os.Args[0], "convert", "--workers", "1", "--chunk-elems", "11", src, dst})
+	argv := l.args(t, append([]string{script, os.Args[0]}, args...))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -141,16 +150,52 @@ func testLauncher(t *testing.T, l launcher) {
 
 // TestMpirun runs the 3 nodes under Open MPI's mpirun (openmpi-bin).
 func TestMpirun(t *testing.T) {
-	testLauncher(t, launcher{name: "mpirun", rankVar: "OMPI_COMM_WORLD_RANK", sizeVar: "OMPI_COMM_WORLD_SIZE",
-		args: func(t *testing.T, cmd []string) []string {
-			mpirun := testkit.Tool(t, "mpirun", "the Open MPI launcher test")
-			// --oversubscribe: 3 processes on a machine of fewer cores;
-			// root is allowed in CI containers.
-			return append([]string{mpirun, "-n", "3", "--oversubscribe", "--allow-run-as-root"}, cmd...)
-		},
-		// No network transport is needed: ucp does not call MPI.
-		env: []string{"OMPI_MCA_btl=self", "OMPI_MCA_plm=isolated", "OMPI_MCA_rmaps_base_oversubscribe=1"}})
+	testLauncher(t, mpirunLauncher)
 }
+
+// TestMpirunReshard: reshard --to megatron --ckpt-format torch_dist on 3
+// nodes under mpirun equals the 1-node reshard; with node 2 killed after
+// writing its rank files, the folder does not appear until node 2 is
+// rerun alone (its rank from Open MPI's variables).
+func TestMpirunReshard(t *testing.T) {
+	l := mpirunLauncher
+	l.env = append(l.env, "UCP_KILL_PHASE=node-wrote")
+	dir := t.TempDir()
+	src := atomicOf(t, dir, [2]string{"megatron", "pp2_vpp2_distopt"})
+	flags := []string{"--to", "megatron", "--ckpt-format", "torch_dist", "--tp", "2", "--pp", "2"}
+	oneRoot := filepath.Join(dir, "one")
+	if r := ucp(t, nil, append([]string{"reshard", "--quiet", src, filepath.Join(oneRoot, "save")}, flags...)...); r.code != 0 {
+		t.Fatalf("single node: %s", r.stderr)
+	}
+	for _, kill := range []int{-1, 2} {
+		root := filepath.Join(dir, fmt.Sprintf("k%02d", kill+10)) // as long as oneRoot: .metadata names the folder
+		save := filepath.Join(root, "save")
+		out := runLaunchedArgs(t, l, append([]string{"reshard", src, save}, flags...), kill)
+		if strings.Count(out, " of 3 (from OMPI_COMM_WORLD_RANK") != 3-min(kill+1, 1) {
+			t.Errorf("want the nodes to take their rank from Open MPI's variables:\n%s", out)
+		}
+		if kill >= 0 {
+			if _, err := os.Stat(filepath.Join(save, "iter_0000010")); !os.IsNotExist(err) {
+				t.Fatalf("the folder appeared with node 2 killed:\n%s", out)
+			}
+			r := ucp(t, []string{"OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=3"}, append([]string{"reshard", src, save}, flags...)...)
+			if r.code != 0 || !strings.Contains(r.stdout, "finalized") {
+				t.Fatalf("rerun of node 2: %d %s %s", r.code, r.stdout, r.stderr)
+			}
+		}
+		sameSave(t, filepath.Join(oneRoot, "save"), save, oneRoot, root, fmt.Sprintf("mpirun, node %d killed", kill))
+	}
+}
+
+var mpirunLauncher = launcher{name: "mpirun", rankVar: "OMPI_COMM_WORLD_RANK", sizeVar: "OMPI_COMM_WORLD_SIZE",
+	args: func(t *testing.T, cmd []string) []string {
+		mpirun := testkit.Tool(t, "mpirun", "the Open MPI launcher test")
+		// --oversubscribe: 3 processes on a machine of fewer cores;
+		// root is allowed in CI containers.
+		return append([]string{mpirun, "-n", "3", "--oversubscribe", "--allow-run-as-root"}, cmd...)
+	},
+	// No network transport is needed: ucp does not call MPI.
+	env: []string{"OMPI_MCA_btl=self", "OMPI_MCA_plm=isolated", "OMPI_MCA_rmaps_base_oversubscribe=1"}}
 
 // TestTorchrun runs the 3 nodes under torchrun (torch.distributed.run of
 // Debian's torch 1.13, whose flags are spelled with underscores; torch 2

@@ -1,22 +1,19 @@
 package atomic
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
-	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/multinode"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
 // nodesDir holds one completion record per node while DST.partial is
-// being filled; Finalize removes it.
-const nodesDir = ".ucp-nodes"
+// being filled; Finalize removes it (the protocol shared with reshard's
+// writers: internal/multinode).
+const nodesDir = multinode.Dir
 
 // ErrFinalizing is returned when another node already holds the finalize lock.
-var ErrFinalizing = errors.New("another node is finalizing")
+var ErrFinalizing = multinode.ErrFinalizing
 
 // nodeRecord is what one node wrote, saved as .ucp-nodes/node-<i>.json when
 // the node is done.
@@ -40,9 +37,7 @@ type Records struct {
 	Pieces map[string][]torchfile.Piece
 }
 
-func (w *Writer) recordPath(node int) string {
-	return filepath.Join(w.tmp, nodesDir, fmt.Sprintf("node-%d.json", node))
-}
+func (w *Writer) recordPath(node int) string { return multinode.RecordPath(w.tmp, node) }
 
 // FinishNode writes this node's completion record and reports whether the
 // records of all nodes are now present.
@@ -50,15 +45,7 @@ func (w *Writer) FinishNode() (bool, error) {
 	w.mu.Lock()
 	rec := w.rec
 	w.mu.Unlock()
-	if err := writeJSON(w.recordPath(w.opt.Node), rec, w.opt.NoSync); err != nil {
-		return false, err
-	}
-	for n := 0; n < w.opt.Nodes; n++ {
-		if _, err := os.Stat(w.recordPath(n)); err != nil {
-			return false, nil
-		}
-	}
-	return true, nil
+	return multinode.WriteRecord(w.tmp, w.opt.Node, w.opt.Nodes, rec, w.opt.NoSync)
 }
 
 // Lock elects the finalizing node: it takes an exclusive flock on
@@ -67,19 +54,10 @@ func (w *Writer) FinishNode() (bool, error) {
 // died released its lock, so a rerun takes over (a lock file that merely
 // exists proves nothing).
 func (w *Writer) Lock() error {
-	f, err := os.OpenFile(filepath.Join(w.tmp, nodesDir, "finalize.lock"), os.O_CREATE|os.O_WRONLY, 0o666)
+	f, err := multinode.LockFinalize(w.tmp, w.opt.Node)
 	if err != nil {
 		return err
 	}
-	ok, err := fsutil.Flock(f, false)
-	if err != nil || !ok {
-		f.Close()
-		if err == nil {
-			err = ErrFinalizing
-		}
-		return err
-	}
-	fmt.Fprintf(f, "node %d\n", w.opt.Node)
 	w.finLock = f
 	return nil
 }
@@ -90,16 +68,9 @@ func (w *Writer) readRecords() (*Records, error) {
 	out := &Records{Files: map[string]FileEntry{}, Pieces: map[string][]torchfile.Piece{}}
 	for n := 0; n < w.opt.Nodes; n++ {
 		path := w.recordPath(n)
-		b, err := fsutil.ReadFile(path)
-		if err != nil {
-			if os.IsNotExist(err) {
-				return nil, fmt.Errorf("node %d of %d has not finished (no %s); rerun it, then finalize", n, w.opt.Nodes, path)
-			}
-			return nil, err
-		}
 		var r nodeRecord
-		if err := json.Unmarshal(b, &r); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+		if err := multinode.ReadRecord(w.tmp, n, w.opt.Nodes, &r); err != nil {
+			return nil, err
 		}
 		if r.Node != n || r.Nodes != w.opt.Nodes || r.Plan != w.opt.PlanID {
 			return nil, fmt.Errorf("%s: record of node %d/%d for plan %s, but this is node %d/%d of plan %s (were the nodes run with the same options?)",

@@ -11,7 +11,6 @@
 package atomic
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"sync"
 
 	"github.com/ucp-project/ucp/internal/fsutil"
+	"github.com/ucp-project/ucp/internal/multinode"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -530,10 +530,4 @@ func (w *Writer) Abort() {
 // noSync: with --no-sync an fsync here cost 0.3-0.45 s of a 2.5 s
 // conversion (ext4 commits the journal, which first writes out the data of
 // every pre-allocated file written so far).
-func writeJSON(path string, v any, noSync bool) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return fsutil.WriteFileAtomic(path, append(b, '\n'), noSync)
-}
+func writeJSON(path string, v any, noSync bool) error { return multinode.WriteJSON(path, v, noSync) }

@@ -61,11 +61,13 @@ func Float16Bits(u uint32) uint16 {
 	return sign | uint16((a+0xfff+(a>>13)&1-0x38000000)>>13)
 }
 
-// float32ToBFloat16 rounds n float32 elements to bfloat16, two at a time
-// in the halves of a uint64 (nearest even: add 0x7fff plus the kept
+// float32ToBFloat16 rounds n float32 elements to bfloat16, four at a time
+// in the halves of two uint64 (nearest even: add 0x7fff plus the kept
 // lowest bit, keep the high 16 bits; no carry crosses a half unless it is
-// a NaN, which takes the element path): about 2x the element loop, the
-// hot path of exports to bf16.
+// a NaN, which takes the element path), the hot path of exports to bf16.
+// Two at a time was about 2x the element loop; four at a time, one 8-byte
+// store, 1.2-2.3x that (go test -bench of 64 Ki elements alternated 6
+// times on the project's 2-core VM: 810-940 MB/s, 870-2170 MB/s).
 func float32ToBFloat16(dst, src []byte, n int) {
 	const (
 		abs  = 0x7fffffff_7fffffff
@@ -76,16 +78,19 @@ func float32ToBFloat16(dst, src []byte, n int) {
 	)
 	le := binary.LittleEndian
 	i := 0
-	for ; i+2 <= n; i += 2 {
-		a := le.Uint64(src[4*i : 4*i+8 : 4*i+8])
-		d := dst[2*i : 2*i+4 : 2*i+4]
-		if ((a&abs)+nan)&top != 0 {
-			le.PutUint16(d[0:2], BFloat16Bits(uint32(a)))
-			le.PutUint16(d[2:4], BFloat16Bits(uint32(a>>32)))
+	for ; i+4 <= n; i += 4 {
+		s := src[4*i : 4*i+16 : 4*i+16]
+		a, b := le.Uint64(s[0:8]), le.Uint64(s[8:16])
+		d := dst[2*i : 2*i+8 : 2*i+8]
+		if (((a&abs)+nan)|((b&abs)+nan))&top != 0 {
+			for k := range 4 {
+				le.PutUint16(d[2*k:], BFloat16Bits(le.Uint32(s[4*k:])))
+			}
 			continue
 		}
-		r := a + half + (a>>16)&lsb
-		le.PutUint32(d, uint32(r>>16)&0xffff|uint32(r>>32)&0xffff0000)
+		ra := a + half + (a>>16)&lsb
+		rb := b + half + (b>>16)&lsb
+		le.PutUint64(d, (ra>>16)&0xffff|(ra>>32)&0xffff0000|(rb<<16)&0xffff_00000000|rb&0xffff0000_00000000)
 	}
 	for ; i < n; i++ {
 		le.PutUint16(dst[2*i:], BFloat16Bits(le.Uint32(src[4*i:])))

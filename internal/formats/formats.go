@@ -23,6 +23,7 @@ import (
 	"github.com/ucp-project/ucp/internal/formats/hf"
 	"github.com/ucp-project/ucp/internal/formats/megatron"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/multinode"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
 
@@ -290,6 +291,9 @@ type ReshardOptions struct {
 	// DSVersion is the DeepSpeed release the target runs (ds_version and
 	// the keys that release writes); "": the source's.
 	DSVersion string
+	// Place is this process's share of a multi-node run (Nodes > 1): the
+	// nodes write one folder together (multinode.Folder).
+	Place multinode.Place
 }
 
 // ReshardStats tell what a writer wrote.
@@ -300,6 +304,8 @@ type ReshardStats struct {
 	// Pointer is the pointer file beside DST written or found naming it
 	// (DeepSpeed's 'latest'), nil when none.
 	Pointer *atomic.Pointer
+	// Node is what this node did in a multi-node run (nil for one process).
+	Node *multinode.Result
 }
 
 // ExportOptions are the options every export writer understands; each
@@ -389,11 +395,11 @@ func Targets() []Target {
 					return nil, fmt.Errorf("--to deepspeed writes no pipeline or Megatron layouts (--pp, --vpp, --ep, --expert-tp, --distributed-optimizer, --megatron-optimizer, --decoder-first/last-pipeline-num-layers, --ckpt-format, --megatron-core, --dist-optim-sharding)")
 				}
 				st, err := deepspeed.Reshard(ctx, r, dst, deepspeed.ReshardOptions{DP: o.DP, TP: o.TP, Zero: o.Zero, DType: o.DType,
-					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync, NoLatest: o.NoLatest, Version: o.DSVersion})
+					BF16Optimizer: o.BF16Optimizer, Force: o.Force, NoSync: o.NoSync, NoLatest: o.NoLatest, Version: o.DSVersion, Place: o.Place})
 				if err != nil {
 					return nil, err
 				}
-				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes, Pointer: st.Pointer}, nil
+				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes, Pointer: st.Pointer, Node: st.Node}, nil
 			},
 		},
 		{
@@ -405,7 +411,7 @@ func Targets() []Target {
 				}
 				mo := megatron.ReshardOptions{TP: o.TP, PP: o.PP, VPP: o.VPP, DP: o.DP, EP: o.EP, ETP: o.ETP,
 					DistOptimizer: o.DistOptimizer, Optimizer: o.MegatronOptimizer, FirstStageLayers: o.FirstStageLayers, Spec: o.MegatronSpec,
-					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync}
+					LastStageLayers: o.LastStageLayers, Force: o.Force, NoSync: o.NoSync, Place: o.Place}
 				var st *megatron.ReshardStats
 				var err error
 				switch o.CkptFormat {
@@ -422,7 +428,7 @@ func Targets() []Target {
 				if err != nil {
 					return nil, err
 				}
-				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes}, nil
+				return &ReshardStats{Files: st.Files, Bytes: st.Bytes, Notes: st.Notes, Node: st.Node}, nil
 			},
 		},
 	}

@@ -21,14 +21,7 @@ func TestReadLocalAsPadding(t *testing.T) {
 	r := tp2Atomic(t)
 	padded := 0
 	for _, p := range r.Params() {
-		st, err := r.OpenState(p.Name, "fp32")
-		if err != nil {
-			t.Fatal(err)
-		}
-		meta, err := layout.ReadMeta(st.Path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, meta := openFP32(t, r, p.Name)
 		rows := int64(0)
 		if meta.Vocab {
 			rows = (st.Shape[0]+7)/8*4 + 3 // past the vocabulary on the last rank
@@ -61,6 +54,21 @@ func TestReadLocalAsPadding(t *testing.T) {
 	if padded == 0 {
 		t.Fatal("no shard with padding was read")
 	}
+}
+
+// openFP32 opens param's fp32 state and reads its layout metadata.
+func openFP32(t *testing.T, r *atomic.Reader, param string) (*atomic.State, layout.Meta) {
+	t.Helper()
+	st, err := r.OpenState(param, "fp32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := layout.ReadMeta(st.Path)
+	if err != nil {
+		st.Close()
+		t.Fatal(err)
+	}
+	return st, meta
 }
 
 // tp2Atomic is the atomic checkpoint of a real DeepSpeed Megatron TP 2 bf16

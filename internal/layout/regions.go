@@ -16,6 +16,7 @@ import (
 // region's once every byte of it was written.
 type Regions struct {
 	regs   []region
+	files  map[*os.File]int // each file's index, in order of first Add
 	mu     sync.Mutex
 	pieces [][]torchfile.Piece
 }
@@ -27,9 +28,24 @@ type region struct {
 
 // Add places a region of n bytes at off of f and returns its index.
 func (g *Regions) Add(f *os.File, off, n int64) int {
+	if g.files == nil {
+		g.files = map[*os.File]int{}
+	}
+	if _, ok := g.files[f]; !ok {
+		g.files[f] = len(g.files)
+	}
 	g.regs = append(g.regs, region{f: f, off: off, n: n})
 	g.pieces = append(g.pieces, nil)
 	return len(g.regs) - 1
+}
+
+// FileOf is the index of region i's file: WriteFills has the workers
+// write different files at once.
+func (g *Regions) FileOf(i int) int {
+	if i < 0 || i >= len(g.regs) {
+		return -1
+	}
+	return g.files[g.regs[i].f]
 }
 
 func (g *Regions) check(i int, off, n int64) (region, error) {

@@ -38,14 +38,7 @@ func TestWriteFillsRegions(t *testing.T) {
 	var at int64
 	const gap = 13 // bytes between regions, never written
 	for _, p := range r.Params() {
-		st, err := r.OpenState(p.Name, "fp32")
-		if err != nil {
-			t.Fatal(err)
-		}
-		meta, err := layout.ReadMeta(st.Path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, meta := openFP32(t, r, p.Name)
 		rows := int64(0)
 		if meta.Vocab {
 			rows = (st.Shape[0]+7)/8*4 + 3

@@ -10,20 +10,22 @@ llama family, hidden 9, 4 heads in 2 query groups of kv_channels 2, SwiGLU ffn 1
 padded to 48, untied, bf16, torch AdamW at step 3; full tensors under Megatron-DeepSpeed's names, QKV as
 [Q; K; V]). Each of TP ranks (gloo, one process each) builds megatron-core's GPTModel (local spec, RMSNorm,
 RoPE) wrapped in Float16Module and Megatron's DDP as get_model() does, and get_megatron_optimizer (non-distributed: Float16OptimizerWithFloat16Params over
-torch AdamW, as Megatron runs without TE/Apex), every parameter NaN first, then does what
-megatron/training/checkpointing.py load_checkpoint does with this file: model.load_state_dict(sd['model'],
-strict=True), optimizer.load_state_dict(sd['optimizer']), and reads the scheduler state. Every fp32 main
+torch AdamW, as Megatron runs without TE/Apex), every parameter and optimizer state NaN first, then loads with
+Megatron's own megatron/training/checkpointing.py load_checkpoint (megatron_load: the args of a pretrain_gpt.py
+command line at TP parsed and validated by Megatron, `--no-load-rng`; the model strictly, the optimizer, the
+iteration must be 3) and reads the scheduler state from the file. Every fp32 main
 parameter, exp_avg and exp_avg_sq of the live optimizer is compared with the truth cut as Megatron-core
 holds it on that rank (QKV regrouped per query group, fc1 as [gate_t; up_t], vocabulary rows padded with
 zeros), bit for bit; every step must be 3, the model weights the truth's fp32 in bf16. Then one training step
 (forward, backward, optimizer step) must succeed and move the weights. Prints "ok ..." and exits 0.
 With FORMAT torch_dist (`--ckpt-format torch_dist`, fully_reshardable) the TP x DP ranks build Megatron's
-DDP and distributed optimizer instead and load as the training loop does: `dist_checkpointing.load` of
-`{'model': model.sharded_state_dict(), 'optimizer': optimizer.sharded_state_dict(model_sd, is_loading=True,
-metadata={'distrib_optim_sharding_type': 'fully_reshardable'})}`, `model.load_state_dict`,
-`optimizer.load_state_dict` (the fixture generator's load shims: megatron_dist_fixtures.nan_before_load,
-patch_dcp_load, patch_torch_adam_step); each rank's owned range of every main parameter and Adam moment is
-compared with the truth's, bit for bit, and the step must be 3.
+DDP and distributed optimizer instead, and load_checkpoint takes the torch_dist path (the sharded state dicts
+from the checkpoint's content_metadata; the fixture generator's load shims megatron_dist_fixtures.
+nan_before_load, patch_dcp_load, patch_torch_adam_step); each rank's owned range of every main parameter and
+Adam moment is compared with the truth's, bit for bit, and the step must be 3.
+With UCP_FUSED_ADAM=1 (core 0.15, whose fully_reshardable load fails with torch AdamW's per-parameter
+step) Megatron takes the CPU stand-in testdata/gen/cpu_shims/fused_adam.py as Apex's FusedAdam (ucp then
+writes --megatron-optimizer fused) and the step is read from the param groups.
 Run inside the torch 2.6 chroot by scripts/megatron-check.sh.
 """
 import os
@@ -34,6 +36,7 @@ DP = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 DIST = (sys.argv[5] if len(sys.argv) > 5 else "torch") == "torch_dist"
 sys.path.insert(0, src)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_shims"))  # six for core 0.15
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -81,7 +84,7 @@ def expected(truth, key, name, t):
 
 def worker(rank, world, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank))
+                      USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", LOCAL_RANK=str(rank), CUDA_DEVICE_MAX_CONNECTIONS="1")
     gen.install_shims()
     if DIST:
         gen.patch_dcp_load()
@@ -116,9 +119,9 @@ def worker(rank, world, port):
     truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
     names = {p: nm for nm, p in model.named_parameters()}
     if DIST:
-        bad, n, sched = load_dist(model, opt, truth, names, t, rank)
+        bad, n, sched = load_dist(ddp, model, opt, truth, names, t, rank)
     else:
-        bad, n, sched = load_torch(model, opt, truth, names, t, rank)
+        bad, n, sched = load_torch(ddp, model, opt, truth, names, t, rank)
     before = {nm: p.detach().clone() for nm, p in model.named_parameters()}
     # One optimizer step on seeded gradients (the fixture generator's synthetic_step: main_grad of every
     # parameter, then Megatron's step; a bf16 forward on CPU needs Megatron's Float16Module casts).
@@ -128,7 +131,8 @@ def worker(rank, world, port):
         bad.append(f"rank {rank} training step: {moved} parameters moved")
     print(f"{'ok' if not bad else 'FAIL'} rank {rank}: core loaded {'torch_dist' if DIST else 'torch'} TP {TP} DP {DP}: "
           f"{n} optimizer tensors and {len(names)} weights compared, step {STEP}, scheduler max_lr {sched['max_lr']}; "
-          f"one step: {moved} parameters moved", flush=True)
+          f"one step: {moved} parameters moved{' (cpu_shims FusedAdam)' if os.environ.get('UCP_FUSED_ADAM') == '1' else ''}",
+          flush=True)
     for b in bad[:20]:
         print("  " + b, flush=True)
     dist.barrier()
@@ -137,20 +141,14 @@ def worker(rank, world, port):
         sys.exit(1)
 
 
-def load_dist(model, opt, truth, names, t, rank):
+def load_dist(ddp, model, opt, truth, names, t, rank):
     """load_checkpoint's torch_dist path; every owned range of every state compared with the truth."""
     from megatron.core import dist_checkpointing
 
     gen.nan_before_load(model, opt)
     save = os.path.join(case_dir, "written")
     it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
-    model_sd = model.sharded_state_dict()
-    state = {"model": model_sd,
-             "optimizer": opt.sharded_state_dict(model_sd, is_loading=True,
-                                                 metadata={"distrib_optim_sharding_type": "fully_reshardable"})}
-    loaded = dist_checkpointing.load(state, it)
-    model.load_state_dict(loaded["model"], strict=True)
-    opt.load_state_dict(loaded["optimizer"])
+    megatron_load(ddp, opt)
     sched = dist_checkpointing.load_common_state_dict(it)["opt_param_scheduler"]
     bad, n = [], 0
     for p, nm in names.items():
@@ -170,22 +168,69 @@ def load_dist(model, opt, truth, names, t, rank):
             n += 1
             if got.shape != want.shape or not torch.equal(got, want):
                 bad.append(f"rank {rank} {nm} {key} differs")
-    steps = {float(s["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for s in o.optimizer.state.values()}
+    steps = gen.optimizer_steps(opt)
     if steps != {float(STEP)}:
         bad.append(f"rank {rank}: optimizer steps after the load {steps}, want {STEP}")
     return bad, n, sched
 
 
-def load_torch(model, opt, truth, names, t, rank):
+def megatron_load(ddp, opt):
+    """Megatron's own load_checkpoint (megatron/training/checkpointing.py) of `written/` into the DDP model and
+    the optimizer, with the args a pretrain_gpt.py run of this model at TP x DP parses (Megatron's parse_args
+    and validate_args): it reads the tracker and the rank's file (--ckpt-format torch) or the common state and
+    content_metadata (torch_dist), checks the args, loads the model strictly (a failing strict load, which
+    load_checkpoint would retry non-strictly, fails the check) and the optimizer. The scheduler is read from
+    the file by the caller (load_checkpoint is given none to fill). Fails unless the iteration is STEP."""
+    import megatron.training.arguments as marguments
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.checkpointing import load_checkpoint
+    from megatron.training.global_vars import set_global_variables
+
+    argv = ["pretrain_gpt.py", "--num-layers", L, "--hidden-size", H, "--num-attention-heads", HEADS,
+            "--group-query-attention", "--num-query-groups", GROUPS, "--kv-channels", D, "--ffn-hidden-size", FFN,
+            "--swiglu", "--disable-bias-linear", "--normalization", "RMSNorm", "--norm-epsilon", 1e-5,
+            "--position-embedding-type", "rope", "--seq-length", 7, "--max-position-embeddings", 7,
+            "--micro-batch-size", 1, "--lr", 3e-4, "--min-lr", 1e-5, "--weight-decay", 0.1, "--bf16",
+            "--untie-embeddings-and-output-weights", "--transformer-impl", "local", "--use-cpu-initialization",
+            "--no-gradient-accumulation-fusion", "--no-rope-fusion", "--no-bias-swiglu-fusion",
+            "--no-masked-softmax-fusion", "--no-persist-layer-norm", "--hidden-dropout", 0, "--attention-dropout", 0,
+            "--tensor-model-parallel-size", TP, "--ckpt-format", "torch_dist" if DIST else "torch",
+            "--load", os.path.join(case_dir, "written"), "--no-load-rng"]
+    if DIST:
+        argv += ["--use-distributed-optimizer"]
+    sys.argv = [str(a) for a in argv]
+    marguments.get_device_arch_version = lambda: 9  # no GPU to ask; picks only which performance note applies
+    args = parse_args()
+    validate_args(args, {})
+    set_global_variables(args, build_tokenizer=False)
+    # As megatron_dist_load.py: core 0.19's load_parameter_state_from_dp_zero lacks the @torch.no_grad()
+    # of its fully_reshardable twin.
+    f = getattr(DistributedOptimizer, "load_parameter_state_from_dp_zero", None)
+    if f is not None:
+        DistributedOptimizer.load_parameter_state_from_dp_zero = torch.no_grad()(f)
+    errors = []
+
+    def strict_load(sd, strict=True, _load=ddp.load_state_dict):
+        try:
+            return _load(sd, strict=strict)
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+            raise
+    ddp.load_state_dict = strict_load
+    iteration, _ = load_checkpoint([ddp], opt, None)
+    if errors:
+        sys.exit(f"FAIL {case_dir}: load_checkpoint's strict model load failed: {errors[0][:2000]}")
+    if iteration != STEP:
+        sys.exit(f"FAIL {case_dir}: load_checkpoint returned iteration {iteration}, want {STEP}")
+
+
+def load_torch(ddp, model, opt, truth, names, t, rank):
     """load_checkpoint's --ckpt-format torch path: the rank's model_optim_rng.pt."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(float("nan"))
+    gen.nan_before_load(model, opt)
+    megatron_load(ddp, opt)
     path = os.path.join(case_dir, "written", "iter_%07d" % STEP, "mp_rank_%02d" % t, "model_optim_rng.pt")
-    sd = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(sd["model"], strict=True)
-    opt.load_state_dict(sd["optimizer"])
-    sched = sd["opt_param_scheduler"]  # load_checkpoint reads it with the optimizer
+    sched = torch.load(path, map_location="cpu", weights_only=False)["opt_param_scheduler"]
     bad, n = [], 0
     fopt = getattr(opt, "chained_optimizers", [opt])[0]  # Float16OptimizerWithFloat16Params
     inner = fopt.optimizer
@@ -198,8 +243,9 @@ def load_torch(model, opt, truth, names, t, rank):
                 n += 1
                 if got.shape != want.shape or not torch.equal(got.detach().float(), want.float()):
                     bad.append(f"rank {rank} {nm} {key} differs")
-            if float(st["step"]) != STEP:
-                bad.append(f"rank {rank} {nm} step {st['step']}")
+            step = st["step"] if gen.torch_adam(fopt) else inner.param_groups[g]["step"]
+            if float(step) != STEP:
+                bad.append(f"rank {rank} {nm} step {step}")
             if not torch.equal(lp.detach(), expected(truth, "fp32", nm, t).to(lp.dtype)):
                 bad.append(f"rank {rank} {nm} model weight differs")
     if len(names) != sum(len(x) for x in fopt.float16_groups):

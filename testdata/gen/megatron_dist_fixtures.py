@@ -32,6 +32,7 @@ The CUDA calls megatron-core makes are shimmed to CPU in this driver
 import argparse
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import re
 import shutil
@@ -136,7 +137,22 @@ def install_shims():
     tl = types.ModuleType("triton.language")
     tl.__getattr__ = lambda name: Any()
     tri.language = tl
-    stubs = {"triton": tri, "triton.language": tl}
+    # name -> (module, the importing file's path ends with one of these)
+    stubs = {"triton": (tri, ("paged_stash.py",)), "triton.language": (tl, ("paged_stash.py",))}
+    if os.environ.get("UCP_FUSED_ADAM") == "1":
+        # cpu_shims/fused_adam.py as `apex.optimizers`, to megatron-core's optimizer package alone: its
+        # import-time choice of Adam then takes the Apex branch, as on a GPU machine with Apex (the
+        # module's docstring says why core 0.15's dp_reshardable needs it).
+        spec = importlib.util.spec_from_file_location(
+            "apex.optimizers", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_shims", "fused_adam.py"))
+        fused = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fused)
+        apex = types.ModuleType("apex")
+        apex.__path__ = []
+        apex.optimizers = fused
+        opt_files = tuple(os.path.join("megatron", "core", "optimizer", f)
+                          for f in ("__init__.py", "distrib_optimizer.py"))
+        stubs.update({"apex": (apex, opt_files), "apex.optimizers": (fused, opt_files)})
 
     class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, name, path=None, target=None):
@@ -144,13 +160,16 @@ def install_shims():
                 return None
             f = sys._getframe(1)
             while f is not None:
-                if f.f_code.co_filename.endswith("paged_stash.py"):
-                    return importlib.machinery.ModuleSpec(name, self, is_package=name == "triton")
+                path = f.f_code.co_filename
+                if path.endswith(stubs[name][1]):
+                    return importlib.machinery.ModuleSpec(name, self, is_package=name in ("triton", "apex"))
+                if name.startswith("apex") and "importlib" not in path:
+                    return None  # apex: only the importing file itself counts, never a caller up the stack
                 f = f.f_back
             return None
 
         def create_module(self, spec):
-            return stubs[spec.name]
+            return stubs[spec.name][0]
 
         def exec_module(self, module):
             pass
@@ -161,8 +180,21 @@ def install_shims():
     import megatron.core.distributed  # noqa: F401
     import megatron.core.dist_checkpointing  # noqa: F401
     for n in stubs:
-        if sys.modules.get(n) is stubs[n]:
+        if sys.modules.get(n) is stubs[n][0]:
             del sys.modules[n]
+    import warnings
+    import megatron.core.model_parallel_config as mpc
+
+    if not hasattr(mpc, "warnings"):
+        # core 0.15.3's ModelParallelConfig.__post_init__ warns about EP x TP without sequence parallelism
+        # through a `warnings` it never imports (NameError): give the module its import (as
+        # megatron_grouped_fixtures.py does).
+        mpc.warnings = warnings
+    if os.environ.get("UCP_FUSED_ADAM") == "1":
+        from megatron.core.optimizer import distrib_optimizer
+
+        if not distrib_optimizer.HAVE_APEX_OR_TE:
+            raise RuntimeError("UCP_FUSED_ADAM: megatron-core did not take the cpu_shims FusedAdam")
 
     torch.cuda.current_device = lambda: "cpu"
 
@@ -315,7 +347,29 @@ def nan_before_load(model, opt):
             for st in o.optimizer.state.values():
                 for v in st.values():
                     v.fill_(float("nan"))
-                st["step"] = torch.tensor(-1.0)
+                if torch_adam(o):
+                    st["step"] = torch.tensor(-1.0)
+            if not torch_adam(o):  # a fused Adam (cpu_shims/fused_adam.py) keeps the step in its groups
+                for g in o.optimizer.param_groups:
+                    g["step"] = -1
+
+
+def torch_adam(o):
+    """Whether Megatron optimizer o steps torch's Adam/AdamW (a per-parameter step tensor) rather than a
+    fused Adam (the step in each param group: TE/Apex, or the cpu_shims stand-in)."""
+    return isinstance(o.optimizer, (torch.optim.Adam, torch.optim.AdamW))
+
+
+def optimizer_steps(opt):
+    """The step values Megatron optimizer opt holds: per parameter (torch Adam) or per non-empty param
+    group (fused Adam)."""
+    out = set()
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        if torch_adam(o):
+            out |= {float(st["step"]) for st in o.optimizer.state.values()}
+        else:
+            out |= {float(g["step"]) for g in o.optimizer.param_groups if g["params"]}
+    return out
 
 
 def build(case, rank, world):

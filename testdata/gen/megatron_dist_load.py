@@ -31,6 +31,7 @@ succeed. Prints "ok ..." and exits 0 on success.
 Run inside the torch 2.6 chroot by scripts/megatron-check.sh.
 """
 import os
+import statistics
 import sys
 import time
 
@@ -52,9 +53,15 @@ DIRECT = os.environ.get("UCP_DIRECT") == "1"
 # rank's file) or "plain" (Megatron's non-distributed optimizer inside model_optim_rng.pt).
 FORMAT = os.environ.get("UCP_CKPT_FORMAT", "torch_dist")
 ETP = int(os.environ.get("UCP_ETP", "0")) or None  # expert tensor-parallel size (default TP)
+# UCP_TIME_ROUNDS=N: time Megatron's load of its own checkpoint against ucp's output, alternating
+# (time_rounds; scripts/megatron-loadtime.sh).
+TIME_ROUNDS = int(os.environ.get("UCP_TIME_ROUNDS", "0"))
 STEPS = 2  # the fixtures' optimizer steps (megatron_dist_fixtures.STEPS)
 sys.path.insert(0, src)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# cpu_shims/six.py: core 0.15's megatron.training imports `six`, which the torch 2.6 chroot lacks (last on
+# the path: a real six wins).
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_shims"))
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -90,18 +97,52 @@ def worker(rank, world, port):
         got = (ps.get_expert_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size())
         if got != (case["ep"], ETP or TP):
             sys.exit(f"FAIL {case_dir}: built with EP, expert TP {got}, want {(case['ep'], ETP or TP)}")
-    gen.nan_before_load(model, opt)
-    save = os.path.join(case_dir, "written")
-    it = os.path.join(save, "iter_%07d" % int(open(os.path.join(save, "latest_checkpointed_iteration.txt")).read()))
-    t0 = time.time()
-    if DIRECT or OWN:
-        direct_load(model, opt, it)
+    if TIME_ROUNDS:
+        n, bad = time_rounds(rank, world, case, model, opt)
     else:
-        iteration = megatron_load(case, gen.chunks(ddp), opt, save, world)
-        if iteration != STEPS:
-            sys.exit(f"FAIL {case_dir}: load_checkpoint returned iteration {iteration}, want {STEPS}")
-    load_s = time.time() - t0
-    steps = {float(st["step"]) for o in getattr(opt, "chained_optimizers", [opt]) for st in o.optimizer.state.values()}
+        gen.nan_before_load(model, opt)
+        save = os.path.join(case_dir, "written")
+        t0 = time.time()
+        if DIRECT or OWN:
+            direct_load(model, opt, iteration_dir(save), OWN)
+        else:
+            iteration = megatron_load(case, gen.chunks(ddp), opt, save, world)
+            if iteration != STEPS:
+                sys.exit(f"FAIL {case_dir}: load_checkpoint returned iteration {iteration}, want {STEPS}")
+        load_s = time.time() - t0
+        n, bad = compare(rank, world, case, model, opt, OWN)
+    flag = torch.tensor([len(bad)])
+    dist.broadcast(flag, 0)
+    if flag.item() == 0:
+        gen.synthetic_step(ddp, model, opt, 99)
+        dist.barrier()
+    if rank == 0:
+        if bad:
+            print("FAIL", case_dir, *bad[:20], sep="\n  ")
+        else:
+            uneven = f" (first, last stage layers {FIRST}, {LAST})" if FIRST or LAST else ""
+            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP} EP {case.get('ep', 1)}{f' expert-TP {ETP}' if ETP else ''}{uneven}: "
+                  f"{n} tensors equal to the truth ({FORMAT} {SHARDING}, {'dist_checkpointing.load' if DIRECT or OWN or TIME_ROUNDS else 'load_checkpoint'}), "
+                  f"one training step taken{' (cpu_shims FusedAdam)' if os.environ.get('UCP_FUSED_ADAM') == '1' else ''}"
+                  f"{'' if TIME_ROUNDS else f'; load {load_s:.2f}s'}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    if bad:
+        sys.exit(1)
+
+
+def iteration_dir(save):
+    """The iteration folder the tracker of save folder `save` names."""
+    with open(os.path.join(save, "latest_checkpointed_iteration.txt")) as f:
+        return os.path.join(save, "iter_%07d" % int(f.read()))
+
+
+def compare(rank, world, case, model, opt, own):
+    """Gathers the live model and optimizer states of every rank and compares them on rank 0 with the
+    case's truth.pt; own: the load was of the fixture's own checkpoint (weights compared as the live
+    run held them). Returns (tensors compared, differences) on rank 0, (0, []) elsewhere."""
+    n = 0
+    steps = gen.optimizer_steps(opt)
     pieces = [None] * world
     dist.all_gather_object(pieces, gen.local_truth(model, opt, not case.get("impl")))
     bufs = [None] * world  # the routers' expert_bias buffers (--moe-router-enable-expert-bias)
@@ -111,14 +152,13 @@ def worker(rank, world, port):
         truth = torch.load(os.path.join(case_dir, "truth.pt"), weights_only=False)
         full = gen.merge([e for p in pieces for e in p], TP)
         saved_dt = torch.bfloat16 if case["dtype"] == "bf16" else torch.float32
-        n = 0
         for name, st in full.items():
             for k in ("weight", "fp32", "exp_avg", "exp_avg_sq"):
                 if name not in truth[k]:
                     bad.append(f"{name}: no truth {k}")
                     continue
                 want = truth[k][name]
-                if k == "weight" and not OWN:
+                if k == "weight" and not own:
                     want = truth["fp32"][name].to(saved_dt).float()
                 got = st[k]  # merge() cuts the vocabulary to the true rows
                 n += 1
@@ -131,7 +171,7 @@ def worker(rank, world, port):
                     # model tensors in the training dtype (as a Float16Module holds them), so there each
                     # element is either the truth's fp32 value or its bf16 rounding.
                     exact = truth["fp32"][name]
-                    mixed = k == "weight" and not OWN and torch.equal(torch.where(got == exact, want, got), want)
+                    mixed = k == "weight" and not own and torch.equal(torch.where(got == exact, want, got), want)
                     if not mixed:
                         bad.append(f"{name} {k} differs")
         for name, want in truth.get("buffers", {}).items():
@@ -143,23 +183,44 @@ def worker(rank, world, port):
             bad.append(f"optimizer steps after the load: {steps}, want {STEPS}")
         if len(full) != len(truth["fp32"]):
             bad.append(f"{len(full)} parameters loaded, truth has {len(truth['fp32'])}")
-    flag = torch.tensor([len(bad)])
-    dist.broadcast(flag, 0)
-    if flag.item() == 0:
-        gen.synthetic_step(ddp, model, opt, 99)
-        dist.barrier()
+    return n, bad
+
+
+def time_rounds(rank, world, case, model, opt):
+    """UCP_TIME_ROUNDS=N: CASE_DIR holds own/written (Megatron's own checkpoint of the case) and
+    ucp/written (ucp's output at the same degrees); both are loaded N times into the one built model,
+    alternating (own, ucp, then ucp, own, ...: neither always goes first), each load the steps of
+    load_checkpoint's torch_dist path (direct_load) after every value was set to NaN. Wall time is the
+    slowest rank's, CPU time (time.process_time: every thread of the process) the sum over the ranks;
+    both loads of the last round are compared with the truth. Rank 0 prints one line per load and the
+    medians' ratio ucp/own."""
+    its = {k: iteration_dir(os.path.join(case_dir, k, "written")) for k in ("own", "ucp")}
+    times = {"own": [], "ucp": []}
+    n, bad = 0, []
+    for r in range(TIME_ROUNDS):
+        for kind in ("own", "ucp") if r % 2 == 0 else ("ucp", "own"):
+            gen.nan_before_load(model, opt)
+            dist.barrier()
+            w0, c0 = time.perf_counter(), time.process_time()
+            direct_load(model, opt, its[kind], kind == "own")
+            w, c = time.perf_counter() - w0, time.process_time() - c0
+            got = [None] * world
+            dist.all_gather_object(got, (w, c))
+            wall, cpu = max(g[0] for g in got), sum(g[1] for g in got)
+            times[kind].append((wall, cpu))
+            if rank == 0:
+                print(f"round {r + 1} {kind}: wall {wall:.3f}s, CPU {cpu:.3f}s", flush=True)
+            if r == TIME_ROUNDS - 1:
+                k, b = compare(rank, world, case, model, opt, kind == "own")
+                n, bad = n + k, bad + [f"{kind}: {x}" for x in b]
     if rank == 0:
-        if bad:
-            print("FAIL", case_dir, *bad[:20], sep="\n  ")
-        else:
-            uneven = f" (first, last stage layers {FIRST}, {LAST})" if FIRST or LAST else ""
-            print(f"ok {case_dir}: core {gen.core_version(src)} loaded at TP {TP} PP {PP}{f' VPP {VPP}' if VPP else ''} DP {DP} EP {case.get('ep', 1)}{f' expert-TP {ETP}' if ETP else ''}{uneven}: "
-                  f"{n} tensors equal to the truth ({FORMAT} {SHARDING}, {'dist_checkpointing.load' if DIRECT or OWN else 'load_checkpoint'}), "
-                  f"one training step taken; load {load_s:.2f}s", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    if bad:
-        sys.exit(1)
+        med = {k: [statistics.median(x[i] for x in v) for i in (0, 1)] for k, v in times.items()}
+        print(f"load time, median of {TIME_ROUNDS} alternating loads each (TP {TP} DP {DP}, {world} ranks; wall: "
+              f"slowest rank, CPU: all ranks): Megatron's own checkpoint {med['own'][0]:.3f}s wall "
+              f"{med['own'][1]:.3f}s CPU, ucp's output {med['ucp'][0]:.3f}s wall {med['ucp'][1]:.3f}s CPU; "
+              f"ratio ucp/own wall {med['ucp'][0] / med['own'][0]:.2f}, CPU {med['ucp'][1] / med['own'][1]:.2f}",
+              flush=True)
+    return n, bad
 
 
 def megatron_args(case, world, save):
@@ -246,14 +307,14 @@ def megatron_load(case, ddps, opt, save, world):
     return iteration
 
 
-def direct_load(model, opt, it):
+def direct_load(model, opt, it, own):
     """The steps of load_checkpoint's torch_dist path, taken one by one (the load-time rounds, where
     Megatron's own fixture has no content_metadata: it was saved outside the training loop)."""
     from megatron.core import dist_checkpointing
     # The training loop's load takes the metadata the checkpoint was saved with (content_metadata);
     # the fixtures themselves (UCP_OWN) were saved without it, as before core 0.13.
     meta = dist_checkpointing.load_content_metadata(it)
-    if meta is None and OWN:
+    if meta is None and own:
         meta = {"distrib_optim_sharding_type": SHARDING}
     if meta is None or meta.get("distrib_optim_sharding_type") != SHARDING:
         sys.exit(f"FAIL {case_dir}: content_metadata {meta}, want distrib_optim_sharding_type {SHARDING}")

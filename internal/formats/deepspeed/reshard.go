@@ -14,6 +14,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
+	"github.com/ucp-project/ucp/internal/multinode"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -36,6 +37,9 @@ type ReshardOptions struct {
 	// Version is the DeepSpeed release the target runs ("0.19.5"), written
 	// as ds_version; "" takes the source's ds_version.
 	Version string
+	// Place: this process's share of a multi-node run (Nodes > 1), which
+	// writes the tag folder with the other nodes (multinode.Folder).
+	Place multinode.Place
 }
 
 // ReshardStats tell what was written.
@@ -44,6 +48,8 @@ type ReshardStats struct {
 	Bytes   int64
 	Notes   []string
 	Pointer *atomic.Pointer // 'latest' beside DST, unless NoLatest
+	// Node is what this node did in a multi-node run (nil for one process).
+	Node *multinode.Result
 }
 
 // Reshard writes the atomic checkpoint r as the tag folder dst of a native
@@ -71,8 +77,12 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 		return nil, err
 	}
 	st := &ReshardStats{Notes: p.notes}
-	if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
-		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
+	if o.Place.Multi() {
+		if st.Node, err = p.nodeFolder(ctx, dst, st).Run(ctx); err != nil || !st.Node.Finalized {
+			return st, err
+		}
+	} else if err := fsutil.WriteDir(dst+atomic.PartialSuffix, dst, o.Force, o.NoSync, func(tmp string) error {
+		return r.VerifyingReads(func() error { return p.writeFlushed(ctx, tmp, p.files(), st) })
 	}); err != nil {
 		return nil, err
 	}
@@ -96,6 +106,7 @@ type rgroup struct {
 // plan is everything Reshard decided before writing.
 type plan struct {
 	r        *atomic.Reader
+	out      *layout.Files // the files being written, several at once
 	o        ReshardOptions
 	dt       dtype.DType
 	srcT     int
@@ -500,33 +511,122 @@ func (p *plan) groupNumels(gi, t int) []int64 {
 	return out
 }
 
-// write writes every file into dir.
-func (p *plan) write(ctx context.Context, dir string, st *ReshardStats) error {
+// dsFile is one file of the tag folder: the model states (r -1 below
+// ZeRO-3) or the optimizer state of TP rank t, DP rank r.
+type dsFile struct {
+	t, r  int
+	optim bool
+}
+
+// files lists the tag folder's files in the order they are written: per
+// TP rank its model states, then its optimizer files (ZeRO-3: per DP rank
+// both).
+func (p *plan) files() []dsFile {
+	var out []dsFile
+	for t := 0; t < p.o.TP; t++ {
+		if p.o.Zero != 3 {
+			out = append(out, dsFile{t: t, r: -1})
+		}
+		for r := 0; r < p.o.DP; r++ {
+			if p.o.Zero == 3 {
+				out = append(out, dsFile{t: t, r: r})
+			}
+			out = append(out, dsFile{t: t, r: r, optim: true})
+		}
+	}
+	return out
+}
+
+// name is a file's name in the tag folder.
+func (p *plan) name(f dsFile) string {
+	switch {
+	case f.optim:
+		return p.OptimName(f.t, f.r)
+	case p.o.Zero == 3:
+		return fmt.Sprintf("zero_pp_rank_%d_mp_rank_%02d_model_states.pt", f.r, f.t)
+	}
+	return fmt.Sprintf("mp_rank_%02d_model_states.pt", f.t)
+}
+
+// write writes the files given into dir.
+func (p *plan) write(ctx context.Context, dir string, files []dsFile, st *ReshardStats) error {
 	cfg, err := p.dsConfig()
 	if err != nil {
 		return err
 	}
-	for t := 0; t < p.o.TP; t++ {
-		if p.o.Zero == 3 {
-			if err := p.writeZero3(ctx, dir, t, cfg, st); err != nil {
-				return err
-			}
-			continue
-		}
-		name := fmt.Sprintf("mp_rank_%02d_model_states.pt", t)
-		if err := p.writeModelStates(ctx, filepath.Join(dir, name), t, -1, cfg, st); err != nil {
+	if p.o.Zero == 3 {
+		p.subs = p.zero3SubGroups(cfg)
+	}
+	for _, f := range files {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		for r := 0; r < p.o.DP; r++ {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := p.writeOptim12(ctx, dir, t, r, cfg, st); err != nil {
-				return err
-			}
+		switch {
+		case f.optim && p.o.Zero == 3:
+			err = p.writeOptim3(ctx, dir, f.t, f.r, cfg, st)
+		case f.optim:
+			err = p.writeOptim12(ctx, dir, f.t, f.r, cfg, st)
+		default:
+			err = p.writeModelStates(ctx, filepath.Join(dir, p.name(f)), f.t, f.r, cfg, st)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// writeFlushed writes the files given into dir, several at once
+// (layout.Files), and returns once they are in place.
+func (p *plan) writeFlushed(ctx context.Context, dir string, files []dsFile, st *ReshardStats) error {
+	return layout.WriteAll(ctx, p.r, layout.WriteOptions{Sync: !p.o.NoSync}, func(out *layout.Files) error {
+		p.out = out
+		return p.write(ctx, dir, files, st)
+	})
+}
+
+// nodeFolder is the tag folder as the multi-node protocol writes it: one
+// unit per file (sized by its tensors), and nothing to write last but
+// 'latest' beside the folder, which Reshard writes once it is complete.
+func (p *plan) nodeFolder(ctx context.Context, dst string, st *ReshardStats) *multinode.Folder {
+	files := p.files()
+	units := make([]multinode.Unit, len(files))
+	for i, f := range files {
+		units[i] = multinode.Unit{Name: p.name(f), Bytes: p.fileBytes(f)}
+	}
+	o := p.o
+	o.Place, o.Force, o.NoSync, o.NoLatest = multinode.Place{}, false, false, false
+	return &multinode.Folder{Dst: dst, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync, Units: units,
+		Plan: fmt.Sprintf("deepspeed %+v source %s", o, multinode.Fingerprint(p.r.Manifest)), Options: fmt.Sprintf("--to deepspeed %+v", o),
+		Write: func(ctx context.Context, tmp string, units []int) ([]string, error) {
+			var mine []dsFile
+			var names []string
+			for _, u := range units {
+				mine = append(mine, files[u])
+				names = append(names, p.name(files[u]))
+			}
+			return names, p.r.VerifyingReads(func() error { return p.writeFlushed(ctx, tmp, mine, st) })
+		}}
+}
+
+// fileBytes estimates a file's size from its tensors, for sharing the
+// files out among nodes.
+func (p *plan) fileBytes(f dsFile) int64 {
+	var n int64
+	for gi := range p.groups {
+		n += p.groupNumel(gi, f.t)
+	}
+	if !f.optim {
+		if p.o.Zero == 3 {
+			return 1 // partitioned parameters are saved empty
+		}
+		return n * int64(p.dt.Size())
+	}
+	states := 1
+	if len(p.groups) > 0 {
+		states += len(p.stateNames(p.groups[0]))
+	}
+	return n / int64(p.o.DP) * 4 * int64(states)
 }
 
 // optimName is a ZeRO optimizer file name as DeepSpeed gives it.
@@ -857,7 +957,7 @@ func zeroStageEnum(stage int) pyobj.Enum {
 // writeFile writes root, streaming the fills' tensors (cast to each blob's
 // dtype) and zeros between their pieces; blobs with Data are written as is.
 func (p *plan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []fill, st *ReshardStats) error {
-	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
+	n, err := p.out.Add(ctx, path, root, fills)
 	if err != nil {
 		return err
 	}

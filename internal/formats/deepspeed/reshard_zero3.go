@@ -2,7 +2,6 @@ package deepspeed
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 
 	"github.com/ucp-project/ucp/internal/dtype"
@@ -72,25 +71,6 @@ func (p *plan) zero3Shapes() *pyobj.List {
 		l.Items = append(l.Items, d)
 	}
 	return l
-}
-
-// writeZero3 writes every DP rank's model-state and optimizer files of TP
-// rank t (t is 0: ZeRO-3 targets have no tensor parallelism).
-func (p *plan) writeZero3(ctx context.Context, dir string, t int, cfg *pyobj.Dict, st *ReshardStats) error {
-	p.subs = p.zero3SubGroups(cfg)
-	for r := 0; r < p.o.DP; r++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		name := fmt.Sprintf("zero_pp_rank_%d_mp_rank_%02d_model_states.pt", r, t)
-		if err := p.writeModelStates(ctx, filepath.Join(dir, name), t, r, cfg, st); err != nil {
-			return err
-		}
-		if err := p.writeOptim3(ctx, dir, t, r, cfg, st); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // writeOptim3 writes DeepSpeedZeroOptimizer_Stage3's rigid state of DP

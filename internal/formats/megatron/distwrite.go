@@ -15,6 +15,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
+	"github.com/ucp-project/ucp/internal/multinode"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -192,16 +193,19 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 	if p.release {
 		st.Notes = []string{fmt.Sprintf("the %s source's weights only, as a 'release' checkpoint (no optimizer state): Megatron loads it as iteration 0; start with --finetune", r.Manifest.Source.Format)}
 	}
+	if o.Place.Multi() {
+		f, err := w.nodeFolder(iterDir, st)
+		if err != nil {
+			return nil, err
+		}
+		return st, p.finishNode(ctx, f, dst, tracker, o.NoSync, st)
+	}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
 		return r.VerifyingReads(func() error { return w.write(ctx, tmp, iterDir, st) })
 	}); err != nil {
 		return nil, err
 	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(tracker), o.NoSync); err != nil {
-		return nil, err
-	}
-	st.Files++
-	return st, nil
+	return st, writeTracker(dst, tracker, o.NoSync, st)
 }
 
 type distWriter struct {
@@ -653,7 +657,9 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 			opt = pyobj.NewDict(pyobj.PlainDict)
 		}
 	}
-	if w.o.Core != Core015 || w.o.OptimSharding == DPReshardable {
+	// Every core's DistributedOptimizer.sharded_state_dict sets it (core 0.15's load_state_dict
+	// asserts it is there: megatron/core/optimizer/distrib_optimizer.py, core_v0.15.3).
+	{
 		subs := []*pyobj.Dict{opt}
 		if p.chained() {
 			// {0: dense, 1: expert}: each sub-optimizer's own dict.
@@ -681,6 +687,22 @@ func (w *distWriter) common() (*pyobj.Dict, error) {
 // common state (common.pt up to core 0.18), the rank files (writeRanks),
 // then .metadata, and reads the folder back.
 func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardStats) error {
+	if err := w.writeHead(ctx, tmp, st); err != nil {
+		return err
+	}
+	sizes, err := w.writeRanks(ctx, tmp, nil)
+	if err != nil {
+		return err
+	}
+	for _, n := range sizes {
+		st.Files++
+		st.Bytes += n
+	}
+	return w.writeLast(ctx, tmp, final, st)
+}
+
+// writeHead writes metadata.json and, up to core 0.18, common.pt.
+func (w *distWriter) writeHead(ctx context.Context, tmp string, st *ReshardStats) error {
 	meta := `{"sharded_backend": "torch_dist", "sharded_backend_version": 1}`
 	if w.o.Core != Core019 {
 		meta = `{"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}`
@@ -704,19 +726,16 @@ func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardSt
 		st.Files++
 		st.Bytes += n
 	}
-	sizes, err := w.writeRanks(ctx, tmp)
-	if err != nil {
-		return err
-	}
-	for _, n := range sizes {
-		st.Files++
-		st.Bytes += n
-	}
+	return nil
+}
+
+// writeLast writes .metadata, which marks a complete save, once every rank
+// file is written (their places planned), and reads the folder back.
+func (w *distWriter) writeLast(ctx context.Context, tmp, final string, st *ReshardStats) error {
 	pkl, err := w.metadata(final).Marshal()
 	if err != nil {
 		return err
 	}
-	// .metadata marks a complete save: last, after the data files.
 	if err := fsutil.WriteFileAtomic(filepath.Join(tmp, dcp.MetadataFile), pkl, w.o.NoSync); err != nil {
 		return err
 	}
@@ -726,6 +745,53 @@ func (w *distWriter) write(ctx context.Context, tmp, final string, st *ReshardSt
 		return fmt.Errorf("the written checkpoint does not read back: %w", err)
 	}
 	return nil
+}
+
+// nodeFolder is the iteration folder as the multi-node protocol writes
+// it: one unit per rank file; the finalizer writes metadata.json, the
+// common state and .metadata (writeHead, writeLast) once every rank file
+// is in place.
+func (w *distWriter) nodeFolder(iterDir string, st *ReshardStats) (*multinode.Folder, error) {
+	_, sizes, err := w.planRanks()
+	if err != nil {
+		return nil, err
+	}
+	units := make([]multinode.Unit, len(sizes))
+	for r, n := range sizes {
+		units[r] = multinode.Unit{Name: rankFileName(r), Bytes: n}
+	}
+	key := w.o
+	key.ReshardOptions, key.Workers, key.taskBytes = planKey(key.ReshardOptions), 0, 0
+	f := w.p.nodeFolder(iterDir, units, key, func(ctx context.Context, tmp string, ranks []int) ([]string, error) {
+		var files []string
+		for _, r := range ranks {
+			files = append(files, rankFileName(r))
+		}
+		if len(ranks) == 0 {
+			return nil, nil
+		}
+		err := w.p.r.VerifyingReads(func() error {
+			sizes, err := w.writeRanks(ctx, tmp, ranks)
+			for _, r := range ranks {
+				if err == nil {
+					st.Files++
+					st.Bytes += sizes[r]
+				}
+			}
+			return err
+		})
+		return files, err
+	})
+	f.Last = func(ctx context.Context, tmp string) error {
+		if err := w.writeHead(ctx, tmp, st); err != nil {
+			return err
+		}
+		if _, _, err := w.planRanks(); err != nil {
+			return err
+		}
+		return w.writeLast(ctx, tmp, iterDir, st)
+	}
+	return f, nil
 }
 
 // metadata is the .metadata of the written keys, as torch's

@@ -33,15 +33,15 @@ type dwStream struct {
 	region int // its payload in runRanks' Regions
 }
 
-// writeRanks writes __<rank>_0.distcp for every model-parallel rank into
-// dir: rank 0's bytes items first, then each rank's chunks in key order,
-// and returns the file sizes.
-func (w *distWriter) writeRanks(ctx context.Context, dir string) ([]int64, error) {
-	ranks := w.o.TP * w.o.PP
-	at := make([]int64, ranks)
-	name := func(r int) string { return fmt.Sprintf("__%d_0.distcp", r) }
+func rankFileName(r int) string { return fmt.Sprintf("__%d_0.distcp", r) }
+
+// planRanks places rank 0's bytes items first, then each rank's chunks in
+// key order, in the rank files __<rank>_0.distcp, and returns the chunks'
+// streams and the file sizes.
+func (w *distWriter) planRanks() ([]*dwStream, []int64, error) {
+	at := make([]int64, w.o.TP*w.o.PP)
 	for _, k := range w.items {
-		k.info = dcp.StorageInfo{RelativePath: name(0), Offset: at[0], Length: int64(len(k.data))}
+		k.info = dcp.StorageInfo{RelativePath: rankFileName(0), Offset: at[0], Length: int64(len(k.data))}
 		at[0] += int64(len(k.data))
 	}
 	var streams []*dwStream
@@ -49,14 +49,29 @@ func (w *distWriter) writeRanks(ctx context.Context, dir string) ([]int64, error
 		for _, ch := range k.chunks {
 			lay, err := torchfile.NewLayout("archive", &torchfile.Blob{DType: k.dt, Shape: ch.size})
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", k.key, err)
+				return nil, nil, fmt.Errorf("%s: %w", k.key, err)
 			}
-			ch.info = dcp.StorageInfo{RelativePath: name(ch.rank), Offset: at[ch.rank], Length: lay.Size()}
+			ch.info = dcp.StorageInfo{RelativePath: rankFileName(ch.rank), Offset: at[ch.rank], Length: lay.Size()}
 			streams = append(streams, &dwStream{k: k, ch: ch, lay: lay, base: at[ch.rank]})
 			at[ch.rank] += lay.Size()
 		}
 	}
-	files := make([]*os.File, ranks)
+	return streams, at, nil
+}
+
+// writeRanks writes the rank files of the ranks given (nil: every
+// model-parallel rank) into dir and returns the sizes of all.
+func (w *distWriter) writeRanks(ctx context.Context, dir string, ranks []int) ([]int64, error) {
+	all, at, err := w.planRanks()
+	if err != nil {
+		return nil, err
+	}
+	files := make([]*os.File, len(at))
+	if ranks == nil {
+		for r := range at {
+			ranks = append(ranks, r)
+		}
+	}
 	closeAll := func() {
 		for _, f := range files {
 			if f != nil {
@@ -64,24 +79,28 @@ func (w *distWriter) writeRanks(ctx context.Context, dir string) ([]int64, error
 			}
 		}
 	}
-	for r := range files {
-		f, err := os.Create(filepath.Join(dir, name(r)))
+	for _, r := range ranks {
+		f, err := os.Create(filepath.Join(dir, rankFileName(r)))
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
 		files[r] = f
 	}
-	for _, s := range streams {
-		s.file = files[s.ch.rank]
+	var streams []*dwStream
+	for _, s := range all {
+		if s.file = files[s.ch.rank]; s.file != nil {
+			streams = append(streams, s)
+		}
 	}
-	err := w.runRanks(ctx, files[0], streams)
-	for r, f := range files {
+	err = w.runRanks(ctx, files[0], streams)
+	for _, r := range ranks {
+		f := files[r]
 		if err == nil && !w.o.NoSync {
 			err = f.Sync()
 		}
 		if cerr := f.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("%s: %w", filepath.Join(dir, name(r)), cerr)
+			err = fmt.Errorf("%s: %w", filepath.Join(dir, rankFileName(r)), cerr)
 		}
 	}
 	if err != nil {
@@ -90,10 +109,14 @@ func (w *distWriter) writeRanks(ctx context.Context, dir string) ([]int64, error
 	return at, nil
 }
 
-// runRanks writes the bytes items, the streams' heads and their payloads
-// with o.Workers workers, then the tails.
+// runRanks writes the bytes items (when rank0, rank 0's file, is
+// written here), the streams' heads and their payloads with o.Workers
+// workers, then the tails.
 func (w *distWriter) runRanks(ctx context.Context, rank0 *os.File, streams []*dwStream) error {
 	for _, k := range w.items {
+		if rank0 == nil {
+			break
+		}
 		if err := fsutil.WriteAt(rank0, k.data, k.info.Offset); err != nil {
 			return fmt.Errorf("%s: %s: %w", rank0.Name(), k.key, err)
 		}

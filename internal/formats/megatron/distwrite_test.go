@@ -411,3 +411,44 @@ func TestDistWriteMoECommon(t *testing.T) {
 		})
 	}
 }
+
+// TestDistWriteCommonLikeFixture: the optimizer part of the common state ucp
+// writes in a core's layout equals that core's own save of the same run
+// (real-core fixtures at their own degrees, read back alike): core 0.15's
+// load asserts param_state_sharding_type, which a 0.15 write once left out.
+func TestDistWriteCommonLikeFixture(t *testing.T) {
+	for _, c := range []struct {
+		fixture string
+		core    string
+	}{
+		{"dist/core0_15_tp2_dp2_bf16_fullrs", Core015},
+		{"dist/core0_18_tp2_dp2_bf16_fullrs", Core018},
+	} {
+		t.Run(c.core, func(t *testing.T) {
+			optimizerOf := func(a string) string {
+				r, err := atomic.OpenReader(a, atomic.ReaderOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ev, err := r.Load(atomic.ExtraState)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ov, ok := ev.(*pyobj.Dict).Get("optimizer")
+				if !ok {
+					t.Fatalf("%s: no optimizer in the common state", a)
+				}
+				return deepRepr(ov)
+			}
+			a := convertFixture(t, c.fixture)
+			save := writeDist(t, a, DistOptions{ReshardOptions: ReshardOptions{TP: 2, PP: 1, DP: 2}, Core: c.core})
+			got := optimizerOf(testkit.Convert(t, indexDist(t, save, Options{}), 2))
+			if want := optimizerOf(a); got != want {
+				t.Errorf("common optimizer state\n got %s\nwant %s", got, want)
+			}
+			if !strings.Contains(got, `"param_state_sharding_type": "fully_reshardable"`) {
+				t.Errorf("no param_state_sharding_type in %s", got)
+			}
+		})
+	}
+}

@@ -157,7 +157,10 @@ func (p *rsPlan) familyOptimizer() error {
 	if _, ok := p.extra.Get("opt_param_scheduler"); !ok {
 		return fmt.Errorf("%s: the DeepSpeed model states hold no Megatron learning-rate scheduler (lr_scheduler with max_lr), which Megatron's load_checkpoint reads with the optimizer", r.Dir)
 	}
-	p.style, err = styleOf(p.o.Optimizer, p.steps)
+	if p.style, err = styleOf(p.o.Optimizer, p.steps); err != nil {
+		return err
+	}
+	p.groups, err = adamGroups(r.Dir, p.groups, p.style)
 	return err
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
+	"github.com/ucp-project/ucp/internal/multinode"
 	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -44,6 +45,9 @@ type ReshardOptions struct {
 	// transformer_impl); a Megatron source keeps its own.
 	Spec          string
 	Force, NoSync bool
+	// Place: this process's share of a multi-node run (Nodes > 1), which
+	// writes the iteration folder with the other nodes (multinode.Folder).
+	Place multinode.Place
 	// torchDist: planned for the torch_dist writer (ReshardDist), which
 	// writes Megatron-LM sources' experts (the legacy writer does not yet)
 	// and the distributed optimizer's state of a family source.
@@ -55,6 +59,8 @@ type ReshardStats struct {
 	Files int
 	Bytes int64
 	Notes []string
+	// Node is what this node did in a multi-node run (nil for one process).
+	Node *multinode.Result
 }
 
 // rsParam is one tensor of a target rank's model state dict.
@@ -92,6 +98,7 @@ type outFile struct{ t, e, u int }
 // rsPlan is everything Reshard decided before writing (RESHARD.md).
 type rsPlan struct {
 	r      *atomic.Reader
+	out    *layout.Files // the rank files being written, several at once
 	o      ReshardOptions
 	dt     dtype.DType
 	extra  *pyobj.Dict
@@ -154,16 +161,73 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 		return nil, err
 	}
 	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
+	rf := p.rankFolders()
+	if o.Place.Multi() {
+		units := make([]multinode.Unit, len(rf))
+		for i, f := range rf {
+			units[i] = multinode.Unit{Name: f.name, Bytes: p.rankBytes(f)}
+		}
+		folder := p.nodeFolder(iterDir, units, planKey(o), func(ctx context.Context, tmp string, mine []int) ([]string, error) {
+			var fs []rankFolder
+			for _, u := range mine {
+				fs = append(fs, rf[u])
+			}
+			var files []string
+			err := r.VerifyingReads(func() error { return p.writeFlushed(ctx, tmp, fs, st) })
+			for _, f := range fs {
+				if err == nil {
+					files, err = listFolder(tmp, f.name, files)
+				}
+			}
+			return files, err
+		})
+		return st, p.finishNode(ctx, folder, dst, tracker, o.NoSync, st)
+	}
 	if err := fsutil.WriteDir(iterDir+atomic.PartialSuffix, iterDir, o.Force, o.NoSync, func(tmp string) error {
-		return r.VerifyingReads(func() error { return p.write(ctx, tmp, st) })
+		return r.VerifyingReads(func() error {
+			return p.writeFlushed(ctx, tmp, rf, st)
+		})
 	}); err != nil {
 		return nil, err
 	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(tracker), o.NoSync); err != nil {
-		return nil, err
+	return st, writeTracker(dst, tracker, o.NoSync, st)
+}
+
+// writeTracker writes latest_checkpointed_iteration.txt naming the
+// complete iteration folder.
+func writeTracker(dst, tracker string, noSync bool, st *ReshardStats) error {
+	if err := fsutil.WriteFileAtomic(filepath.Join(dst, trackerFile), []byte(tracker), noSync); err != nil {
+		return err
 	}
 	st.Files++
-	return st, nil
+	return nil
+}
+
+// nodeFolder is the iteration folder as the multi-node protocol writes it
+// (multinode.Folder): units shared out by size, the plan fingerprinted
+// from the options that decide the bytes (o, without this process's place
+// and write settings) and the source's manifest.
+func (p *rsPlan) nodeFolder(iterDir string, units []multinode.Unit, o any, write func(ctx context.Context, tmp string, units []int) ([]string, error)) *multinode.Folder {
+	return &multinode.Folder{Dst: iterDir, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync, Units: units,
+		Plan:    fmt.Sprintf("megatron %+v source %s", o, multinode.Fingerprint(p.r.Manifest)),
+		Options: fmt.Sprintf("--to megatron %+v", o), Write: write}
+}
+
+// planKey is o without what may differ between the nodes of one plan:
+// their place and write settings.
+func planKey(o ReshardOptions) ReshardOptions {
+	o.Place, o.Force, o.NoSync = multinode.Place{}, false, false
+	return o
+}
+
+// finishNode runs this node's share; the node that completes the folder
+// writes the tracker beside it.
+func (p *rsPlan) finishNode(ctx context.Context, f *multinode.Folder, dst, tracker string, noSync bool, st *ReshardStats) error {
+	var err error
+	if st.Node, err = f.Run(ctx); err != nil || !st.Node.Finalized {
+		return err
+	}
+	return writeTracker(dst, tracker, noSync, st)
 }
 
 // saveDir is the folder of the save in dst and the tracker's text: the
@@ -241,6 +305,9 @@ func planMegatron(r *atomic.Reader, o ReshardOptions) (*rsPlan, error) {
 		return nil, err
 	}
 	if p.style, err = styleOf(o.Optimizer, p.steps); err != nil {
+		return nil, err
+	}
+	if p.groups, err = adamGroups(r.Dir, p.groups, p.style); err != nil {
 		return nil, err
 	}
 	return p, p.place()
@@ -488,13 +555,18 @@ func (p *rsPlan) place() error {
 	return nil
 }
 
-// write writes every mp_rank folder into dir.
-func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error {
+// rankFolder is one mp_rank folder of the save: rank file f of stage s.
+type rankFolder struct {
+	name string
+	f    outFile
+	s    int
+}
+
+// rankFolders lists the mp_rank folders in the order they are written.
+func (p *rsPlan) rankFolders() []rankFolder {
+	var out []rankFolder
 	for s := 0; s < p.o.PP; s++ {
 		for _, f := range p.rankFiles() {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
 			name := fmt.Sprintf("mp_rank_%02d", f.t)
 			if p.o.PP > 1 {
 				name += fmt.Sprintf("_%03d", s)
@@ -502,16 +574,64 @@ func (p *rsPlan) write(ctx context.Context, dir string, st *ReshardStats) error 
 			if p.ep > 1 {
 				name += fmt.Sprintf("_%03d", f.e)
 			}
-			sub := filepath.Join(dir, name)
-			if err := os.Mkdir(sub, 0o755); err != nil {
+			out = append(out, rankFolder{name: name, f: f, s: s})
+		}
+	}
+	return out
+}
+
+// rankBytes estimates a rank folder's size from its tensors (weights,
+// and fp32 main parameters and two moments), for sharing the folders out
+// among nodes.
+func (p *rsPlan) rankBytes(r rankFolder) int64 {
+	var n int64
+	for _, list := range p.chunks[r.s] {
+		for _, rp := range p.ofEPRank(list, r.f.e) {
+			i := r.f.t
+			if isExpert(rp.src) {
+				i = r.f.u
+			}
+			n += p.rankNumel(rp.src, i)
+		}
+	}
+	return n * 14
+}
+
+// writeFlushed writes the mp_rank folders given into dir, several files
+// at once (layout.Files), and returns once they are in place.
+func (p *rsPlan) writeFlushed(ctx context.Context, dir string, folders []rankFolder, st *ReshardStats) error {
+	return layout.WriteAll(ctx, p.r, layout.WriteOptions{Sync: !p.o.NoSync}, func(out *layout.Files) error {
+		p.out = out
+		for _, rf := range folders {
+			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if err := p.writeRank(ctx, filepath.Join(sub, modelFile), f, s, st); err != nil {
+			sub := filepath.Join(dir, rf.name)
+			if err := os.MkdirAll(sub, 0o755); err != nil { // a rerun node finds its folders
+				return err
+			}
+			if err := p.writeRank(ctx, filepath.Join(sub, modelFile), rf.f, rf.s, st); err != nil {
 				return err
 			}
 		}
+		return nil
+	})
+}
+
+// listFolder appends the files of dir/sub (relative to dir) to files:
+// what a node wrote into a rank folder, temporary files of a killed run
+// left out.
+func listFolder(dir, sub string, files []string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(dir, sub))
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	for _, e := range ents {
+		if e.Type().IsRegular() && !strings.HasPrefix(e.Name(), ".") {
+			files = append(files, filepath.Join(sub, e.Name()))
+		}
+	}
+	return files, nil
 }
 
 // rankFiles are the files of a stage: one per TP rank without experts.
@@ -1104,9 +1224,10 @@ func (p *rsPlan) targetArgs() pyobj.Value {
 }
 
 // writeFile writes one torch.save file, streaming each tensor from its
-// atomic states.
+// atomic states: queued with the plan's other files (layout.Files, flushed
+// by Reshard).
 func (p *rsPlan) writeFile(ctx context.Context, path string, root pyobj.Value, fills []layout.StateFill, st *ReshardStats) error {
-	n, err := layout.WriteFile(ctx, p.r, path, root, fills, layout.WriteOptions{Sync: !p.o.NoSync})
+	n, err := p.out.Add(ctx, path, root, fills)
 	if err != nil {
 		return err
 	}
