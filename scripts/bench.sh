@@ -42,6 +42,8 @@ CORES=$(nproc)
 mkdir -p "$B" bin
 go build -o "$UCP" ./cmd/ucp
 go build -o bin/benchgen ./internal/cmd/benchgen
+# the Python load row loads this tree's C library, never one an older build left
+go build -buildmode=c-shared -o python/ucp/libucp.so ./capi
 : > "$B/log"
 T0=${EPOCHREALTIME}
 
