@@ -182,9 +182,7 @@ def megatron_load(ddp, opt):
     load_checkpoint would retry non-strictly, fails the check) and the optimizer. The scheduler is read from
     the file by the caller (load_checkpoint is given none to fill). Fails unless the iteration is STEP."""
     import megatron.training.arguments as marguments
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.training.arguments import parse_args, validate_args
-    from megatron.training.checkpointing import load_checkpoint
     from megatron.training.global_vars import set_global_variables
 
     argv = ["pretrain_gpt.py", "--num-layers", L, "--hidden-size", H, "--num-attention-heads", HEADS,
@@ -204,23 +202,7 @@ def megatron_load(ddp, opt):
     args = parse_args()
     validate_args(args, {})
     set_global_variables(args, build_tokenizer=False)
-    # As megatron_dist_load.py: core 0.19's load_parameter_state_from_dp_zero lacks the @torch.no_grad()
-    # of its fully_reshardable twin.
-    f = getattr(DistributedOptimizer, "load_parameter_state_from_dp_zero", None)
-    if f is not None:
-        DistributedOptimizer.load_parameter_state_from_dp_zero = torch.no_grad()(f)
-    errors = []
-
-    def strict_load(sd, strict=True, _load=ddp.load_state_dict):
-        try:
-            return _load(sd, strict=strict)
-        except Exception as e:
-            errors.append(f"{type(e).__name__}: {e}")
-            raise
-    ddp.load_state_dict = strict_load
-    iteration, _ = load_checkpoint([ddp], opt, None)
-    if errors:
-        sys.exit(f"FAIL {case_dir}: load_checkpoint's strict model load failed: {errors[0][:2000]}")
+    iteration = gen.load_checkpoint_strict([ddp], opt, case_dir)
     if iteration != STEP:
         sys.exit(f"FAIL {case_dir}: load_checkpoint returned iteration {iteration}, want {STEP}")
 

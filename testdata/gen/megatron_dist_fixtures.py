@@ -326,6 +326,41 @@ def patch_torch_adam_step():
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
+def load_checkpoint_strict(ddps, opt, where):
+    """Megatron's own load_checkpoint (megatron/training/checkpointing.py) of the run's --load into the DDP
+    model chunks and the optimizer (the args already parsed and set), failing the check (exit naming `where`)
+    where Megatron would only print: load_checkpoint retries a failing strict model load non-strictly, so the
+    strict load's error is recorded and reported. Returns the iteration it loaded.
+
+    core 0.19's load_parameter_state_from_dp_reshardable (torch_dist dp_reshardable) and
+    load_parameter_state_from_dp_zero (the legacy distrib_optim.pt) lack the @torch.no_grad() of
+    load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main params are
+    views of the model's, and their copy_ raises "a view of a leaf Variable that requires grad is being used
+    in an in-place operation"; Megatron's own fp32 dp_reshardable fixture fails the same way. They run here
+    under no_grad, as their fully_reshardable twin runs."""
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.training.checkpointing import load_checkpoint
+
+    for name in ("load_parameter_state_from_dp_reshardable", "load_parameter_state_from_dp_zero"):
+        f = getattr(DistributedOptimizer, name, None)
+        if f is not None:
+            setattr(DistributedOptimizer, name, torch.no_grad()(f))
+    errors = []
+    for d in ddps:
+        def strict_load(sd, strict=True, _load=d.load_state_dict):
+            try:
+                return _load(sd, strict=strict)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                raise
+        d.load_state_dict = strict_load
+    iteration, _ = load_checkpoint(ddps, opt, None)
+    if errors:
+        sys.exit(f"FAIL {where}: load_checkpoint's strict model load failed: {errors[0][:2000]}")
+    return iteration
+
+
 def nan_before_load(model, opt):
     """Nothing may survive from initialization: every parameter (of every model chunk) and main
     parameter NaN before a load.

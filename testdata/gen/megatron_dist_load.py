@@ -276,35 +276,8 @@ def megatron_load(case, ddps, opt, save, world):
     tracker and the common state, checks the args, builds the sharded state dicts from the checkpoint's
     content_metadata (sharding type; chained-optimizer key prefix), dist_checkpointing.load, then the
     model's and the optimizer's load_state_dict. Returns the iteration it loaded."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-    from megatron.training.checkpointing import load_checkpoint
-
     megatron_args(case, world, save)
-    # core 0.19's load_parameter_state_from_dp_reshardable (torch_dist dp_reshardable) and
-    # load_parameter_state_from_dp_zero (the legacy distrib_optim.pt) lack the @torch.no_grad() of
-    # load_parameter_state_from_fully_reshardable: with fp32 parameters (no Float16Module) the main
-    # params are views of the model's, and their copy_ raises "a view of a leaf Variable that requires
-    # grad is being used in an in-place operation"; Megatron's own fp32 dp_reshardable fixture fails
-    # the same way (UCP_OWN=1). The shim runs them under no_grad, as their fully_reshardable twin runs.
-    for name in ("load_parameter_state_from_dp_reshardable", "load_parameter_state_from_dp_zero"):
-        f = getattr(DistributedOptimizer, name, None)
-        if f is not None:
-            setattr(DistributedOptimizer, name, torch.no_grad()(f))
-    # load_checkpoint retries a failing strict model load non-strictly and only prints the outcome: record
-    # the strict load's error, so that a key mismatch fails the check instead of passing unnoticed.
-    errors = []
-    for d in ddps:
-        def strict_load(sd, strict=True, _load=d.load_state_dict):
-            try:
-                return _load(sd, strict=strict)
-            except Exception as e:
-                errors.append(f"{type(e).__name__}: {e}")
-                raise
-        d.load_state_dict = strict_load
-    iteration, _ = load_checkpoint(ddps, opt, None)
-    if errors:
-        sys.exit(f"FAIL {case_dir}: load_checkpoint's strict model load failed: {errors[0][:2000]}")
-    return iteration
+    return gen.load_checkpoint_strict(ddps, opt, case_dir)
 
 
 def direct_load(model, opt, it, own):
