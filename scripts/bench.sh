@@ -185,7 +185,9 @@ commands() {
     cmdcase "reshard --to deepspeed --zero $z --dp 3" fcpa reshard --force --to deepspeed --zero $z --dp 3 "$A" "$B/cmdout/global_step1"
   done
   if [ -f python/ucp/libucp.so ] && [[ "python load_state_dict" =~ ${BENCH_CMDS:-.} ]]; then
-    read -r fl us rf ru <<< "$(/usr/bin/python3 scripts/bench_load.py "$A" "$REPEAT" | awk '{print $2, $4, $6, $8}')"
+    # a failed load stops the bench (a -nan row would read as a measurement)
+    out=$(/usr/bin/python3 scripts/bench_load.py "$A" "$REPEAT") || { echo "bench: scripts/bench_load.py failed on $A" >&2; exit 1; }
+    read -r fl us rf ru <<< "$(awk '{print $2, $4, $6, $8}' <<< "$out")"
     printf '  %-34s %7s %23s   floor %7s %15s  %6sx  %s\n' "python load_state_dict (3 states)" "$us" "" "$fl" "" "$(ratio "$us" "$fl")" "$(mb "$ru")"
   fi
   rm -rf "$B/atomic" "$B/cmdout" "$B/cmdcp" "$B/latest_universal" "$B/latest"
