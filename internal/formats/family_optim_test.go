@@ -144,10 +144,7 @@ func TestDeepSpeedToMegatronOptimizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{Verify: true})
 	want := roleStates(t, a)
 	// --ckpt-format torch_dist writes the distributed optimizer: model-space
 	// (fully_reshardable) or DDP's buckets at the target DP (dp_reshardable).
@@ -174,10 +171,7 @@ func TestDeepSpeedToMegatronOptimizer(t *testing.T) {
 			if tb2.Format != wantFormat || tb2.Model == nil || tb2.Model.Family != "llama" {
 				t.Fatalf("read back as %s, model %+v", tb2.Format, tb2.Model)
 			}
-			b, err := atomic.OpenReader(testkit.Convert(t, tb2, 2), atomic.ReaderOptions{Verify: true})
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := testkit.ConvertOpen(t, tb2, 2, atomic.ReaderOptions{Verify: true})
 			sameStates(t, want, roleStates(t, b))
 		})
 	}
@@ -271,10 +265,7 @@ func TestHFToDeepSpeed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-		if err != nil {
-			t.Fatal(err)
-		}
+		a := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{Verify: true})
 		c := a.Manifest.Source.Model
 		if c.Experts > 0 {
 			continue
@@ -290,10 +281,7 @@ func TestHFToDeepSpeed(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				b, err := atomic.OpenReader(testkit.Convert(t, tb2, 2), atomic.ReaderOptions{Verify: true})
-				if err != nil {
-					t.Fatal(err)
-				}
+				b := testkit.ConvertOpen(t, tb2, 2, atomic.ReaderOptions{Verify: true})
 				if c.Tied {
 					e, ok := b.Param("model.embed_tokens.weight")
 					if !ok || len(e.Aliases) != 1 || e.Aliases[0] != "lm_head.weight" {
@@ -323,10 +311,7 @@ func openAtomic(t *testing.T, dir string) *atomic.Reader {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{Verify: true})
 	return a
 }
 

@@ -165,10 +165,7 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-		if err != nil {
-			t.Fatal(err)
-		}
+		a := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{Verify: true})
 		want := hfFolderTensors(t, src)
 		type degrees struct {
 			tp, pp, ep, etp, dp int
@@ -241,10 +238,7 @@ func TestHFMegatronRoundTrip(t *testing.T) {
 				if !reflect.DeepEqual(wantC, gotC) {
 					t.Errorf("config read back from the written args:\n got %+v\nwant %+v", gotC, wantC)
 				}
-				b, err := atomic.OpenReader(testkit.Convert(t, tb2, 2), atomic.ReaderOptions{Verify: true})
-				if err != nil {
-					t.Fatal(err)
-				}
+				b := testkit.ConvertOpen(t, tb2, 2, atomic.ReaderOptions{Verify: true})
 				out := filepath.Join(t.TempDir(), "hf")
 				dt := dtype.Float32
 				if d, err := dtype.Parse(a.Manifest.Source.DType); err == nil {
@@ -462,10 +456,7 @@ func TestHFRouterDType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{Verify: true})
 	exp := filepath.Join(t.TempDir(), "hf")
 	if _, err := hf.Export(context.Background(), r, exp, hf.Options{Arch: hf.ArchAuto, NoSync: true}); err != nil {
 		t.Fatal(err)
@@ -499,10 +490,7 @@ func TestTorchtitanLlama3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := atomic.OpenReader(testkit.Convert(t, bare, 1), atomic.ReaderOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rb := testkit.ConvertOpen(t, bare, 1, atomic.ReaderOptions{})
 	if _, err := hf.Export(context.Background(), rb, filepath.Join(t.TempDir(), "x"), hf.Options{Arch: "llama", NoSync: true}); err == nil ||
 		!bytes.Contains([]byte(err.Error()), []byte("--model-config")) {
 		t.Fatalf("export without a model config: %v", err)
@@ -514,10 +502,7 @@ func TestTorchtitanLlama3(t *testing.T) {
 	if tbl.Format != "dcp" || tbl.Model == nil || tbl.Model.Family != "llama" {
 		t.Fatalf("format %s, model %+v", tbl.Format, tbl.Model)
 	}
-	a, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{Verify: true})
 	check := func(t *testing.T, r *atomic.Reader) {
 		out := filepath.Join(t.TempDir(), "hf")
 		if _, err := hf.Export(context.Background(), r, out, hf.Options{Arch: hf.ArchAuto, DType: dtype.Float32, NoSync: true}); err != nil {
@@ -559,10 +544,7 @@ func TestTorchtitanLlama3(t *testing.T) {
 			if tb2.Model == nil || tb2.Model.Family != "llama" || tb2.Model.RotaryInterleaved {
 				t.Fatalf("read back: model %+v", tb2.Model)
 			}
-			b, err := atomic.OpenReader(testkit.Convert(t, tb2, 2), atomic.ReaderOptions{Verify: true})
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := testkit.ConvertOpen(t, tb2, 2, atomic.ReaderOptions{Verify: true})
 			out := filepath.Join(t.TempDir(), "hf")
 			if _, err := hf.Export(context.Background(), b, out, hf.Options{Arch: hf.ArchAuto, DType: dtype.Float32, NoSync: true}); err != nil {
 				t.Fatal(err)

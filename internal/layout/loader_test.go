@@ -153,10 +153,7 @@ func TestZero12SameParallelism(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{Verify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{Verify: true})
 	dir := tagDir(t, ckpt)
 	checked := 0
 	for tp := 0; tp < 2; tp++ {
@@ -205,10 +202,7 @@ func TestZero3SameParallelism(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{})
 			dir := tagDir(t, ckpt)
 			prefix := ""
 			if c.bf16_ {

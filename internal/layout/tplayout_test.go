@@ -109,10 +109,7 @@ func convertFixture(t *testing.T, idx func() (*fragment.Table, error)) *atomic.R
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{})
 	return r
 }
 

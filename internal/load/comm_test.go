@@ -101,10 +101,7 @@ func TestLoadShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{})
 	var reqs []load.Request
 	for _, p := range r.Params() {
 		for _, f := range p.Files {

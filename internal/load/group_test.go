@@ -59,10 +59,7 @@ func groupReader(t *testing.T) *atomic.Reader {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := atomic.OpenReader(testkit.Convert(t, tbl, 2), atomic.ReaderOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := testkit.ConvertOpen(t, tbl, 2, atomic.ReaderOptions{})
 	return r
 }
 

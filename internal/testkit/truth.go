@@ -328,6 +328,16 @@ func (b *TorchBatch) Run(tb testing.TB) {
 	}
 }
 
+// ConvertOpen converts t as Convert does and opens the result with o.
+func ConvertOpen(tb testing.TB, t *fragment.Table, workers int, o atomic.ReaderOptions) *atomic.Reader {
+	tb.Helper()
+	r, err := atomic.OpenReader(Convert(tb, t, workers), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
 // ConvertCases converts every case of testdata/fixtures/<format> (at
 // least min) with two workers and checks it bit for bit against its
 // truth.pt, with ucp's reader and then, all cases in one Python process,

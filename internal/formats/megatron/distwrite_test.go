@@ -347,10 +347,7 @@ func TestDistWriteMoECommon(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s_ep%d_etp%d_%s", c.fixture, c.o.EP, c.o.ETP, c.o.OptimSharding), func(t *testing.T) {
 			save := writeDist(t, convertFixture(t, c.fixture), c.o)
-			r, err := atomic.OpenReader(testkit.Convert(t, indexDist(t, save, Options{}), 2), atomic.ReaderOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := testkit.ConvertOpen(t, indexDist(t, save, Options{}), 2, atomic.ReaderOptions{})
 			ev, err := r.Load(atomic.ExtraState)
 			if err != nil {
 				t.Fatal(err)
