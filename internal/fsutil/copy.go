@@ -49,30 +49,7 @@ var errKernelUnsupported = errors.New("in-kernel copy not supported")
 // CopyRangeCRC copies n bytes of src at srcOff to dst at dstOff and
 // returns the CRC-32 (IEEE) of the bytes copied.
 func (c *Copier) CopyRangeCRC(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) (uint32, error) {
-	kernel := c.kernel
-	if kernel == nil {
-		kernel = kernelCopy
-	}
-	var crc uint32
-	for n > 0 && !c.noKernel {
-		piece := min(n, copyPiece)
-		k, err := kernel(dst, dstOff, src, srcOff, int(piece))
-		if errors.Is(err, errKernelUnsupported) {
-			c.noKernel = true
-			break
-		}
-		if err != nil {
-			return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
-		}
-		if k == 0 {
-			return 0, fmt.Errorf("copying %s to %s: %s ends before byte %d: %w", src.Name(), dst.Name(), src.Name(), srcOff+n, io.ErrUnexpectedEOF)
-		}
-		if crc, err = c.hash(crc, src, srcOff, int64(k)); err != nil {
-			return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
-		}
-		n, srcOff, dstOff = n-int64(k), srcOff+int64(k), dstOff+int64(k)
-	}
-	crc, err := c.copyBuffered(crc, dst, dstOff, src, srcOff, n)
+	crc, err := c.copyRange(dst, dstOff, src, srcOff, n, copyPiece, true)
 	if err == nil {
 		c.Last = crc
 	}
@@ -88,26 +65,39 @@ const bigPiece = 64 << 20
 // kernel where it can, without hashing them: for bytes whose CRC is known
 // (a whole zip record of the source).
 func (c *Copier) CopyRange(dst *os.File, dstOff int64, src *os.File, srcOff, n int64) error {
+	_, err := c.copyRange(dst, dstOff, src, srcOff, n, bigPiece, false)
+	return err
+}
+
+// copyRange copies in the kernel in calls of at most piece bytes, each
+// read back and hashed when hash is set (the CRC is then of every byte),
+// and through the buffer where the kernel refuses (always hashed there).
+func (c *Copier) copyRange(dst *os.File, dstOff int64, src *os.File, srcOff, n, piece int64, hash bool) (uint32, error) {
 	kernel := c.kernel
 	if kernel == nil {
 		kernel = kernelCopy
 	}
+	var crc uint32
 	for n > 0 && !c.noKernel {
-		k, err := kernel(dst, dstOff, src, srcOff, int(min(n, bigPiece)))
+		k, err := kernel(dst, dstOff, src, srcOff, int(min(n, piece)))
 		if errors.Is(err, errKernelUnsupported) {
 			c.noKernel = true
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
+			return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
 		}
 		if k == 0 {
-			return fmt.Errorf("copying %s to %s: %s ends before byte %d: %w", src.Name(), dst.Name(), src.Name(), srcOff+n, io.ErrUnexpectedEOF)
+			return 0, fmt.Errorf("copying %s to %s: %s ends before byte %d: %w", src.Name(), dst.Name(), src.Name(), srcOff+n, io.ErrUnexpectedEOF)
+		}
+		if hash {
+			if crc, err = c.hash(crc, src, srcOff, int64(k)); err != nil {
+				return 0, fmt.Errorf("copying %s to %s: %w", src.Name(), dst.Name(), err)
+			}
 		}
 		n, srcOff, dstOff = n-int64(k), srcOff+int64(k), dstOff+int64(k)
 	}
-	_, err := c.copyBuffered(0, dst, dstOff, src, srcOff, n)
-	return err
+	return c.copyBuffered(crc, dst, dstOff, src, srcOff, n)
 }
 
 // hash extends crc with n bytes of f at off, read through the buffer.
