@@ -190,6 +190,7 @@ type reducer struct {
 	tmp     []byte
 	raw     []byte
 	acc     []float32
+	iov     [][]byte
 	windows map[string]*window
 	uses    int64
 	copier  fsutil.Copier // its buffer is reused by every copy task
@@ -496,6 +497,24 @@ func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, star
 		red.account(time.Since(t0), 0, es*n)
 		return nil
 	}
+	if dt == odt && n*es >= preadvMin && f.Src.T.IsContiguous() && f.Src.T.Storage.Offset >= 0 &&
+		srcStart >= 0 && srcStart+n <= f.Src.T.Numel() && contiguous(runs, lo) {
+		// Runs back to back in the source (a row-parallel weight's rows):
+		// one preadv puts each in its place, with no copy in user space.
+		src, err := red.r.src.get(f.Src.Path)
+		if err != nil {
+			return err
+		}
+		red.iov = red.iov[:0]
+		for _, rn := range runs {
+			red.iov = append(red.iov, out[oes*(rn.full-start):oes*(rn.full-start+rn.n)])
+		}
+		if err := preadRuns(src, f.Src.T.FileOffset()+es*srcStart, red.iov); err != nil {
+			return fmt.Errorf("%s: %w", f.Src.Path, err)
+		}
+		red.account(time.Since(t0), 0, es*n)
+		return nil
+	}
 	red.raw = grow(red.raw, n*es)
 	if err := torchfile.ReadRange(file, f.Src.T, srcStart, n, red.raw); err != nil {
 		return fmt.Errorf("%s: %w", f.Src.Path, err)
@@ -516,6 +535,22 @@ func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, star
 	}
 	red.account(t1.Sub(t0), time.Since(t1), n*es)
 	return nil
+}
+
+// preadvMin is the least a fragment's runs must hold to be read with
+// preadv; smaller reads go through the read-ahead window.
+const preadvMin = 64 << 10
+
+// contiguous reports whether the runs follow each other in the shard
+// from element lo.
+func contiguous(runs []placeRun, lo int64) bool {
+	for _, rn := range runs {
+		if rn.local != lo {
+			return false
+		}
+		lo += rn.n
+	}
+	return true
 }
 
 func (red *reducer) account(read, convert time.Duration, bytesRead int64) {
