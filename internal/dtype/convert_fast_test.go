@@ -110,3 +110,45 @@ func BenchmarkNarrowBFloat16(b *testing.B) {
 		}
 	}
 }
+
+// TestNarrowBFloat16Wide checks the vector path (16 at a time where the
+// CPU has it) against the element rule: every sign, exponent and top
+// mantissa bits (all 2^16 high halves) with the low halves that decide
+// the rounding (ties, either side of them, zero, all ones), which covers
+// ±0, subnormals, the largest finite values that round to Inf, ±Inf and
+// every NaN class; at lengths and offsets that leave tails for the
+// four-at-a-time and element loops; and that nothing is written past the
+// end.
+func TestNarrowBFloat16Wide(t *testing.T) {
+	lows := []uint32{0x0000, 0x0001, 0x4000, 0x7ffe, 0x7fff, 0x8000, 0x8001, 0xc000, 0xfffe, 0xffff}
+	n := 1 << 16 * len(lows)
+	src := make([]byte, 4*n)
+	for hi := range uint32(1 << 16) {
+		for k, lo := range lows {
+			binary.LittleEndian.PutUint32(src[4*(int(hi)*len(lows)+k):], hi<<16|lo)
+		}
+	}
+	check := func(start, m int) {
+		t.Helper()
+		dst := make([]byte, 2*m+2)
+		binary.LittleEndian.PutUint16(dst[2*m:], 0xbeef)
+		if err := FromFloat32(dst[:2*m], src[4*start:4*(start+m)], BFloat16); err != nil {
+			t.Fatal(err)
+		}
+		for i := range m {
+			u := binary.LittleEndian.Uint32(src[4*(start+i):])
+			if got, want := binary.LittleEndian.Uint16(dst[2*i:]), BFloat16Bits(u); got != want {
+				t.Fatalf("start %d, length %d: %#08x rounded to %#04x, want %#04x", start, m, u, got, want)
+			}
+		}
+		if binary.LittleEndian.Uint16(dst[2*m:]) != 0xbeef {
+			t.Fatalf("start %d, length %d: wrote past the end", start, m)
+		}
+	}
+	check(0, n)
+	for m := 15; m <= 53; m++ {
+		for _, start := range []int{0, 1, 3, 4, 7, 16, len(lows)*0x7f7f + 5} { // the last: the largest finite values, +Inf and NaNs
+			check(start, m)
+		}
+	}
+}
