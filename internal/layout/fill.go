@@ -356,6 +356,14 @@ func fillTasks(f TensorFill, jobBytes int64) ([]fillTask, error) {
 	span := func(pc *StatePiece, local, upto int64) {
 		for at < upto {
 			n := min(upto-at, job)
+			if pc != nil {
+				// Cut where the shard's element is a multiple of job: for
+				// a whole state (ZeRO ranges, unsliced tensors) job
+				// elements of any dtype are whole 1 MiB blocks, so a copy
+				// taking its CRC from the state's block CRC-32s reads back
+				// only the blocks the piece itself starts and ends in.
+				n = min(upto-at, job-local%job)
+			}
 			out = append(out, fillTask{i: f.I, dt: dt, pc: pc, local: local, at: at, n: n, stride: es})
 			at += n
 			local += n
@@ -495,7 +503,12 @@ func (m *Mover) Range(w Sink, i int, off int64, st *atomic.State, full, n int64,
 	es, ss := int64(dt.Size()), int64(st.DType.Size())
 	if dt == st.DType {
 		if f, base := st.File(); f != nil {
-			if err := w.CopyFrom(&m.copier, i, f, base+full*ss, off, n*es); err != nil {
+			// With the state's block CRC-32s the copy is not read back
+			// (fsutil.Copier.Blocks; atomic/FORMAT.md, "block_crc32").
+			m.copier.Blocks = st.Blocks()
+			err := w.CopyFrom(&m.copier, i, f, base+full*ss, off, n*es)
+			m.copier.Blocks = nil
+			if err != nil {
 				return err
 			}
 			st.Record(full, n, m.copier.Last)

@@ -79,7 +79,8 @@ func (g *Regions) WriteAt(i int, p []byte, off int64) error {
 }
 
 // CopyFrom copies n bytes of src at srcOff to byte off of region i in the
-// kernel through c, the CRC taken on the way.
+// kernel through c, the CRC taken on the way (read back, or made from the
+// source's block CRC-32s in c.Blocks: atomic/FORMAT.md, "block_crc32").
 func (g *Regions) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error {
 	r, err := g.check(i, off, n)
 	if err != nil {
