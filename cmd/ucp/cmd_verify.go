@@ -13,8 +13,6 @@ import (
 	"sync"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
-
 	"github.com/ucp-project/ucp/internal/atomic"
 )
 
@@ -67,34 +65,39 @@ func runVerify(ctx context.Context, out io.Writer, dir string, opts verifyOption
 	var mu sync.Mutex
 	var bad []string
 	var total int64
-	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(opts.Workers, 1))
-	for _, f := range files {
-		g.Go(func() error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			err := atomic.CheckPath(dir, f.Path)
-			if err == nil {
-				err = insideRoot(root, filepath.Join(dir, filepath.FromSlash(f.Path)))
-			}
-			if err == nil {
-				err = atomic.VerifyFile(filepath.Join(dir, filepath.FromSlash(f.Path)), f)
-			}
-			if p := states[f.Path]; err == nil && p != nil {
-				err = checkStateHeader(filepath.Join(dir, filepath.FromSlash(f.Path)), p)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				bad = append(bad, err.Error())
-			} else {
-				total += f.Bytes
-			}
-			return nil
-		})
+	report := func(f atomic.FileEntry, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			bad = append(bad, err.Error())
+		} else {
+			total += f.Bytes
+		}
 	}
-	if err := g.Wait(); err != nil {
+	// Paths are checked first; the files that pass are hashed by the
+	// workers together (a big file is shared among them).
+	var paths []string
+	var entries []atomic.FileEntry
+	for _, f := range files {
+		path := filepath.Join(dir, filepath.FromSlash(f.Path))
+		err := atomic.CheckPath(dir, f.Path)
+		if err == nil {
+			err = insideRoot(root, path)
+		}
+		if err != nil {
+			report(f, err)
+			continue
+		}
+		paths = append(paths, path)
+		entries = append(entries, f)
+	}
+	err = atomic.VerifyFiles(ctx, paths, entries, opts.Workers, func(i int, err error) {
+		if p := states[entries[i].Path]; err == nil && p != nil {
+			err = checkStateHeader(paths[i], p)
+		}
+		report(entries[i], err)
+	})
+	if err != nil {
 		return err
 	}
 	unlisted, err := unlistedEntries(dir, m)

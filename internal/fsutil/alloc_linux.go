@@ -27,7 +27,10 @@ func Presize(f *os.File, size int64) error {
 // StartWriteback asks the kernel to start writing the dirty pages of
 // [off, off+n) of f to disk without waiting for it, so that the final
 // sync finds most of the work done. Failure is harmless (the sync still
-// writes everything) and is ignored.
+// writes everything) and is ignored. Small writes are gathered into
+// windows (writebackRange).
 func StartWriteback(f *os.File, off, n int64) {
-	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+	if lo, hi := writebackRange(off, n); hi > lo {
+		_ = unix.SyncFileRange(int(f.Fd()), lo, hi-lo, unix.SYNC_FILE_RANGE_WRITE)
+	}
 }

@@ -115,6 +115,12 @@ func TestPlanMemoryBoundsChunks(t *testing.T) {
 // convert runs the plan's nodes one after another in this process.
 func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) string {
 	t.Helper()
+	return convertWith(t, tbl, opt, Options{Workers: workers, CheckReplicas: true})
+}
+
+// convertWith is convert with the run's options (Node is set per node).
+func convertWith(t *testing.T, tbl *fragment.Table, opt PlanOptions, ro Options) string {
+	t.Helper()
 	plan, err := NewPlan(tbl, opt)
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +132,8 @@ func convert(t *testing.T, tbl *fragment.Table, opt PlanOptions, workers int) st
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Run(context.Background(), plan, w, Options{Node: n, Workers: workers, CheckReplicas: true}); err != nil {
+		ro.Node = n
+		if _, err := Run(context.Background(), plan, w, ro); err != nil {
 			t.Fatal(err)
 		}
 		all, err := w.FinishNode()
@@ -157,7 +164,8 @@ func sameFiles(t *testing.T, what string, a, b map[string][]byte) {
 
 // TestSplitAndNodesMatchSingle: tiny odd chunks (so every sharded
 // parameter is split across reducers and across nodes) and 4 nodes give
-// files byte-identical to one unsplit run, for a TP 2 checkpoint with
+// files byte-identical to one unsplit run (so do tiny pieces within a
+// task), for a TP 2 checkpoint with
 // row-parallel, sub-parameter, vocabulary and averaged parameters.
 func TestSplitAndNodesMatchSingle(t *testing.T) {
 	tbl, err := deepspeed.Index(context.Background(), testkit.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "checkpoint"), deepspeed.Options{})
@@ -166,7 +174,13 @@ func TestSplitAndNodesMatchSingle(t *testing.T) {
 	}
 	ref := testkit.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1))
 	sameFiles(t, "chunks of 7 elements", ref, testkit.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 3, ChunkElems: 7}, 3)))
-	dst := convert(t, tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13}, 2)
+	// Whole parameters per task, each reduced and written in pieces of
+	// 7 float32 elements (or 14 bf16): runs and averages cut anywhere.
+	sameFiles(t, "pieces of 28 bytes", ref, testkit.ReadTree(t, convertWith(t, tbl, PlanOptions{Nodes: 1, Cores: 2, ChunkElems: 1 << 30},
+		Options{Workers: 2, CheckReplicas: true, PieceBytes: 28})))
+	// 4 nodes, tasks of 13 elements written in pieces of 20 bytes: the
+	// files shared between nodes are finished from pieces of pieces.
+	dst := convertWith(t, tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13}, Options{Workers: 2, CheckReplicas: true, PieceBytes: 20})
 	sameFiles(t, "4 nodes", ref, testkit.ReadTree(t, dst))
 	m, err := atomic.ReadManifest(dst)
 	if err != nil {

@@ -30,6 +30,9 @@ type Options struct {
 	CheckReplicas bool
 	// Progress, if set, is told of bytes read and written as they happen.
 	Progress func(read, written int64)
+	// PieceBytes bounds the output bytes a reducer gathers before it
+	// writes them (0: DefaultPieceBytes).
+	PieceBytes int64
 }
 
 // Stats report what a run did.
@@ -103,6 +106,9 @@ func Run(ctx context.Context, plan *Plan, w *ucpatomic.Writer, opt Options) (*St
 	workers := opt.Workers
 	if workers <= 0 {
 		workers = runtime.NumCPU()
+	}
+	if opt.PieceBytes <= 0 {
+		opt.PieceBytes = DefaultPieceBytes
 	}
 	var tasks []Task
 	for _, tk := range plan.NodeTasks(opt.Node) {
@@ -183,6 +189,8 @@ type reducer struct {
 	out     []byte
 	tmp     []byte
 	raw     []byte
+	acc     []float32
+	iov     [][]byte
 	windows map[string]*window
 	uses    int64
 	copier  fsutil.Copier // its buffer is reused by every copy task
@@ -228,40 +236,53 @@ func (red *reducer) run(tk Task) error {
 	}
 	p := r.t.Params[o.Param]
 	st := p.States[o.State]
-	n := tk.End - tk.Start
 	es := int64(o.DType.Size())
 	if cps, ok := red.directCopies(p, st, tk.Start, tk.End, o.DType); ok {
 		return red.copyDirect(tk, o, p, cps)
 	}
-	red.out = grow(red.out, es*n)
-	var err error
-	switch {
-	case p.Average:
-		err = red.average(p, st, tk.Start, tk.End)
-	default:
-		err = red.gather(p, st, 0, tk.Start, tk.End, red.out, o.DType)
-		if err == nil && r.opt.CheckReplicas {
-			err = red.checkReplicas(p, st, tk.Start, tk.End, o.DType)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("parameter %s, state %s: %w", p.Name, st.Name, err)
-	}
-	t0 := time.Now()
 	f, err := red.stateFile(tk, o, p)
 	if err != nil {
 		return err
 	}
-	if err := f.WriteAt(0, red.out, es*tk.Start); err != nil {
+	// The task is reduced and written a piece at a time through buffers
+	// the reducer reuses: a task-sized buffer (64 MB) cost a page fault
+	// per 4 KiB on its first use and evicted the cache between reading
+	// and writing it.
+	step := max(r.opt.PieceBytes/es, 1)
+	for a := tk.Start; a < tk.End; a += step {
+		b := min(a+step, tk.End)
+		red.out = grow(red.out, es*(b-a))
+		if err := red.reduce(p, st, a, b, o.DType); err != nil {
+			return fmt.Errorf("parameter %s, state %s: %w", p.Name, st.Name, err)
+		}
+		t0 := time.Now()
+		if err := f.WriteAt(0, red.out, es*a); err != nil {
+			return err
+		}
+		red.ws.Write += time.Since(t0)
+		red.ws.BytesWritten += es * (b - a)
+		if r.opt.Progress != nil {
+			r.opt.Progress(0, es*(b-a))
+		}
+	}
+	return red.done(tk, f)
+}
+
+// DefaultPieceBytes is small enough for a piece to stay in the cache
+// between its reads and its write, big enough that it is a few large
+// reads and one write.
+const DefaultPieceBytes = 4 << 20
+
+// reduce fills red.out with full elements [start, end) of the state.
+func (red *reducer) reduce(p *fragment.Param, st *fragment.State, start, end int64, odt dtype.DType) error {
+	if p.Average {
+		return red.average(p, st, start, end)
+	}
+	if err := red.gather(p, st, 0, start, end, red.out, odt); err != nil {
 		return err
 	}
-	if err := red.done(tk, f); err != nil {
-		return err
-	}
-	red.ws.Write += time.Since(t0)
-	red.ws.BytesWritten += es * n
-	if r.opt.Progress != nil {
-		r.opt.Progress(0, es*n)
+	if red.r.opt.CheckReplicas {
+		return red.checkReplicas(p, st, start, end, odt)
 	}
 	return nil
 }
@@ -476,6 +497,24 @@ func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, star
 		red.account(time.Since(t0), 0, es*n)
 		return nil
 	}
+	if dt == odt && n*es >= preadvMin && f.Src.T.IsContiguous() && f.Src.T.Storage.Offset >= 0 &&
+		srcStart >= 0 && srcStart+n <= f.Src.T.Numel() && contiguous(runs, lo) {
+		// Runs back to back in the source (a row-parallel weight's rows):
+		// one preadv puts each in its place, with no copy in user space.
+		src, err := red.r.src.get(f.Src.Path)
+		if err != nil {
+			return err
+		}
+		red.iov = red.iov[:0]
+		for _, rn := range runs {
+			red.iov = append(red.iov, out[oes*(rn.full-start):oes*(rn.full-start+rn.n)])
+		}
+		if err := preadRuns(src, f.Src.T.FileOffset()+es*srcStart, red.iov); err != nil {
+			return fmt.Errorf("%s: %w", f.Src.Path, err)
+		}
+		red.account(time.Since(t0), 0, es*n)
+		return nil
+	}
 	red.raw = grow(red.raw, n*es)
 	if err := torchfile.ReadRange(file, f.Src.T, srcStart, n, red.raw); err != nil {
 		return fmt.Errorf("%s: %w", f.Src.Path, err)
@@ -496,6 +535,22 @@ func (red *reducer) readInto(f fragment.Fragment, lo, hi int64, out []byte, star
 	}
 	red.account(t1.Sub(t0), time.Since(t1), n*es)
 	return nil
+}
+
+// preadvMin is the least a fragment's runs must hold to be read with
+// preadv; smaller reads go through the read-ahead window.
+const preadvMin = 64 << 10
+
+// contiguous reports whether the runs follow each other in the shard
+// from element lo.
+func contiguous(runs []placeRun, lo int64) bool {
+	for _, rn := range runs {
+		if rn.local != lo {
+			return false
+		}
+		lo += rn.n
+	}
+	return true
 }
 
 func (red *reducer) account(read, convert time.Duration, bytesRead int64) {
@@ -530,7 +585,11 @@ func replicas(st *fragment.State) []int {
 func (red *reducer) average(p *fragment.Param, st *fragment.State, start, end int64) error {
 	n := end - start
 	reps := replicas(st)
-	acc := make([]float32, n)
+	if int64(cap(red.acc)) < n {
+		red.acc = make([]float32, n)
+	}
+	acc := red.acc[:n]
+	clear(acc)
 	red.tmp = grow(red.tmp, 4*n)
 	for _, rep := range reps {
 		if err := red.gather(p, st, rep, start, end, red.tmp, dtype.Float32); err != nil {

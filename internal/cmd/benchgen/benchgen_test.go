@@ -26,6 +26,12 @@ func TestGeneratedCheckpointConverts(t *testing.T) {
 			func(src string) (*fragment.Table, error) {
 				return deepspeed.Index(context.Background(), src, deepspeed.Options{})
 			}},
+		// Row-parallel fragments over 64 KiB: their rows are read with
+		// preadv straight into place.
+		{"zero2 tp2 wide", Config{Hidden: 256, Layers: 1, Vocab: 301, Positions: 8, TP: 2, DP: 2, Seed: 7},
+			func(src string) (*fragment.Table, error) {
+				return deepspeed.Index(context.Background(), src, deepspeed.Options{})
+			}},
 		{"llama tp2", Config{Hidden: 16, Layers: 2, Vocab: 301, Positions: 8, TP: 2, DP: 3, Seed: 7, Llama: true},
 			func(src string) (*fragment.Table, error) {
 				return deepspeed.Index(context.Background(), src, deepspeed.Options{})
