@@ -19,7 +19,11 @@ import (
 // ReaderOptions configure OpenReader.
 type ReaderOptions struct {
 	// Verify checks every file's size and CRC-32 against the manifest
-	// before its first use (one sequential read of the file).
+	// before its first use (one sequential read of the file), or from
+	// the bytes read and copied (VerifyingReads): every byte copied from
+	// a state file is then read back and hashed. Without it a copy in the
+	// kernel takes its CRC from the manifest's block CRC-32s where there
+	// are some, and those bytes are never read (State.Blocks).
 	Verify bool
 	// Limits bound the walk over loaded values (zero: pyobj.DefaultLimits).
 	Limits pyobj.Limits
@@ -41,6 +45,14 @@ type Reader struct {
 	// tracks, inside VerifyingReads, holds each state file opened with
 	// the ranges read of it.
 	tracks map[string]*readTrack
+	blocks map[string]blockCheck // state files' block CRC-32s, checked once
+}
+
+// blockCheck is a state file's block CRC-32s decoded and checked against
+// its record's CRC-32, or why they cannot be used.
+type blockCheck struct {
+	crcs []uint32
+	err  error
 }
 
 // OpenReader reads DIR/ucp.json and checks that every file it lists lies
@@ -204,6 +216,7 @@ type State struct {
 	f           *torchfile.File
 	t           *torchfile.Tensor
 	track       *readTrack // deferred verification: the ranges read are hashed into it
+	blocks      *fsutil.BlockCRCs
 }
 
 // OpenState opens zero/<param>/<state>.pt and checks that its 'param'
@@ -227,8 +240,61 @@ func (r *Reader) OpenState(param, state string) (*State, error) {
 		return nil, err
 	}
 	want, _ := p.StateDType()
-	return &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t, track: track}, nil
+	s := &State{Param: param, Name: state, Shape: append([]int64{}, p.Shape...), DType: want, Path: path, f: f, t: t, track: track}
+	if e.Blocks != "" && !r.opt.Verify {
+		if s.blocks, err = r.stateBlocks(e, s); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return s, nil
 }
+
+// stateBlocks returns the block CRC-32s of an opened state's tensor data
+// (nil when it is not read from a file), checked once per file: their
+// count must fit the data and they must combine to the record's CRC-32 in
+// the file's central directory, which the file's manifest CRC-32 covers.
+// That proves they belong to the file as it is, not that its data bytes
+// are intact: copies made from them do not read those bytes (FORMAT.md,
+// "block_crc32").
+func (r *Reader) stateBlocks(e FileEntry, s *State) (*fsutil.BlockCRCs, error) {
+	f, start := s.File()
+	if f == nil {
+		return nil, nil
+	}
+	r.mu.Lock()
+	c, done := r.blocks[e.Path]
+	r.mu.Unlock()
+	b := &fsutil.BlockCRCs{File: f, Start: start, Len: s.t.NBytes(), Size: BlockSize, CRCs: c.crcs}
+	if !done {
+		b.CRCs, c.err = decodeBlocks(e.Blocks)
+		if c.err == nil {
+			c.err = b.Check(s.t.Storage.CRC32)
+		} else {
+			c.err = fmt.Errorf("%s: %w", s.Path, c.err)
+		}
+		c.crcs = b.CRCs
+		r.mu.Lock()
+		if r.blocks == nil {
+			r.blocks = map[string]blockCheck{}
+		}
+		r.blocks[e.Path] = c
+		r.mu.Unlock()
+	}
+	if c.err != nil {
+		return nil, fmt.Errorf("refusing the manifest's block CRC-32s: %w", c.err)
+	}
+	return b, nil
+}
+
+// Blocks returns the block CRC-32s of the state's tensor data for a
+// Copier (fsutil.Copier.Blocks): its copies take their CRC from them
+// instead of reading the bytes back. Nil when the manifest has none
+// (checkpoints written before them) or with ReaderOptions.Verify, which
+// must read every byte it vouches for: torch.load does not check CRCs
+// (FORMAT.md, "block_crc32"), so only a read catches a corrupt byte
+// before DeepSpeed or torch loads it.
+func (s *State) Blocks() *fsutil.BlockCRCs { return s.blocks }
 
 // OpenStateFile opens the state file path of parameter p and checks its
 // header against the manifest: a 'param' tensor (or a bare tensor) of the

@@ -225,6 +225,7 @@ func (w *Writer) CreateFile(rel string, root pyobj.Value, shared bool) (*File, e
 	}
 	f.tw.NoSync = true // the folder is synced at once before the manifest
 	f.tw.Writeback = !w.opt.NoSync
+	f.tw.BlockSize = BlockSize
 	return f, nil
 }
 
@@ -282,12 +283,16 @@ func (f *File) Commit() (FileEntry, error) {
 		return FileEntry{}, err
 	}
 	f.closed = true
-	return f.w.recordFile(f.rel, f.tw.Layout.Size(), f.tw.CRC32())
+	var blocks []uint32 // a state file's tensor: its block CRCs, for the readers' copies
+	if len(f.tw.Layout.Blobs) == 1 {
+		blocks = f.tw.BlockCRCs(0)
+	}
+	return f.w.recordFile(f.rel, f.tw.Layout.Size(), f.tw.CRC32(), blocks)
 }
 
 // recordFile adds a finished file to this node's record and journal.
-func (w *Writer) recordFile(rel string, size int64, crc uint32) (FileEntry, error) {
-	e := FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}
+func (w *Writer) recordFile(rel string, size int64, crc uint32, blocks []uint32) (FileEntry, error) {
+	e := FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc), Blocks: encodeBlocks(blocks)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rec.Files = append(w.rec.Files, e)
@@ -394,7 +399,7 @@ func (t *CopyTarget) Commit() (FileEntry, error) {
 		os.Remove(t.f.Name())
 		return FileEntry{}, err
 	}
-	return t.w.recordFile(t.rel, t.size, crc)
+	return t.w.recordFile(t.rel, t.size, crc, nil)
 }
 
 // Abort removes the unfinished copy.

@@ -19,6 +19,9 @@ type Regions struct {
 	files  map[*os.File]int // each file's index, in order of first Add
 	mu     sync.Mutex
 	pieces [][]torchfile.Piece
+	// Writeback starts the writeback of every range once written, so that
+	// the final sync of a large file finds most of it on disk.
+	Writeback bool
 }
 
 type region struct {
@@ -74,12 +77,14 @@ func (g *Regions) WriteAt(i int, p []byte, off int64) error {
 	if err := fsutil.WriteAt(r.f, p, r.off+off); err != nil {
 		return fmt.Errorf("%s: %w", r.f.Name(), err)
 	}
+	g.written(r, off, int64(len(p)))
 	g.record(i, torchfile.NewPiece(off, p))
 	return nil
 }
 
 // CopyFrom copies n bytes of src at srcOff to byte off of region i in the
-// kernel through c, the CRC taken on the way.
+// kernel through c, the CRC taken on the way (read back, or made from the
+// source's block CRC-32s in c.Blocks: atomic/FORMAT.md, "block_crc32").
 func (g *Regions) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error {
 	r, err := g.check(i, off, n)
 	if err != nil {
@@ -89,8 +94,16 @@ func (g *Regions) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n
 	if err != nil {
 		return err
 	}
+	g.written(r, off, n)
 	g.record(i, torchfile.Piece{Off: off, Len: n, CRC: crc})
 	return nil
+}
+
+// written starts the writeback of n bytes at off of region r when asked.
+func (g *Regions) written(r region, off, n int64) {
+	if g.Writeback {
+		fsutil.StartWriteback(r.f, r.off+off, n)
+	}
 }
 
 // CRC is the CRC-32 (IEEE) of region i, an error unless its bytes were

@@ -178,7 +178,9 @@ func TestSplitAndNodesMatchSingle(t *testing.T) {
 	// 7 float32 elements (or 14 bf16): runs and averages cut anywhere.
 	sameFiles(t, "pieces of 28 bytes", ref, testkit.ReadTree(t, convertWith(t, tbl, PlanOptions{Nodes: 1, Cores: 2, ChunkElems: 1 << 30},
 		Options{Workers: 2, CheckReplicas: true, PieceBytes: 28})))
-	dst := convert(t, tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13}, 2)
+	// 4 nodes, tasks of 13 elements written in pieces of 20 bytes: the
+	// files shared between nodes are finished from pieces of pieces.
+	dst := convertWith(t, tbl, PlanOptions{Nodes: 4, Cores: 2, ChunkElems: 13}, Options{Workers: 2, CheckReplicas: true, PieceBytes: 20})
 	sameFiles(t, "4 nodes", ref, testkit.ReadTree(t, dst))
 	m, err := atomic.ReadManifest(dst)
 	if err != nil {

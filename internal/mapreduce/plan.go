@@ -133,9 +133,11 @@ type PlanOptions struct {
 	BareStates bool
 }
 
-// BytesPerChunkElem is a reducer's peak memory per output element of its
+// BytesPerChunkElem is what the memory budget allows per element of a
 // task: the float32 output, the raw source read (up to 8 bytes for
-// float64 sources), its float32 conversion and a replica buffer.
+// float64 sources), its float32 conversion and a replica buffer. Reducers
+// now work in pieces of Options.PieceBytes, so their memory no longer
+// grows with the task; the budget still sizes the tasks, as before.
 const BytesPerChunkElem = 20
 
 // MaxChunkElems bounds one task's output buffer (64 MB of float32).

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -442,6 +443,28 @@ type blobFile struct {
 	// written (sync_file_range), for files that will be synced: the
 	// final sync then finds most of the work done.
 	Writeback bool
+	// BlockSize, when set, cuts every range written or copied at the
+	// multiples of BlockSize from the start of its tensor's payload and
+	// hashes the parts separately, so that Writer.BlockCRCs gives each
+	// block's CRC-32 with no extra read (atomic/FORMAT.md, "block_crc32").
+	BlockSize int64
+}
+
+// cuts calls fn for each part of [off, off+n) of a payload cut at the
+// multiples of BlockSize (one part without a BlockSize), stopping at the
+// first error.
+func (b *blobFile) cuts(off, n int64, fn func(off, n int64) error) error {
+	for n > 0 {
+		k := n
+		if b.BlockSize > 0 {
+			k = min(n, b.BlockSize-off%b.BlockSize)
+		}
+		if err := fn(off, k); err != nil {
+			return err
+		}
+		off, n = off+k, n-k
+	}
+	return nil
 }
 
 // prepare sizes the file and writes the bytes that do not depend on tensor data.
@@ -473,26 +496,34 @@ func (b *blobFile) WriteAt(i int, p []byte, off int64) error {
 	if b.Writeback {
 		fsutil.StartWriteback(b.f, b.Layout.BlobOffset(i)+off, int64(len(p)))
 	}
-	pc := NewPiece(off, p)
+	var pcs [4]Piece
+	ps := pcs[:0]
+	b.cuts(off, int64(len(p)), func(o, k int64) error {
+		ps = append(ps, NewPiece(o, p[o-off:o-off+k]))
+		return nil
+	})
 	b.mu.Lock()
-	b.pieces[i] = append(b.pieces[i], pc)
+	b.pieces[i] = append(b.pieces[i], ps...)
 	b.mu.Unlock()
 	return nil
 }
 
 // CopyFrom copies n bytes of src at srcOff to byte off of blob i's
-// payload through c (copy_file_range, the CRC taken on the way): the
-// bytes never pass through a user buffer. Safe for concurrent use with
+// payload through c (copy_file_range, the CRC taken on the way: read
+// back, or made from the source's block CRC-32s in c.Blocks): the bytes
+// never pass through a user buffer. Safe for concurrent use with
 // disjoint ranges, one Copier per goroutine.
 func (b *blobFile) CopyFrom(c *fsutil.Copier, i int, src *os.File, srcOff, off, n int64) error {
 	if err := b.checkCopy(i, off, n); err != nil {
 		return err
 	}
-	crc, err := c.CopyRangeCRC(b.f, b.Layout.BlobOffset(i)+off, src, srcOff, n)
-	if err != nil {
-		return fmt.Errorf("%s: %w", b.path, err)
-	}
-	return b.copied(i, off, n, crc)
+	return b.cuts(off, n, func(o, k int64) error {
+		crc, err := c.CopyRangeCRC(b.f, b.Layout.BlobOffset(i)+o, src, srcOff+o-off, k)
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.path, err)
+		}
+		return b.copied(i, o, k, crc)
+	})
 }
 
 // CopyFromCRC is CopyFrom for bytes whose CRC-32 is known (a whole source
@@ -533,8 +564,9 @@ func (b *blobFile) copied(i int, off, n int64, crc uint32) error {
 // appears under its final name only after Commit, complete.
 type Writer struct {
 	blobFile
-	tmp  string
-	crcs []uint32 // per blob, set by Commit
+	tmp    string
+	crcs   []uint32   // per blob, set by Commit
+	blocks [][]uint32 // per blob, set by Commit with a BlockSize
 	// NoSync skips the fsync in Commit, for callers that sync a whole
 	// folder at once before they publish it.
 	NoSync bool
@@ -590,6 +622,12 @@ func (w *Writer) Commit() error {
 		crcs[i] = c
 	}
 	w.crcs = crcs
+	if w.BlockSize > 0 {
+		w.blocks = make([][]uint32, len(w.Layout.Blobs))
+		for i, b := range w.Layout.Blobs {
+			w.blocks[i] = blockCRCs(w.pieces[i], b.NBytes(), w.BlockSize)
+		}
+	}
 	tail, err := w.Layout.Tail(crcs)
 	if err == nil {
 		for _, s := range tail {
@@ -612,6 +650,46 @@ func (w *Writer) Commit() error {
 		return fmt.Errorf("%s: %w", w.path, err)
 	}
 	return nil
+}
+
+// BlockCRCs returns the CRC-32 of each BlockSize block of blob i's
+// payload after Commit; nil without a BlockSize, or when a piece of the
+// payload spans blocks (CopyFromCRC of a record of more than one block)
+// or the payload is empty.
+func (w *Writer) BlockCRCs(i int) []uint32 {
+	if i < 0 || i >= len(w.blocks) {
+		return nil
+	}
+	return w.blocks[i]
+}
+
+// blockCRCs combines pieces that tile [0, size) into the CRC of each
+// size-byte block; nil when a piece crosses a block's end.
+func blockCRCs(pieces []Piece, size, block int64) []uint32 {
+	if size == 0 {
+		return nil
+	}
+	ps := append([]Piece(nil), pieces...)
+	sort.Slice(ps, func(i, j int) bool { return ps[i].Off < ps[j].Off })
+	out := make([]uint32, 0, (size+block-1)/block)
+	var crc uint32
+	for _, p := range ps {
+		if p.Len == 0 {
+			continue
+		}
+		if p.Off/block != (p.Off+p.Len-1)/block {
+			return nil
+		}
+		crc = crc32Combine(crc, p.CRC, p.Len)
+		if end := p.Off + p.Len; end%block == 0 || end == size {
+			out = append(out, crc)
+			crc = 0
+		}
+	}
+	if int64(len(out)) != (size+block-1)/block {
+		return nil
+	}
+	return out
 }
 
 // Abort removes the temporary file.

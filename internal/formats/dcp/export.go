@@ -60,6 +60,7 @@ type outKey struct {
 	dt           dtype.DType
 	size         []int64
 	param, state string
+	stored       dtype.DType // the atomic state's dtype
 	blob         *torchfile.Blob
 	chunks       []outChunk
 	// A non-tensor value: its torch.save stream.
@@ -292,19 +293,20 @@ func (ks *keySet) addParams(r *atomic.Reader, opt ExportOptions) (map[string]boo
 		for _, f := range p.Files {
 			states[f.State] = true
 		}
+		stored, err := p.StateDType()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", r.Dir, err)
+		}
 		if states[fragment.FP32] {
 			// float32 tensors are written as opt.DType; frozen parameters and
 			// buffers the atomic checkpoint keeps in another dtype, as they are.
-			dt, err := p.StateDType()
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", r.Dir, err)
-			}
+			dt := stored
 			if dt == dtype.Float32 {
 				dt = opt.DType
 			}
 			for _, name := range append([]string{p.Name}, p.Aliases...) {
 				if err := ks.add(&outKey{path: modelPath(name), tensor: true, dt: dt, size: p.Shape,
-					param: p.Name, state: fragment.FP32}); err != nil {
+					param: p.Name, state: fragment.FP32, stored: stored}); err != nil {
 					return nil, err
 				}
 			}
@@ -318,7 +320,7 @@ func (ks *keySet) addParams(r *atomic.Reader, opt ExportOptions) (map[string]boo
 				continue
 			}
 			if err := ks.add(&outKey{path: []pyobj.Value{opt.OptimKey, "state", p.Name, f.State}, tensor: true, dt: opt.DType,
-				size: p.Shape, param: p.Name, state: f.State}); err != nil {
+				size: p.Shape, param: p.Name, state: f.State, stored: stored}); err != nil {
 				return nil, err
 			}
 		}
@@ -551,7 +553,7 @@ func writeRank(ctx context.Context, r *atomic.Reader, dir string, rank int, keys
 	if err != nil {
 		return 0, err
 	}
-	w := &rankWriter{r: r, f: f, name: name, path: path}
+	w := &rankWriter{r: r, f: f, name: name, path: path, noSync: opt.NoSync}
 	err = w.write(ctx, rank, keys, max(opt.Workers, 1))
 	if err == nil && !opt.NoSync {
 		err = f.Sync()
@@ -568,6 +570,8 @@ type rankWriter struct {
 	name string
 	path string
 	at   int64
+	// noSync: the file is not synced, so its writeback is not started early.
+	noSync bool
 }
 
 // stream is one tensor chunk's torch.save stream at its place in the file.
@@ -615,7 +619,7 @@ func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey, worker
 	// in the kernel, the rest converted through small buffers, large
 	// chunks cut into ranges the workers share), small tensors written as
 	// they are; each stream's tail (its CRC) follows.
-	var regions layout.Regions
+	regions := layout.Regions{Writeback: !w.noSync}
 	var fills []layout.TensorFill
 	for i := range streams {
 		s := &streams[i]
@@ -647,7 +651,7 @@ func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey, worker
 		fills = append(fills, layout.TensorFill{I: s.region, DType: k.dt, N: n,
 			Pieces: []layout.StatePiece{{Param: k.param, State: k.state, Local: start, N: n}}})
 	}
-	if err := layout.WriteFills(ctx, w.r, &regions, fills, workers, 0); err != nil {
+	if err := layout.WriteFills(ctx, w.r, &regions, fills, fillWorkers(streams, workers), 0); err != nil {
 		return fmt.Errorf("%s: %w", w.path, err)
 	}
 	for _, s := range streams {
@@ -666,6 +670,20 @@ func (w *rankWriter) write(ctx context.Context, rank int, keys []*outKey, worker
 		}
 	}
 	return nil
+}
+
+// fillWorkers is how many workers fill one rank file: one where every
+// tensor is copied in the kernel as stored, since copies into one file
+// serialise on its inode lock (ext4 takes i_rwsem for every buffered write,
+// which copy_file_range's splice writes are) and a second worker only
+// spins on it; all where tensors are converted in user space first.
+func fillWorkers(streams []stream, workers int) int {
+	for _, s := range streams {
+		if s.k.blob == nil && s.k.dt != s.k.stored {
+			return workers
+		}
+	}
+	return 1
 }
 
 // exportMetadata builds the .metadata of the written keys, as
