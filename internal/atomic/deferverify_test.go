@@ -9,6 +9,7 @@ import (
 
 	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/fragment"
+	"github.com/ucp-project/ucp/internal/testkit"
 )
 
 // VerifyingReads checks each state file opened from the bytes read of it
@@ -42,7 +43,7 @@ func TestVerifyingReads(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := sampleCheckpoint(t)
 			path := filepath.Join(dir, atomic.StatePath("w", fragment.FP32))
-			flipState(t, path, func(b []byte, off int64) {
+			testkit.FlipState(t, path, func(b []byte, off int64) {
 				switch {
 				case c.flipHdr:
 					b[5] ^= 1 // inside the first local header's fixed fields (version needed): still opens

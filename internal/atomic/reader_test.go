@@ -144,7 +144,7 @@ func TestReader(t *testing.T) {
 func TestReaderVerify(t *testing.T) {
 	dir := sampleCheckpoint(t)
 	path := filepath.Join(dir, atomic.StatePath("w", fragment.FP32))
-	flipState(t, path, func(b []byte, off int64) { b[off] ^= 1 }) // a bit of the first element: the zip still reads
+	testkit.FlipState(t, path, func(b []byte, off int64) { b[off] ^= 1 }) // a bit of the first element: the zip still reads
 	loose, err := atomic.OpenReader(dir, atomic.ReaderOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -183,26 +183,5 @@ func TestReaderRejectsEscapingPaths(t *testing.T) {
 	}
 	if _, err := atomic.OpenReader(dir, atomic.ReaderOptions{}); err == nil || !strings.Contains(err.Error(), "outside the checkpoint") {
 		t.Errorf("escaping path: %v", err)
-	}
-}
-
-// flipState rewrites the atomic state file path after flip changed its
-// bytes; off is where the tensor's data starts.
-func flipState(t *testing.T, path string, flip func(b []byte, off int64)) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := torchfile.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pv, _ := f.Root.(*pyobj.Dict).Get("param")
-	off := pv.(*torchfile.Tensor).FileOffset()
-	f.Close()
-	flip(b, off)
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -148,7 +148,7 @@ func TestCopiesFromBlockCRCs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flipState(t, statePath, func(b []byte, off int64) { b[off+atomic.BlockSize+77] ^= 0x40 })
+	testkit.FlipState(t, statePath, func(b []byte, off int64) { b[off+atomic.BlockSize+77] ^= 0x40 })
 	data[atomic.BlockSize+77] ^= 0x40 // what the output holds
 	out, err := fill(t, atomic.ReaderOptions{}, true)
 	if err != nil {
@@ -194,26 +194,5 @@ func TestCopiesFromBlockCRCs(t *testing.T) {
 		if err := check(t, out); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-// flipState rewrites the atomic state file path after flip changed its
-// bytes; off is where the tensor's data starts.
-func flipState(t *testing.T, path string, flip func(b []byte, off int64)) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := torchfile.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pv, _ := f.Root.(*pyobj.Dict).Get("param")
-	off := pv.(*torchfile.Tensor).FileOffset()
-	f.Close()
-	flip(b, off)
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
 	}
 }
