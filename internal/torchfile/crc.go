@@ -8,10 +8,6 @@ import (
 	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
-// crc32Combine is fsutil.CRC32Combine: the CRC-32 of A||B from the CRCs
-// of A and B and len(B).
-func crc32Combine(crcA, crcB uint32, lenB int64) uint32 { return fsutil.CRC32Combine(crcA, crcB, lenB) }
-
 // Piece is a byte range of a record that has been written, with its CRC.
 type Piece struct {
 	Off, Len int64
@@ -40,7 +36,7 @@ func CombinePieces(pieces []Piece, size int64) (uint32, error) {
 			}
 			return 0, fmt.Errorf("bytes [%d, %d) were never written", at, p.Off)
 		}
-		crc = crc32Combine(crc, p.CRC, p.Len)
+		crc = fsutil.CRC32Combine(crc, p.CRC, p.Len)
 		at += p.Len
 	}
 	if at != size {

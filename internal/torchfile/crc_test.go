@@ -1,6 +1,7 @@
 package torchfile
 
 import (
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"hash/crc32"
 	"math/rand"
 	"testing"
@@ -15,7 +16,7 @@ func TestCRC32Combine(t *testing.T) {
 		buf := make([]byte, c.a+c.b)
 		rng.Read(buf)
 		want := crc32.ChecksumIEEE(buf)
-		got := crc32Combine(crc32.ChecksumIEEE(buf[:c.a]), crc32.ChecksumIEEE(buf[c.a:]), int64(c.b))
+		got := fsutil.CRC32Combine(crc32.ChecksumIEEE(buf[:c.a]), crc32.ChecksumIEEE(buf[c.a:]), int64(c.b))
 		if got != want {
 			t.Errorf("A %d bytes, B %d bytes: %08x, want %08x", c.a, c.b, got, want)
 		}
@@ -25,7 +26,7 @@ func TestCRC32Combine(t *testing.T) {
 		zeros := make([]byte, n)
 		a := []byte("prefix")
 		want := crc32.ChecksumIEEE(append(append([]byte{}, a...), zeros...))
-		if got := crc32Combine(crc32.ChecksumIEEE(a), crc32.ChecksumIEEE(zeros), int64(n)); got != want {
+		if got := fsutil.CRC32Combine(crc32.ChecksumIEEE(a), crc32.ChecksumIEEE(zeros), int64(n)); got != want {
 			t.Errorf("%d zero bytes: %08x, want %08x", n, got, want)
 		}
 	}

@@ -3,6 +3,7 @@ package torchfile
 import (
 	"archive/zip"
 	"fmt"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"hash/crc32"
 	"io"
 	"os"
@@ -36,9 +37,9 @@ func zeroCRC(n int64) uint32 {
 	block, blockLen := crc32.ChecksumIEEE([]byte{0}), int64(1)
 	for ; n > 0; n >>= 1 {
 		if n&1 != 0 {
-			crc = crc32Combine(crc, block, blockLen)
+			crc = fsutil.CRC32Combine(crc, block, blockLen)
 		}
-		block = crc32Combine(block, block, blockLen)
+		block = fsutil.CRC32Combine(block, block, blockLen)
 		blockLen *= 2
 	}
 	return crc

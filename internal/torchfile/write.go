@@ -680,7 +680,7 @@ func blockCRCs(pieces []Piece, size, block int64) []uint32 {
 		if p.Off/block != (p.Off+p.Len-1)/block {
 			return nil
 		}
-		crc = crc32Combine(crc, p.CRC, p.Len)
+		crc = fsutil.CRC32Combine(crc, p.CRC, p.Len)
 		if end := p.Off + p.Len; end%block == 0 || end == size {
 			out = append(out, crc)
 			crc = 0
