@@ -1,10 +1,11 @@
 package torchfile
 
 import (
-	"github.com/ucp-project/ucp/internal/fsutil"
 	"hash/crc32"
 	"math/rand"
 	"testing"
+
+	"github.com/ucp-project/ucp/internal/fsutil"
 )
 
 // crc32Combine of the CRCs of A and B is the CRC of A||B, for lengths of

@@ -3,7 +3,6 @@ package torchfile
 import (
 	"archive/zip"
 	"fmt"
-	"github.com/ucp-project/ucp/internal/fsutil"
 	"hash/crc32"
 	"io"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/pyobj"
 )
 
