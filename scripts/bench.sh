@@ -62,6 +62,25 @@ gen() { # gen DIR ARGS...: a generated checkpoint, kept between runs
 }
 warm() { find "$1" -type f -exec cat {} + > /dev/null; }
 
+# settle: run before every timed run, floor and ucp alike. It reads the
+# inputs in WARM again (the page cache is warm by the time a command starts,
+# even where the kernel pages out cold file pages, as DAMON's reclaim does on
+# the VMs this was measured on) and, where /dev/shm has room, touches
+# BENCH_PREFAULT_MB of memory and frees it: on a VM that hands free pages
+# back to its host (virtio-balloon free page reporting), the first touch of
+# a page costs a host fault, several seconds of system time for a few GB,
+# which otherwise lands at random on whichever command allocates next.
+WARM=()
+PREFAULT_MB=${BENCH_PREFAULT_MB:-4096}
+settle() {
+  local d
+  for d in "${WARM[@]}"; do warm "$d"; done
+  if [ "$PREFAULT_MB" -gt 0 ] && [ "$(df -m --output=avail /dev/shm 2>/dev/null | tail -1)" -gt "$PREFAULT_MB" ] 2>/dev/null; then
+    dd if=/dev/zero of=/dev/shm/ucp-bench-prefault bs=1M count="$PREFAULT_MB" status=none
+    rm -f /dev/shm/ucp-bench-prefault
+  fi
+}
+
 # timed FILE CMD...: runs CMD and appends "wall user sys" (seconds, children
 # included) to FILE; CMD's output goes to the log.
 timed() {
@@ -85,14 +104,14 @@ clean() { rm -rf "$B/cp" "$B/out" "$B/out.partial" "$B/latest_universal"; sync; 
 bench() {
   local name=$1 src=$2 bytes r
   bytes=$(du -sb "$src" | cut -f1)
-  warm "$src"
+  WARM=("$src")
   rm -f "$B"/t.* "$B"/rss.*
   for r in $(seq "$REPEAT"); do
-    clean; timed "$B/t.cp" copy "$src" "$B/cp"
-    clean; timed "$B/t.nosync" ucp "$src" "$B/out" "$B/report.json" --no-sync
+    clean; settle; timed "$B/t.cp" copy "$src" "$B/cp"
+    clean; settle; timed "$B/t.nosync" ucp "$src" "$B/out" "$B/report.json" --no-sync
     json "$B/report.json" peak_rss_bytes >> "$B/rss.nosync"
-    clean; timed "$B/t.cpsync" copysync "$src" "$B/cp"
-    clean; timed "$B/t.sync" ucp "$src" "$B/out" "$B/report.json"
+    clean; settle; timed "$B/t.cpsync" copysync "$src" "$B/cp"
+    clean; settle; timed "$B/t.sync" ucp "$src" "$B/out" "$B/report.json"
     json "$B/report.json" peak_rss_bytes >> "$B/rss.sync"
   done
   clean
@@ -120,11 +139,11 @@ cmdcase() {
   [[ "$name" =~ ${BENCH_CMDS:-.} ]] || return 0
   rm -f "$B"/t.f "$B"/t.u "$B"/rss.u
   for r in $(seq "$REPEAT"); do
-    rm -rf "$B/cmdout" "$B/cmdcp"; sync
+    rm -rf "$B/cmdout" "$B/cmdcp"; sync; settle
     timed "$B/t.f" "$floorfn"
     rm -rf "$B/cmdout" "$B/cmdcp"; sync
     /usr/bin/time -f '%M' -o "$B/rss.one" "$UCP" "$@" >>"$B/log" 2>&1 || [ "$1" = diff ] || { echo "failed: ucp $*" >&2; tail -5 "$B/log" >&2; exit 1; }
-    rm -rf "$B/cmdout" "$B/cmdcp"; sync
+    rm -rf "$B/cmdout" "$B/cmdcp"; sync; settle
     timed "$B/t.u" "$UCP" "$@" || true
     cat "$B/rss.one" >> "$B/rss.u"
   done
@@ -145,7 +164,7 @@ megatron() {
   local src=$1
   ucp "$src" "$B/atomic" "$B/report.json" > /dev/null
   A=$B/atomic
-  warm "$A"
+  WARM=("$A")
   echo
   echo "generated Llama, reshard --to megatron, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS; 1-min load average after)"
   local v
@@ -157,7 +176,7 @@ megatron() {
   rm -rf "$B/atomic"
   ucp "$B/meg" "$B/atomic" "$B/report.json" > /dev/null
   rm -rf "$B/meg"
-  warm "$A"
+  WARM=("$A")
   for v in "" "--verify=false"; do
     cmdcase "reshard --to megatron torch_dist${v:+ $v}" fcpa reshard --quiet --force --to megatron --ckpt-format torch_dist \
       --tp 2 --dp 2 $v "$A" "$B/cmdout"
@@ -170,7 +189,7 @@ commands() {
   local name=$1 src=$2
   ucp "$src" "$B/atomic" "$B/report.json" > /dev/null
   A=$B/atomic S=$src
-  warm "$A"; warm "$src"
+  WARM=("$A" "$src")
   echo
   echo "$name: the other commands, best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS; 1-min load average after)"
   fcat() { find "$A" -type f -exec cat {} + > /dev/null; }
@@ -212,12 +231,12 @@ gen "$B/src" --layers "$LAYERS"
 if [ "${BENCH_EXPORT:-1}" = 1 ] && [ -f "$B/src/latest" ]; then
   # ucp export --to hf (bf16, synced) against cp -r; sync of the same output bytes.
   ucp "$B/src" "$B/atomic" "$B/report.json" > /dev/null
-  warm "$B/atomic"
+  WARM=("$B/atomic")
   rm -f "$B"/t.*
   for r in $(seq "$REPEAT"); do
-    rm -rf "$B/hf"; sync
+    rm -rf "$B/hf"; sync; settle
     timed "$B/t.export" "$UCP" export --quiet --force --to hf --arch none --dtype bfloat16 --memory "$MEM" --verify=false "$B/atomic" "$B/hf"
-    rm -rf "$B/hfcp"; sync
+    rm -rf "$B/hfcp"; sync; WARM=("$B/hf"); settle; WARM=("$B/atomic")
     timed "$B/t.hfcp" copysync "$B/hf" "$B/hfcp"
   done
   read -r -a ex <<< "$(fastest "$B/t.export")"
@@ -282,7 +301,7 @@ if [ -n "${BENCH_MEGATRON_SRC:-}" ]; then
   rm -rf "$B/atomic"
   "$UCP" convert --quiet "$MS" "$B/atomic"
   A=$B/atomic
-  warm "$A"; warm "$MS"
+  WARM=("$A" "$MS")
   echo
   echo "real megatron-core $mcore torch_dist checkpoint ($(mb "$(du -sb "$MS" | cut -f1)")), best of $REPEAT (wall user sys; floor wall user sys; ratio; ucp peak RSS; 1-min load average after)"
   fcpm() { cp -r "$MS" "$B/cmdcp" && sync; }

@@ -10,6 +10,7 @@ import (
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/torchfile"
+	"golang.org/x/sync/errgroup"
 )
 
 // Rank files are planned before a byte is written: every bytes item and
@@ -94,12 +95,23 @@ func (w *distWriter) writeRanks(ctx context.Context, dir string, ranks []int) ([
 		}
 	}
 	err = w.runRanks(ctx, files[0], streams)
-	for _, r := range ranks {
-		f := files[r]
-		if err == nil && !w.o.NoSync {
-			err = f.Sync()
+	if err == nil && !w.o.NoSync {
+		// At once: each fsync waits on its file's writeback and then on the
+		// device's cache flush; one after the other, the files' waits add up.
+		var g errgroup.Group
+		for _, r := range ranks {
+			f := files[r]
+			g.Go(func() error {
+				if err := f.Sync(); err != nil {
+					return fmt.Errorf("%s: %w", f.Name(), err)
+				}
+				return nil
+			})
 		}
-		if cerr := f.Close(); err == nil && cerr != nil {
+		err = g.Wait()
+	}
+	for _, r := range ranks {
+		if cerr := files[r].Close(); err == nil && cerr != nil {
 			err = fmt.Errorf("%s: %w", filepath.Join(dir, rankFileName(r)), cerr)
 		}
 	}
@@ -121,7 +133,8 @@ func (w *distWriter) runRanks(ctx context.Context, rank0 *os.File, streams []*dw
 			return fmt.Errorf("%s: %s: %w", rank0.Name(), k.key, err)
 		}
 	}
-	var regions layout.Regions
+	// writeback as ranges are written, as every writer that syncs does
+	regions := layout.Regions{Writeback: !w.o.NoSync}
 	fills := make([]layout.TensorFill, 0, len(streams))
 	for _, s := range streams {
 		for _, seg := range s.lay.Head() {
