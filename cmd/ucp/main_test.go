@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ucp-project/ucp/internal/atomic"
 	"github.com/ucp-project/ucp/internal/testkit"
 )
 
@@ -67,10 +68,7 @@ func ucpWithin(t *testing.T, limit time.Duration, env []string, args ...string) 
 func TestFourNodeProcesses(t *testing.T) {
 	src := testkit.Fixture("deepspeed", "megatron_tp2_pp2_bf16opt_dp2", "checkpoint")
 	tmp := t.TempDir()
-	ref := filepath.Join(tmp, "ref", "atomic")
-	if r := ucp(t, nil, "convert", "--quiet", src, ref); r.code != 0 {
-		t.Fatalf("single node: %s", r.stderr)
-	}
+	ref := convertOneNode(t, src, tmp)
 	dst := filepath.Join(tmp, "nodes", "atomic")
 	var wg sync.WaitGroup
 	results := make([]result, 4)
@@ -117,6 +115,57 @@ func TestNodeRerunAndFinalize(t *testing.T) {
 		t.Fatalf("node 3: %s %s", r.stdout, r.stderr)
 	}
 	testkit.Check(t, dst, testkit.Fixture("deepspeed", "z2_bf16_dp4", "truth.pt"))
+}
+
+// TestDamagedNodeRecord: a block CRC-32 damaged in the record of a node
+// that filled part of a shared file fails the finalizing node, naming the
+// record; no checkpoint appears, and a rerun of the damaged node finishes
+// it with the block CRC-32s of a 1-node run.
+func TestDamagedNodeRecord(t *testing.T) {
+	src := testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint")
+	tmp := t.TempDir()
+	ref := convertOneNode(t, src, tmp)
+	dst := filepath.Join(tmp, "nodes", "atomic")
+	args := func(n string) []string {
+		return []string{"convert", "--num-nodes", "2", "--node-rank", n, "--workers", "1", "--chunk-elems", "5", src, dst}
+	}
+	if r := ucp(t, nil, args("0")...); r.code != 0 {
+		t.Fatalf("node 0: %s", r.stderr)
+	}
+	record := filepath.Join(dst+atomic.PartialSuffix, ".ucp-nodes", "node-0.json")
+	b, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another first base64 character: the first block CRC-32 of node 0's
+	// first shared piece changes.
+	key := []byte(`"block_crc32": "`)
+	i, j := bytes.Index(b, []byte(`"shared"`)), -1
+	if i >= 0 {
+		j = bytes.Index(b[i:], key)
+	}
+	if j < 0 {
+		t.Fatalf("node 0 recorded no block CRC-32s of shared files:\n%s", b)
+	}
+	i += j + len(key)
+	if b[i] == 'A' {
+		b[i] = 'B'
+	} else {
+		b[i] = 'A'
+	}
+	if err := os.WriteFile(record, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := ucp(t, nil, args("1")...); r.code == 0 || !strings.Contains(r.stderr, record) || !strings.Contains(r.stderr, "rerun node 0") {
+		t.Fatalf("node 1 with node 0's record damaged: code %d, %s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Fatal("the checkpoint appeared from a damaged record")
+	}
+	if r := ucp(t, nil, args("0")...); r.code != 0 || !strings.Contains(r.stdout, "finalized") {
+		t.Fatalf("rerun of node 0: %s %s", r.stdout, r.stderr)
+	}
+	sameCheckpoint(t, ref, dst, "node 0 rerun after its record was damaged")
 }
 
 func TestBadInputGivesCleanError(t *testing.T) {

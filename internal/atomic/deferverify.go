@@ -136,8 +136,8 @@ func (t *readTrack) settle() error {
 		if end <= at {
 			return nil
 		}
-		if buf == nil {
-			buf = make([]byte, 256<<10)
+		if want := min(end-at, 256<<10); int64(len(buf)) < want {
+			buf = make([]byte, want) // gaps are mostly a few KiB of header: no 256 KiB per file
 		}
 		var crc uint32
 		for off := at; off < end; {

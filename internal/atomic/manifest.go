@@ -107,7 +107,8 @@ type FileEntry struct {
 	// Blocks are the CRC-32s of each BlockSize block of the file's one
 	// tensor record's data (a state file's storage data/0), from its
 	// first byte, as base64 of little-endian uint32s; empty when not
-	// recorded (checkpoints written before, files of several nodes).
+	// recorded (checkpoints written before them, or data holding a
+	// source record copied across a block end with its stated CRC).
 	Blocks string `json:"block_crc32,omitempty"`
 }
 

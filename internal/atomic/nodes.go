@@ -26,8 +26,18 @@ type nodeRecord struct {
 }
 
 type sharedRecord struct {
-	Path   string            `json:"path"`
-	Pieces []torchfile.Piece `json:"pieces"`
+	Path   string        `json:"path"`
+	Pieces []sharedPiece `json:"pieces"`
+}
+
+// sharedPiece is a contiguous range of a shared file's tensor data that
+// the node wrote, with its CRC-32 and the CRC-32s of its parts of the
+// BlockSize blocks it touches (PROTOCOL.md, "Node records"). Blocks is
+// empty in records of older versions and where a piece inside the range
+// crossed a block end.
+type sharedPiece struct {
+	torchfile.Piece
+	Blocks string `json:"block_crc32,omitempty"`
 }
 
 // Records is what all nodes wrote, by path (slash-separated, relative to
@@ -35,6 +45,10 @@ type sharedRecord struct {
 type Records struct {
 	Files  map[string]FileEntry
 	Pieces map[string][]torchfile.Piece
+	// Parts are the pieces of a shared file cut at the multiples of
+	// BlockSize, from the block CRC-32s of every node; absent when a
+	// node's record has none for some of its pieces.
+	Parts map[string][]torchfile.Piece
 }
 
 func (w *Writer) recordPath(node int) string { return multinode.RecordPath(w.tmp, node) }
@@ -65,7 +79,8 @@ func (w *Writer) Lock() error {
 // readRecords loads every node's record, checks they belong to one plan
 // and merges them.
 func (w *Writer) readRecords() (*Records, error) {
-	out := &Records{Files: map[string]FileEntry{}, Pieces: map[string][]torchfile.Piece{}}
+	out := &Records{Files: map[string]FileEntry{}, Pieces: map[string][]torchfile.Piece{}, Parts: map[string][]torchfile.Piece{}}
+	noParts := map[string]bool{}
 	for n := 0; n < w.opt.Nodes; n++ {
 		path := w.recordPath(n)
 		var r nodeRecord
@@ -80,8 +95,42 @@ func (w *Writer) readRecords() (*Records, error) {
 			out.Files[f.Path] = f
 		}
 		for _, s := range r.Shared {
-			out.Pieces[s.Path] = append(out.Pieces[s.Path], s.Pieces...)
+			for _, p := range s.Pieces {
+				out.Pieces[s.Path] = append(out.Pieces[s.Path], p.Piece)
+				if p.Blocks == "" || p.Len == 0 {
+					noParts[s.Path] = noParts[s.Path] || p.Len > 0
+					continue
+				}
+				parts, err := p.parts()
+				if err != nil {
+					return nil, fmt.Errorf("%s: %s: %w (the record is damaged; rerun node %d)", path, s.Path, err, n)
+				}
+				out.Parts[s.Path] = append(out.Parts[s.Path], parts...)
+			}
 		}
 	}
+	for p := range noParts {
+		delete(out.Parts, p)
+	}
 	return out, nil
+}
+
+// newSharedPieces turns the pieces a node wrote into a shared file (cut at
+// the multiples of BlockSize) into the pieces of its record.
+func newSharedPieces(pieces []torchfile.Piece) []sharedPiece {
+	var out []sharedPiece
+	for _, r := range torchfile.Runs(pieces, BlockSize) {
+		out = append(out, sharedPiece{Piece: r.Piece, Blocks: encodeBlocks(r.Blocks)})
+	}
+	return out
+}
+
+// parts decodes the piece's block CRC-32s and cuts it at the block ends,
+// checking that they fit the piece and combine to its CRC-32.
+func (p sharedPiece) parts() ([]torchfile.Piece, error) {
+	crcs, err := decodeBlocks(p.Blocks)
+	if err != nil {
+		return nil, fmt.Errorf("bytes [%d, %d): %w", p.Off, p.Off+p.Len, err)
+	}
+	return torchfile.Run{Piece: p.Piece, Blocks: crcs}.Parts(BlockSize)
 }

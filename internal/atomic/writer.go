@@ -218,6 +218,7 @@ func (w *Writer) CreateFile(rel string, root pyobj.Value, shared bool) (*File, e
 			return nil, err
 		}
 		f.sw.Writeback = !w.opt.NoSync
+		f.sw.BlockSize = BlockSize
 		return f, nil
 	}
 	if f.tw, err = torchfile.Create(filepath.Join(w.tmp, rel), root); err != nil {
@@ -275,7 +276,7 @@ func (f *File) Commit() (FileEntry, error) {
 		}
 		f.closed = true
 		f.w.mu.Lock()
-		f.w.rec.Shared = append(f.w.rec.Shared, sharedRecord{Path: filepath.ToSlash(f.rel), Pieces: pieces[0]})
+		f.w.rec.Shared = append(f.w.rec.Shared, sharedRecord{Path: filepath.ToSlash(f.rel), Pieces: newSharedPieces(pieces[0])})
 		f.w.mu.Unlock()
 		return FileEntry{}, nil
 	}
@@ -413,13 +414,48 @@ func (t *CopyTarget) Abort() {
 }
 
 // FinishShared completes the shared file rel from the pieces all nodes
-// wrote (root as each node laid it out) and returns its entry.
-func (w *Writer) FinishShared(rel string, root pyobj.Value, pieces []torchfile.Piece) (FileEntry, error) {
+// wrote (root as each node laid it out) and returns its entry, with block
+// CRC-32s when parts (Records.Parts) has them.
+func (w *Writer) FinishShared(rel string, root pyobj.Value, pieces, parts []torchfile.Piece) (FileEntry, error) {
+	blocks, err := sharedBlocks(rel, pieces, parts)
+	if err != nil {
+		return FileEntry{}, err
+	}
 	crc, size, err := torchfile.FinishShared(filepath.Join(w.tmp, rel), root, [][]torchfile.Piece{pieces}, true)
 	if err != nil {
 		return FileEntry{}, err
 	}
-	return FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc)}, nil
+	return FileEntry{Path: filepath.ToSlash(rel), Bytes: size, CRC32: fmt.Sprintf("%08x", crc), Blocks: encodeBlocks(blocks)}, nil
+}
+
+// sharedBlocks combines the parts of a shared file's tensor data that all
+// nodes wrote into the CRC-32 of each block, checking that they combine to
+// the CRC-32 of the pieces. Nil without parts, or when the pieces do not
+// tile the data (torchfile.FinishShared then names the gap or overlap).
+func sharedBlocks(rel string, pieces, parts []torchfile.Piece) ([]uint32, error) {
+	if len(parts) == 0 {
+		return nil, nil
+	}
+	var size int64
+	for _, p := range pieces {
+		size = max(size, p.Off+p.Len)
+	}
+	want, err := torchfile.CombinePieces(pieces, size)
+	if err != nil {
+		return nil, nil
+	}
+	if _, err := torchfile.CombinePieces(parts, size); err != nil {
+		return nil, fmt.Errorf("%s: the nodes' block CRC-32s: %w", rel, err)
+	}
+	blocks := torchfile.CombineBlocks(parts, size, BlockSize)
+	var got uint32
+	for k, c := range blocks {
+		got = fsutil.CRC32Combine(got, c, min(BlockSize, size-int64(k)*BlockSize))
+	}
+	if blocks == nil || got != want {
+		return nil, fmt.Errorf("%s: the nodes' block CRC-32s do not combine to the CRC-32 of their pieces (%08x)", rel, want)
+	}
+	return blocks, nil
 }
 
 // Finalize merges the records of all nodes, has complete turn them into

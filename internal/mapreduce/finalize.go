@@ -59,7 +59,7 @@ func (p *Plan) complete(w *atomic.Writer) func(*atomic.Records) (*atomic.Manifes
 				e, ok := recs.Files[rel]
 				if !ok && recs.Pieces[rel] != nil {
 					var err error
-					if e, err = w.FinishShared(o.Path, stateRoot(prm, o), recs.Pieces[rel]); err != nil {
+					if e, err = w.FinishShared(o.Path, stateRoot(prm, o), recs.Pieces[rel], recs.Parts[rel]); err != nil {
 						return nil, err
 					}
 					ok = true

@@ -172,7 +172,8 @@ func TestSplitAndNodesMatchSingle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := testkit.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1))
+	refDir := convert(t, tbl, PlanOptions{Nodes: 1, Cores: 1, ChunkElems: 1 << 30}, 1)
+	ref := testkit.ReadTree(t, refDir)
 	sameFiles(t, "chunks of 7 elements", ref, testkit.ReadTree(t, convert(t, tbl, PlanOptions{Nodes: 1, Cores: 3, ChunkElems: 7}, 3)))
 	// Whole parameters per task, each reduced and written in pieces of
 	// 7 float32 elements (or 14 bf16): runs and averages cut anywhere.
@@ -191,6 +192,22 @@ func TestSplitAndNodesMatchSingle(t *testing.T) {
 	}
 	if len(m.Params) != len(tbl.Params) {
 		t.Errorf("manifest lists %d params", len(m.Params))
+	}
+	// The state files the nodes shared have the block CRC-32s of the
+	// 1-node run's (the finalizer combines them from the nodes' records).
+	mref, err := atomic.ReadManifest(refDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(mref.Params, m.Params) {
+		t.Error("4 nodes: the manifest's parameters or files differ from the 1-node run's")
+	}
+	for _, p := range m.Params {
+		for _, f := range p.Files {
+			if f.State != atomic.StepState && f.Blocks == "" {
+				t.Errorf("4 nodes: %s has no block CRC-32s", f.Path)
+			}
+		}
 	}
 	testkit.Check(t, dst, testkit.Fixture("deepspeed", "megatron_tp2_unevengqa_z2_bf16_dp3", "truth.pt"))
 }

@@ -625,7 +625,7 @@ func (w *Writer) Commit() error {
 	if w.BlockSize > 0 {
 		w.blocks = make([][]uint32, len(w.Layout.Blobs))
 		for i, b := range w.Layout.Blobs {
-			w.blocks[i] = blockCRCs(w.pieces[i], b.NBytes(), w.BlockSize)
+			w.blocks[i] = CombineBlocks(w.pieces[i], b.NBytes(), w.BlockSize)
 		}
 	}
 	tail, err := w.Layout.Tail(crcs)
@@ -663,9 +663,9 @@ func (w *Writer) BlockCRCs(i int) []uint32 {
 	return w.blocks[i]
 }
 
-// blockCRCs combines pieces that tile [0, size) into the CRC of each
-// size-byte block; nil when a piece crosses a block's end.
-func blockCRCs(pieces []Piece, size, block int64) []uint32 {
+// CombineBlocks combines pieces that tile [0, size) into the CRC of each
+// block-byte block; nil when a piece crosses a block's end.
+func CombineBlocks(pieces []Piece, size, block int64) []uint32 {
 	if size == 0 {
 		return nil
 	}
