@@ -105,22 +105,26 @@ type rgroup struct {
 
 // plan is everything Reshard decided before writing.
 type plan struct {
-	r        *atomic.Reader
-	out      *layout.Files // the files being written, several at once
-	o        ReshardOptions
-	dt       dtype.DType
-	srcT     int
-	groups   []*rgroup
-	params   map[string]*atomic.ParamEntry
-	meta     map[string]layout.Meta
-	shards   []map[string]fragment.Shard // per target TP rank
-	optim    *pyobj.Dict                 // zero/optimizer_state.pt
-	tmpl     []string                    // model-state template per target TP rank (relative paths)
-	frozen   []string                    // frozen parameters (not buffers), manifest order
-	buffers  map[string]bool
-	aliases  map[string]string // alias -> parameter
-	notes    []string
-	srcStage int
+	r       *atomic.Reader
+	out     *layout.Files // the files being written, several at once
+	o       ReshardOptions
+	dt      dtype.DType
+	srcT    int
+	groups  []*rgroup
+	params  map[string]*atomic.ParamEntry
+	meta    map[string]layout.Meta
+	shards  []map[string]fragment.Shard // per target TP rank
+	optim   *pyobj.Dict                 // zero/optimizer_state.pt
+	tmpl    []string                    // model-state template per target TP rank (relative paths)
+	frozen  []string                    // frozen parameters (not buffers), manifest order
+	buffers map[string]bool
+	aliases map[string]string // alias -> parameter
+	notes   []string
+	// scaler is the loss scaler every optimizer file holds (lossScaler),
+	// dynamicScale its dynamic_loss_scale.
+	scaler       pyobj.Value
+	dynamicScale bool
+	srcStage     int
 	// version is the ds_version written (ReshardOptions.Version, else the
 	// source's, else WriteVersion); parallelDims says that release writes
 	// checkpoint_parallel_dimensions.
@@ -216,6 +220,11 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	}
 	if o.Zero <= 2 {
 		if err := p.checkZero12(); err != nil {
+			return nil, err
+		}
+	}
+	if o.Zero == 3 || !o.BF16Optimizer { // the optimizers that save a loss scaler
+		if p.scaler, p.dynamicScale, err = p.lossScaler(); err != nil {
 			return nil, err
 		}
 	}
@@ -775,7 +784,7 @@ func VersionLess(a, b [3]int) bool {
 // lossScaler is the loss-scaler state DeepSpeedZeroOptimizer saves: the
 // source's when it suits the target dtype, else what the engine creates
 // (a DynamicLossScaler with DeepSpeed's defaults for fp16, a static scale
-// of 1 otherwise).
+// of 1 otherwise). Planning calls it once: its note reaches the summary.
 func (p *plan) lossScaler() (scaler pyobj.Value, dynamic bool, err error) {
 	want := "LossScaler"
 	if p.dt == dtype.Float16 {
@@ -919,12 +928,8 @@ func (p *plan) writeOptim12(ctx context.Context, dir string, t, r int, cfg *pyob
 		osd.Set("ds_version", p.version)
 		osd.Set("param_slice_mappings", &mappings)
 	} else {
-		scaler, dynamic, err := p.lossScaler()
-		if err != nil {
-			return err
-		}
-		osd.Set("loss_scaler", scaler)
-		osd.Set("dynamic_loss_scale", dynamic)
+		osd.Set("loss_scaler", p.scaler)
+		osd.Set("dynamic_loss_scale", p.dynamicScale)
 		osd.Set("overflow", false)
 		osd.Set("clip_grad", p.clip)
 		osd.Set("base_optimizer_state", base)

@@ -148,3 +148,43 @@ func TestReshardBadTarget(t *testing.T) {
 		})
 	}
 }
+
+// TestReshardLossScalerNote: a target dtype of float16 from a source
+// without an fp16 loss scaler gets DeepSpeed's default DynamicLossScaler
+// in every optimizer file, and the summary says so once; a source that
+// has one keeps it without a note.
+func TestReshardLossScalerNote(t *testing.T) {
+	const note = "a DynamicLossScaler with DeepSpeed's defaults"
+	bf16 := convertDS(t, testkit.Fixture("deepspeed", "z2_bf16_dp4", "checkpoint"))
+	fp16 := convertDS(t, testkit.Fixture("deepspeed", "z2_fp16_dp3", "checkpoint"))
+	for _, c := range []struct {
+		name, atomic string
+		o            ReshardOptions
+		notes        int
+	}{
+		{"bf16 source, zero 2", bf16, ReshardOptions{DP: 3, TP: 1, Zero: 2, DType: dtype.Float16}, 1},
+		{"bf16 source, zero 3", bf16, ReshardOptions{DP: 3, TP: 1, Zero: 3, DType: dtype.Float16}, 1},
+		{"fp16 source", fp16, ReshardOptions{DP: 2, TP: 1, Zero: 2}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := atomic.OpenReader(c.atomic, atomic.ReaderOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.o.NoSync = true
+			st, err := Reshard(context.Background(), r, filepath.Join(t.TempDir(), "save", "tag"), c.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, s := range st.Notes {
+				if strings.Contains(s, note) {
+					n++
+				}
+			}
+			if n != c.notes {
+				t.Errorf("%d notes saying %q, want %d: %q", n, note, c.notes, st.Notes)
+			}
+		})
+	}
+}

@@ -118,14 +118,10 @@ func (p *plan) writeOptim3(ctx context.Context, dir string, t, r int, cfg *pyobj
 	for gi, g := range p.groups {
 		pgroups.Items = append(pgroups.Items, paramGroup(g.hyper, groupSubs[gi]...))
 	}
-	scaler, dynamic, err := p.lossScaler()
-	if err != nil {
-		return err
-	}
 	osd := pyobj.NewDict(pyobj.PlainDict)
 	osd.Set("zero_stage", zeroStageEnum(3))
-	osd.Set("loss_scaler", scaler)
-	osd.Set("dynamic_loss_scale", dynamic)
+	osd.Set("loss_scaler", p.scaler)
+	osd.Set("dynamic_loss_scale", p.dynamicScale)
 	osd.Set("overflow", false)
 	osd.Set("partition_count", int64(D))
 	osd.Set("optimizer_state_dict", pyobj.DictOf("state", states, "param_groups", &pgroups))
