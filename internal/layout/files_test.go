@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/dtype"
@@ -86,5 +87,65 @@ func TestFiles(t *testing.T) {
 	b.Abort()
 	if left, _ := os.ReadDir(aborted); len(left) != 0 {
 		t.Fatalf("Abort left %d files", len(left))
+	}
+}
+
+// TestFilesCommitFails: the first batch's files commit in the background
+// while the second batch is written. When a commit fails (here the rename
+// onto a non-empty folder in the file's place), Flush returns that error
+// naming the file, the files after it in its batch and every file of the
+// later batch are removed, and no temporary file is left.
+func TestFilesCommitFails(t *testing.T) {
+	r := tp2Atomic(t)
+	ctx := context.Background()
+	p := r.Params()[0]
+	st, meta := openFP32(t, r, p.Name)
+	shape := st.Shape
+	st.Close()
+	sh, err := layout.TPShard(meta, shape, 2, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := func() (pyobj.Value, []layout.StateFill) {
+		b := &torchfile.Blob{DType: dtype.Float32, Shape: sh.Shape}
+		return pyobj.DictOf("w", b), []layout.StateFill{{Blob: b, Pieces: []layout.StatePiece{
+			{Param: p.Name, State: "fp32", Shard: sh, N: torchfile.Numel(sh.Shape)}}}}
+	}
+	for _, bad := range []int{0, 2, 5} { // first of the first batch, inside it, in the second batch
+		t.Run(fmt.Sprint(bad), func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(dir, fmt.Sprint(bad), "x"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			b := layout.NewFiles(r, layout.WriteOptions{Workers: 1})
+			for i := range 6 { // 4 files make a batch: 0-3 commit in the background while 4-5 are written
+				root, fills := file()
+				if _, err := b.Add(ctx, filepath.Join(dir, fmt.Sprint(i)), root, fills); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := b.Flush(ctx)
+			if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, fmt.Sprint(bad))) {
+				t.Fatalf("Flush: %v, want an error naming file %d", err, bad)
+			}
+			ents, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range ents {
+				got = append(got, e.Name())
+			}
+			// files before the bad one in its batch and earlier batches stay committed
+			var want []string
+			for i := range 6 {
+				if i == bad || (i < bad && (i/4 < bad/4 || i < bad)) {
+					want = append(want, fmt.Sprint(i))
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(want, ",") {
+				t.Errorf("left %v, want %v", got, want)
+			}
+		})
 	}
 }
