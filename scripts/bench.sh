@@ -176,21 +176,21 @@ megatron() {
   rm -rf "$B/atomic"
   ucp "$B/meg" "$B/atomic" "$B/report.json" > /dev/null
   rm -rf "$B/meg"
-  WARM=("$A")
-  for v in "" "--verify=false"; do
-    cmdcase "reshard --to megatron torch_dist${v:+ $v}" fcpa reshard --quiet --force --to megatron --ckpt-format torch_dist \
-      --tp 2 --dp 2 $v "$A" "$B/cmdout"
-  done
   # torch_dist holds the bf16 weights besides the fp32 ones (14 bytes a parameter, the atomic checkpoint
-  # 12): its output is 1.17x the bytes cp -r copies. The same rows against cp -r; sync of that output.
+  # 12): its output is 1.17x the bytes cp -r copies. The rows run against both floors: cp -r; sync of the
+  # atomic checkpoint read (fcpa), and of the output (fcpo).
   rm -rf "$B/megout"
   "$UCP" reshard --quiet --force --no-sync --to megatron --ckpt-format torch_dist --tp 2 --dp 2 "$A" "$B/megout"
   echo "  (output $(gb "$(du -sb "$B/megout" | cut -f1)"), atomic checkpoint read $(gb "$(du -sb "$A" | cut -f1)"))"
   fcpo() { cp -r "$B/megout" "$B/cmdcp" && sync; }
   WARM=("$A" "$B/megout")
-  for v in "" "--verify=false"; do
-    cmdcase "reshard --to megatron torch_dist${v:+ $v} [floor: its output]" fcpo reshard --quiet --force --to megatron \
-      --ckpt-format torch_dist --tp 2 --dp 2 $v "$A" "$B/cmdout"
+  local floor tag
+  for floor in fcpa fcpo; do
+    tag=; [ "$floor" = fcpo ] && tag=" [floor: its output]"
+    for v in "" "--verify=false"; do
+      cmdcase "reshard --to megatron torch_dist${v:+ $v}$tag" "$floor" reshard --quiet --force --to megatron \
+        --ckpt-format torch_dist --tp 2 --dp 2 $v "$A" "$B/cmdout"
+    done
   done
   rm -rf "$B/atomic" "$B/cmdout" "$B/cmdcp" "$B/megout"
 }
