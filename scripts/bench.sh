@@ -19,6 +19,9 @@
 #   BENCH_ZERO3=1 BENCH_DOUBLE=1 BENCH_EXPORT=1   cases to run (0 skips)
 #   BENCH_GENERATED=1       0: only UCP_BENCH_REAL
 #   BENCH_CONVERT=1         0: skip ucp convert of the generated checkpoint (the other generated cases still run)
+#   BENCH_SETTLE=touch      the page state every timed run starts from (see settle): touch (pre-touched memory,
+#                           the floors at their fastest) or drain (this VM's steady state: free memory handed
+#                           back to the host, every new page a host fault)
 #   BENCH_CMDS=REGEX        only the command cases (BENCH_COMMANDS, BENCH_MEGATRON) whose name matches
 #   BENCH_COMMANDS=1        verify, diff, export --to hf|torch|dcp, reshard --zero 1|2|3 and the Python
 #                           load against their floors (cat, cp of the files read, cp -r, readinto)
@@ -65,21 +68,39 @@ warm() { find "$1" -type f -exec cat {} + > /dev/null; }
 # settle: run before every timed run, floor and ucp alike. It reads the
 # inputs in WARM again (the page cache is warm by the time a command starts,
 # even where the kernel pages out cold file pages, as DAMON's reclaim does on
-# the VMs this was measured on) and, where /dev/shm has room, touches
-# BENCH_PREFAULT_MB of memory and frees it: on a VM that hands free pages
-# back to its host (virtio-balloon free page reporting), the first touch of
-# a page costs a host fault, several seconds of system time for a few GB,
-# which otherwise lands at random on whichever command allocates next.
+# the VMs this was measured on). Then, on a VM that hands free pages back to
+# its host (virtio-balloon free page reporting), where the first touch of a
+# page costs a host fault (several seconds of system time for a few GB, which
+# would otherwise land at random on whichever command allocates next), it
+# sets one of two states:
+#   touch (default): touches BENCH_PREFAULT_MB of memory where /dev/shm has
+#     room and frees it. The kernel reports freed memory to the host about
+#     2 s later, so a command's allocations in its first ~2 s are cheap and
+#     later ones are not: this favours the floor (cp allocates the whole copy
+#     in its first 0.6 s; ucp's writers run longer).
+#   drain: waits until the kernel has reported its free memory (reported_kib
+#     steady for 0.5 s, at most 20 s): every new page of floor and ucp alike
+#     is a host fault, as for any job on this VM once it has run a few seconds.
 WARM=()
 PREFAULT_MB=${BENCH_PREFAULT_MB:-4096}
+SETTLE=${BENCH_SETTLE:-touch}
+REPORTED=/sys/module/page_reporting/parameters/reported_kib
 settle() {
   local d
   for d in "${WARM[@]}"; do warm "$d"; done
-  if [ "$PREFAULT_MB" -gt 0 ] && [ "$(df -m --output=avail /dev/shm 2>/dev/null | tail -1)" -gt "$PREFAULT_MB" ] 2>/dev/null; then
+  if [ "$SETTLE" = drain ]; then
+    sleep 2.5 # the kernel's page reporting runs 2 s after memory is freed
+    if [ -r "$REPORTED" ]; then
+      local a b i
+      b=$(cat "$REPORTED")
+      for i in $(seq 35); do sleep 0.5; a=$(cat "$REPORTED"); [ "$a" = "$b" ] && break; b=$a; done
+    fi
+  elif [ "$PREFAULT_MB" -gt 0 ] && [ "$(df -m --output=avail /dev/shm 2>/dev/null | tail -1)" -gt "$PREFAULT_MB" ] 2>/dev/null; then
     dd if=/dev/zero of=/dev/shm/ucp-bench-prefault bs=1M count="$PREFAULT_MB" status=none
     rm -f /dev/shm/ucp-bench-prefault
   fi
 }
+case $SETTLE in touch|drain) ;; *) echo "bench: BENCH_SETTLE must be touch or drain, not $SETTLE" >&2; exit 2 ;; esac
 
 # timed FILE CMD...: runs CMD and appends "wall user sys" (seconds, children
 # included) to FILE; CMD's output goes to the log.
@@ -224,6 +245,23 @@ commands() {
       cmdcase "reshard --to deepspeed --zero $z --dp 3${v:+ $v}" fcpa reshard --force --to deepspeed --zero $z --dp 3 $v "$A" "$B/cmdout/global_step1"
     done
   done
+  # A DeepSpeed target holds bf16 weights besides the fp32 ones (14 bytes a parameter against the atomic
+  # checkpoint's 12), and a synced write is bound by its bytes (README, "What bounds a synced writer"): the
+  # same rows against cp -r; sync of their own output.
+  local z
+  for z in 1 2 3; do
+    [[ "reshard --to deepspeed --zero $z --dp 3 [floor: its output]" =~ ${BENCH_CMDS:-.} ]] || continue
+    rm -rf "$B/dsout"
+    "$UCP" reshard --quiet --force --no-sync --to deepspeed --zero $z --dp 3 "$A" "$B/dsout/global_step1"
+    fcpo() { cp -r "$B/dsout" "$B/cmdcp" && sync; }
+    WARM=("$A" "$B/dsout")
+    echo "  (output $(gb "$(du -sb "$B/dsout" | cut -f1)"), atomic checkpoint read $(gb "$(du -sb "$A" | cut -f1)"))"
+    for v in "" "--verify=false"; do
+      cmdcase "reshard --to deepspeed --zero $z --dp 3${v:+ $v} [floor: its output]" fcpo reshard --force --to deepspeed --zero $z --dp 3 $v "$A" "$B/cmdout/global_step1"
+    done
+    WARM=("$A" "$src")
+    rm -rf "$B/dsout"
+  done
   if [ -f python/ucp/libucp.so ] && [[ "python load_state_dict" =~ ${BENCH_CMDS:-.} ]]; then
     # a failed load stops the bench (a -nan row would read as a measurement)
     out=$(/usr/bin/python3 scripts/bench_load.py "$A" "$REPEAT") || { echo "bench: scripts/bench_load.py failed on $A" >&2; exit 1; }
@@ -339,4 +377,4 @@ echo
 echo "scaling (--no-sync): bytes, seconds per GB and peak RSS relative to the first case"
 awk -F'\t' '{split($1, v, " "); if (NR==1) {b0=v[1]; s0=v[2]/v[1]; r0=v[3]}
   printf "  %-46s x%.2f bytes  x%.2f s/GB  x%.2f RSS\n", $2, v[1]/b0, (v[2]/v[1])/s0, v[3]/r0}' "$B/summary"
-echo "bench took $(awk -v a="$T0" -v b="${EPOCHREALTIME}" 'BEGIN{printf "%.0f", b-a}') s"
+echo "bench took $(awk -v a="$T0" -v b="${EPOCHREALTIME}" 'BEGIN{printf "%.0f", b-a}') s (BENCH_SETTLE=$SETTLE)"
