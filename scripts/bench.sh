@@ -153,11 +153,18 @@ bench() {
   printf '%s %s %s\t%s\n' "$bytes" "${nosync[0]}" "$rss" "$name" >> "$B/summary"
 }
 
+# wanted NAME...: whether BENCH_CMDS selects any of the named cases.
+wanted() {
+  local n
+  for n; do [[ "$n" =~ ${BENCH_CMDS:-.} ]] && return 0; done
+  return 1
+}
+
 # cmdcase NAME FLOOR-FN UCP-ARGS...: alternates the floor and the ucp command
 # REPEAT times; prints the fastest of each, the ratio and ucp's peak RSS.
 cmdcase() {
   local name=$1 floorfn=$2 r; shift 2
-  [[ "$name" =~ ${BENCH_CMDS:-.} ]] || return 0
+  wanted "$name" || return 0
   rm -f "$B"/t.f "$B"/t.u "$B"/rss.u
   for r in $(seq "$REPEAT"); do
     rm -rf "$B/cmdout" "$B/cmdcp"; sync; settle
@@ -176,6 +183,13 @@ cmdcase() {
 }
 
 fcpa() { cp -r "$A" "$B/cmdcp" && sync; } # reshard's floor: cp -r of the atomic checkpoint read; sync
+# outfloor DIR: makes fcpo, cp -r of DIR (a writer's output, made beforehand with --no-sync); sync, the floor
+# of writing the same bytes, the one floor for the rows marked [floor: its output]; prints DIR's size.
+outfloor() {
+  OUT=$1
+  echo "  (output $(gb "$(du -sb "$OUT" | cut -f1)"), atomic checkpoint read $(gb "$(du -sb "$A" | cut -f1)"))"
+}
+fcpo() { cp -r "$OUT" "$B/cmdcp" && sync; }
 
 # megatron SRC: reshard --to megatron of a generated Llama source (Megatron-DeepSpeed layout with its
 # training arguments: a model family Megatron knows) at --ckpt-format torch, then of that Megatron
@@ -202,8 +216,7 @@ megatron() {
   # atomic checkpoint read (fcpa), and of the output (fcpo).
   rm -rf "$B/megout"
   "$UCP" reshard --quiet --force --no-sync --to megatron --ckpt-format torch_dist --tp 2 --dp 2 "$A" "$B/megout"
-  echo "  (output $(gb "$(du -sb "$B/megout" | cut -f1)"), atomic checkpoint read $(gb "$(du -sb "$A" | cut -f1)"))"
-  fcpo() { cp -r "$B/megout" "$B/cmdcp" && sync; }
+  outfloor "$B/megout"
   WARM=("$A" "$B/megout")
   local floor tag
   for floor in fcpa fcpo; do
@@ -245,24 +258,24 @@ commands() {
       cmdcase "reshard --to deepspeed --zero $z --dp 3${v:+ $v}" fcpa reshard --force --to deepspeed --zero $z --dp 3 $v "$A" "$B/cmdout/global_step1"
     done
   done
-  # A DeepSpeed target holds bf16 weights besides the fp32 ones (14 bytes a parameter against the atomic
-  # checkpoint's 12), and a synced write is bound by its bytes (README, "What bounds a synced writer"): the
-  # same rows against cp -r; sync of their own output.
-  local z
+  # A synced write is bound by its bytes (README, "What bounds a synced writer"): the same rows against
+  # cp -r; sync of their own output, as many bytes at ZeRO 1 and 2 (the atomic checkpoint of a DeepSpeed
+  # source keeps the bf16 model states), fewer at ZeRO 3.
+  local z name
   for z in 1 2 3; do
-    [[ "reshard --to deepspeed --zero $z --dp 3 [floor: its output]" =~ ${BENCH_CMDS:-.} ]] || continue
+    name="reshard --to deepspeed --zero $z --dp 3"
+    wanted "$name [floor: its output]" "$name --verify=false [floor: its output]" || continue
     rm -rf "$B/dsout"
     "$UCP" reshard --quiet --force --no-sync --to deepspeed --zero $z --dp 3 "$A" "$B/dsout/global_step1"
-    fcpo() { cp -r "$B/dsout" "$B/cmdcp" && sync; }
     WARM=("$A" "$B/dsout")
-    echo "  (output $(gb "$(du -sb "$B/dsout" | cut -f1)"), atomic checkpoint read $(gb "$(du -sb "$A" | cut -f1)"))"
+    outfloor "$B/dsout"
     for v in "" "--verify=false"; do
-      cmdcase "reshard --to deepspeed --zero $z --dp 3${v:+ $v} [floor: its output]" fcpo reshard --force --to deepspeed --zero $z --dp 3 $v "$A" "$B/cmdout/global_step1"
+      cmdcase "$name${v:+ $v} [floor: its output]" fcpo reshard --force --to deepspeed --zero $z --dp 3 $v "$A" "$B/cmdout/global_step1"
     done
     WARM=("$A" "$src")
     rm -rf "$B/dsout"
   done
-  if [ -f python/ucp/libucp.so ] && [[ "python load_state_dict" =~ ${BENCH_CMDS:-.} ]]; then
+  if [ -f python/ucp/libucp.so ] && wanted "python load_state_dict"; then
     # a failed load stops the bench (a -nan row would read as a measurement)
     out=$(/usr/bin/python3 scripts/bench_load.py "$A" "$REPEAT") || { echo "bench: scripts/bench_load.py failed on $A" >&2; exit 1; }
     read -r fl us rf ru <<< "$(awk '{print $2, $4, $6, $8}' <<< "$out")"
