@@ -39,19 +39,7 @@ func TestCopiesFromBlockCRCs(t *testing.T) {
 	for i := range data {
 		data[i] = byte(rng.Uint32())
 	}
-	src := filepath.Join(t.TempDir(), "src.pt")
-	if err := torchfile.Save(src, pyobj.DictOf("w", torchfile.NewBlob(dtype.Float32, []int64{numel}, data))); err != nil {
-		t.Fatal(err)
-	}
-	sf, err := torchfile.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, _ := sf.Root.(*pyobj.Dict).Get("w")
-	ref := fragment.TensorRef{Path: src, T: v.(*torchfile.Tensor)}
-	sf.Close()
-	dir := testkit.Convert(t, &fragment.Table{Format: "test", Source: src, Params: []*fragment.Param{{Name: "w", Shape: []int64{numel},
-		States: []*fragment.State{{Name: fragment.FP32, Shards: []fragment.Shard{{Shape: []int64{numel}}}, Frags: []fragment.Fragment{{Len: numel, Src: ref}}}}}}}, 1)
+	dir := oneStateAtomic(t, data)
 	m, err := atomic.ReadManifest(dir)
 	if err != nil {
 		t.Fatal(err)

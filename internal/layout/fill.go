@@ -2,7 +2,9 @@ package layout
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sort"
@@ -26,11 +28,14 @@ type StateFill struct {
 }
 
 // StatePiece is elements [Local, Local+N) of a parameter's shard of one atomic
-// state, written at element At of the blob.
+// state, written at element At of the blob. AddOne adds 1 to every element
+// in float32 before the cast to the blob's dtype (the norm weights of
+// Megatron's apply_layernorm_1p, which stores them minus one).
 type StatePiece struct {
 	Param, State string
 	Shard        fragment.Shard
 	Local, N, At int64
+	AddOne       bool
 }
 
 // fillJob bounds the elements of one task shared among the workers: big
@@ -274,8 +279,15 @@ type TensorFill struct {
 // WriteFills writes every fill into w with workers Movers (< 1: one per
 // CPU) sharing tasks of at most jobBytes bytes of one tensor (<= 0: fillJob
 // elements): a large tensor spreads over all workers, and each worker's
-// memory is its Mover's small buffers.
+// memory is its Mover's small buffers (at most MoverBytes).
 func WriteFills(ctx context.Context, r *atomic.Reader, w Sink, fills []TensorFill, workers int, jobBytes int64) error {
+	return WriteFillsProgress(ctx, r, w, fills, workers, jobBytes, nil)
+}
+
+// WriteFillsProgress is WriteFills telling progress (when not nil; from
+// several goroutines) the bytes of each task once written: those it read
+// from the state and those it wrote.
+func WriteFillsProgress(ctx context.Context, r *atomic.Reader, w Sink, fills []TensorFill, workers int, jobBytes int64, progress func(read, written int64)) error {
 	var jobs []fillTask
 	for _, f := range fills {
 		js, err := fillTasks(f, jobBytes)
@@ -303,8 +315,12 @@ func WriteFills(ctx context.Context, r *atomic.Reader, w Sink, fills []TensorFil
 				if t, file, ok = q.take(file); !ok {
 					return nil
 				}
-				if err := m.fill(r, w, t); err != nil {
+				read, err := m.fill(r, w, t)
+				if err != nil {
 					return err
+				}
+				if progress != nil {
+					progress(read, t.n*t.stride)
 				}
 			}
 		})
@@ -434,6 +450,12 @@ func fillTasks(f TensorFill, jobBytes int64) ([]fillTask, error) {
 // s from a large one.
 const Chunk = 64 << 10
 
+// MoverBytes is about the most one Mover buffers when its pieces are
+// whole states (no gather): input, float32 and output buffers of Chunk
+// elements of at most 8 bytes, its zeros and its Copier's buffer. A
+// writer bounding its memory runs at most budget/MoverBytes workers.
+const MoverBytes = Chunk*(8+4+8) + 4*Chunk + fsutil.CopyBufSize
+
 // Sink is an output file whose tensor payloads arrive in ranges:
 // torchfile.Writer, atomic.File, safetensors.Writer, Regions.
 type Sink interface {
@@ -485,15 +507,16 @@ func (m *Mover) Open(r *atomic.Reader, param, state string) (*atomic.State, erro
 	return s, nil
 }
 
-func (m *Mover) fill(r *atomic.Reader, w Sink, t fillTask) error {
+// fill writes task t and returns the bytes its range spans in the state.
+func (m *Mover) fill(r *atomic.Reader, w Sink, t fillTask) (int64, error) {
 	if t.pc == nil {
-		return m.Zeros(w, t.i, t.at*t.stride, t.n*t.stride)
+		return 0, m.Zeros(w, t.i, t.at*t.stride, t.n*t.stride)
 	}
 	s, err := m.Open(r, t.pc.Param, t.pc.State)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return m.Move(w, t.i, t.at, s, t.pc.Shard, t.local, t.n, t.dt)
+	return int64(s.DType.Size()) * t.n, m.Move(w, t.i, t.at, s, t.pc.Shard, t.local, t.n, t.dt, t.pc.AddOne)
 }
 
 // Zeros writes n zero bytes at byte off of tensor i.
@@ -513,10 +536,12 @@ func (m *Mover) Zeros(w Sink, i int, off, n int64) error {
 
 // Move writes elements [start, start+n) of shard sh of st as dt at element
 // at of tensor i of w: the state's own dtype (copied as stored), or
-// float32, bfloat16 or float16, converted as torch does (through float32).
-// Elements no run of the shard covers (padding) are written as zeros.
-func (m *Mover) Move(w Sink, i int, at int64, st *atomic.State, sh fragment.Shard, start, n int64, dt dtype.DType) error {
-	if dt != st.DType && dt != dtype.Float32 && dt != dtype.BFloat16 && dt != dtype.Float16 {
+// float32, bfloat16 or float16, converted as torch does (through float32);
+// from a float32 state also float64, integers and bool (castFloat32).
+// addOne adds 1 in float32 first (StatePiece.AddOne). Elements no run of
+// the shard covers (padding) are written as zeros.
+func (m *Mover) Move(w Sink, i int, at int64, st *atomic.State, sh fragment.Shard, start, n int64, dt dtype.DType, addOne bool) error {
+	if dt != st.DType && dt != dtype.Float32 && dt != dtype.BFloat16 && dt != dtype.Float16 && st.DType != dtype.Float32 {
 		return fmt.Errorf("%s: cannot load %v as %v (float32, bfloat16, float16 or %v)", st.Path, st.DType, dt, st.DType)
 	}
 	es := int64(dt.Size())
@@ -532,14 +557,14 @@ func (m *Mover) Move(w Sink, i int, at int64, st *atomic.State, sh fragment.Shar
 			}
 		}
 		if k := m.gatherable(j); k > j+1 {
-			if err := m.gather(w, i, (at+r.Local-start)*es, st, m.runs[j:k], dt); err != nil {
+			if err := m.gather(w, i, (at+r.Local-start)*es, st, m.runs[j:k], dt, addOne); err != nil {
 				return err
 			}
 			last := m.runs[k-1]
 			pos, j = last.Local+last.N, k
 			continue
 		}
-		if err := m.Range(w, i, (at+r.Local-start)*es, st, r.Full, r.N, dt); err != nil {
+		if err := m.Range(w, i, (at+r.Local-start)*es, st, r.Full, r.N, dt, addOne); err != nil {
 			return err
 		}
 		pos, j = r.Local+r.N, j+1
@@ -586,7 +611,7 @@ func (m *Mover) gatherable(j int) int {
 // gather writes runs (see gatherable) of st as dt at byte off of tensor
 // i: one read of their span of the state, each run converted into its
 // place in one output buffer (zeros between runs), one write.
-func (m *Mover) gather(w Sink, i int, off int64, st *atomic.State, runs []fragment.Run, dt dtype.DType) error {
+func (m *Mover) gather(w Sink, i int, off int64, st *atomic.State, runs []fragment.Run, dt dtype.DType, addOne bool) error {
 	first, last := runs[0], runs[len(runs)-1]
 	es, ss := int64(dt.Size()), int64(st.DType.Size())
 	span := last.Full + last.N - first.Full
@@ -601,7 +626,7 @@ func (m *Mover) gather(w Sink, i int, off int64, st *atomic.State, runs []fragme
 	for _, r := range runs {
 		clear(out[(pos-first.Local)*es : (r.Local-first.Local)*es])
 		raw := m.in[(r.Full-first.Full)*ss : (r.Full-first.Full+r.N)*ss]
-		if err := m.castInto(out[(r.Local-first.Local)*es:(r.Local-first.Local+r.N)*es], raw, st.DType, dt, r.N); err != nil {
+		if err := m.castInto(out[(r.Local-first.Local)*es:(r.Local-first.Local+r.N)*es], raw, st.DType, dt, r.N, addOne); err != nil {
 			return fmt.Errorf("%s: %w", st.Path, err)
 		}
 		pos = r.Local + r.N
@@ -610,11 +635,11 @@ func (m *Mover) gather(w Sink, i int, off int64, st *atomic.State, runs []fragme
 }
 
 // Range writes elements [full, full+n) of st as dt at byte off of tensor
-// i: copied in the kernel when st is stored as dt, else converted in
-// pieces of Chunk elements.
-func (m *Mover) Range(w Sink, i int, off int64, st *atomic.State, full, n int64, dt dtype.DType) error {
+// i (plus one with addOne): copied in the kernel when st is stored as dt
+// and nothing is added, else converted in pieces of Chunk elements.
+func (m *Mover) Range(w Sink, i int, off int64, st *atomic.State, full, n int64, dt dtype.DType, addOne bool) error {
 	es, ss := int64(dt.Size()), int64(st.DType.Size())
-	if dt == st.DType {
+	if dt == st.DType && !addOne {
 		if f, base := st.File(); f != nil {
 			// With the state's block CRC-32s the copy is not read back
 			// (fsutil.Copier.Blocks; atomic/FORMAT.md, "block_crc32").
@@ -635,7 +660,7 @@ func (m *Mover) Range(w Sink, i int, off int64, st *atomic.State, full, n int64,
 		if err := st.ReadRange(full, k, raw); err != nil {
 			return err
 		}
-		out, err := m.cast(raw, st.DType, dt, k)
+		out, err := m.cast(raw, st.DType, dt, k, addOne)
 		if err != nil {
 			return fmt.Errorf("%s: %w", st.Path, err)
 		}
@@ -647,19 +672,22 @@ func (m *Mover) Range(w Sink, i int, off int64, st *atomic.State, full, n int64,
 	return nil
 }
 
-// cast converts k elements of raw from dtype from to dt, into the Mover's
-// output buffer (raw itself when they agree).
-func (m *Mover) cast(raw []byte, from, dt dtype.DType, k int64) ([]byte, error) {
-	if from == dt {
+// cast converts k elements of raw from dtype from to dt (plus one with
+// addOne), into the Mover's output buffer (raw itself when they agree and
+// nothing is added).
+func (m *Mover) cast(raw []byte, from, dt dtype.DType, k int64, addOne bool) ([]byte, error) {
+	if from == dt && !addOne {
 		return raw, nil
 	}
 	m.out = grow(m.out, int64(dt.Size())*k)
-	return m.out, m.castInto(m.out, raw, from, dt, k)
+	return m.out, m.castInto(m.out, raw, from, dt, k, addOne)
 }
 
-// castInto converts k elements of raw from dtype from to dt into dst.
-func (m *Mover) castInto(dst, raw []byte, from, dt dtype.DType, k int64) error {
+// castInto converts k elements of raw from dtype from to dt into dst,
+// through float32 (where addOne adds 1 to each) unless they agree.
+func (m *Mover) castInto(dst, raw []byte, from, dt dtype.DType, k int64, addOne bool) error {
 	switch {
+	case addOne:
 	case from == dt:
 		copy(dst, raw)
 		return nil
@@ -667,14 +695,59 @@ func (m *Mover) castInto(dst, raw []byte, from, dt dtype.DType, k int64) error {
 		return dtype.ToFloat32(dst, raw, from)
 	}
 	f32 := raw
-	if from != dtype.Float32 {
+	if from != dtype.Float32 || addOne {
+		// raw may be the caller's: add in a copy.
 		m.f32 = grow(m.f32, 4*k)
 		if err := dtype.ToFloat32(m.f32, raw, from); err != nil {
 			return err
 		}
 		f32 = m.f32
 	}
-	return dtype.FromFloat32(dst, f32, dt)
+	if addOne {
+		for j := 0; j < len(f32); j += 4 {
+			binary.LittleEndian.PutUint32(f32[j:], math.Float32bits(math.Float32frombits(binary.LittleEndian.Uint32(f32[j:]))+1))
+		}
+	}
+	return castFloat32(dst, f32, dt)
+}
+
+// castFloat32 converts float32 elements to dt: the float types as torch's
+// .to() rounds them (dtype.FromFloat32), float64 exactly, integers and
+// bool (frozen buffers, which atomic checkpoints written before ucp kept
+// their dtype hold exactly as float32) by truncation toward zero, as
+// torch's float-to-int cast does.
+func castFloat32(dst, src []byte, dt dtype.DType) error {
+	switch dt {
+	case dtype.Float32, dtype.BFloat16, dtype.Float16:
+		return dtype.FromFloat32(dst, src, dt)
+	}
+	le := binary.LittleEndian
+	n := len(src) / 4
+	for k := 0; k < n; k++ {
+		f := math.Float32frombits(le.Uint32(src[4*k:]))
+		switch dt {
+		case dtype.Float64:
+			le.PutUint64(dst[8*k:], math.Float64bits(float64(f)))
+		case dtype.Int64:
+			le.PutUint64(dst[8*k:], uint64(int64(f)))
+		case dtype.Int32:
+			le.PutUint32(dst[4*k:], uint32(int32(f)))
+		case dtype.Int16:
+			le.PutUint16(dst[2*k:], uint16(int16(f)))
+		case dtype.Int8:
+			dst[k] = byte(int8(f))
+		case dtype.Uint8:
+			dst[k] = byte(f)
+		case dtype.Bool:
+			dst[k] = 0
+			if f != 0 {
+				dst[k] = 1
+			}
+		default:
+			return fmt.Errorf("cannot write %v tensors", dt)
+		}
+	}
+	return nil
 }
 
 // grow returns b resliced to n bytes, reallocated only when too small.

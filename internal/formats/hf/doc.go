@@ -7,8 +7,11 @@
 // transformers model class with fused tensors split and a config.json.
 //
 // Values are the float32 master weights cast to the output dtype with
-// round-to-nearest-even (dtype.FromFloat32), streamed in bounded pieces:
-// memory does not grow with the model. Everything is written in
-// DST.partial, which is renamed to DST when complete. The files are
-// described in FORMAT.md.
+// round-to-nearest-even (dtype.FromFloat32; 1 added in float32 first for
+// the norm weights of Megatron's apply_layernorm_1p). Each file's tensors
+// are written by layout.WriteFills, the resharding writers' workers:
+// ranges copied in the kernel or cast through small buffers, so memory
+// does not grow with the model. Everything is written in DST.partial,
+// which is renamed to DST when complete. The files are described in
+// FORMAT.md.
 package hf

@@ -34,8 +34,9 @@ type Options struct {
 	// Params, when set, selects the parameters (atomic names) to export.
 	Params *regexp.Regexp
 	Force  bool // replace DST when it exists
-	// Workers tensors are written at once (0: all cores); Memory bounds
-	// the bytes they buffer together (0: 256 MiB).
+	// Workers write ranges of the tensors at once (0: all cores); Memory
+	// bounds the bytes they buffer together (0: 256 MiB): at most
+	// Memory/layout.MoverBytes workers run, at least one.
 	Workers int
 	Memory  int64
 	NoSync  bool

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ucp-project/ucp/internal/atomic"
@@ -84,7 +85,7 @@ func TestExportRealLoaders(t *testing.T) {
 		}
 		x.c.Dir = filepath.Base(t.Name()) + "-" + string(rune('a'+i))
 		x.c.Truth = x.fixture + ".pt"
-		x.opt.Memory = 4096 // pieces of a few hundred elements: many ranged reads per tensor
+		x.opt.Memory = 4096 // below one worker's buffers: one worker
 		x.opt.NoSync = true
 		st, err := Export(context.Background(), r, filepath.Join(work, x.c.Dir), x.opt)
 		if err != nil {
@@ -110,13 +111,24 @@ func TestExportRealLoaders(t *testing.T) {
 }
 
 // The plain export read back with ucp's own reader equals the atomic
-// tensors cast with dtype.FromFloat32 (runs without the torch 2.x chroot).
+// tensors cast with dtype.FromFloat32 (runs without the torch 2.x chroot),
+// and the progress reported adds up to the total announced.
 func TestExportPlainReadBack(t *testing.T) {
 	r := atomicOf(t, "tp2_gqa_swiglu")
 	dst := filepath.Join(t.TempDir(), "hf")
-	st, err := Export(context.Background(), r, dst, Options{DType: dtype.BFloat16, NoSync: true, Memory: 1000})
+	var mu sync.Mutex
+	var total, read, written int64
+	progress := func(t, r, w int64) {
+		mu.Lock()
+		total, read, written = total+t, read+r, written+w
+		mu.Unlock()
+	}
+	st, err := Export(context.Background(), r, dst, Options{DType: dtype.BFloat16, NoSync: true, Memory: 1000, Progress: progress})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if read+written != total || written != st.TensorBytes {
+		t.Errorf("progress read %d, wrote %d bytes of %d announced; the tensors have %d", read, written, total, st.TensorBytes)
 	}
 	f, err := safetensors.Open(filepath.Join(dst, SafetensorsName))
 	if err != nil {

@@ -3,16 +3,12 @@ package hf
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"math"
 	"path/filepath"
 
-	"golang.org/x/sync/errgroup"
-
 	ucpatomic "github.com/ucp-project/ucp/internal/atomic"
-	"github.com/ucp-project/ucp/internal/dtype"
+	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/fsutil"
 	"github.com/ucp-project/ucp/internal/layout"
 	"github.com/ucp-project/ucp/internal/pyobj"
@@ -52,26 +48,18 @@ type sink interface {
 }
 
 // writeShards writes every shard file and, when there are several, the
-// index; it returns the names written.
+// index; it returns the names written. Each file's tensors are written by
+// layout.WriteFills: ranges copied in the kernel or cast by workers
+// sharing them, as the resharding writers do.
 func writeShards(ctx context.Context, r *ucpatomic.Reader, dir string, shards [][]*Tensor, opt Options) ([]string, error) {
 	var names []string
 	weightMap := map[string]string{}
 	var total int64
-	// One pair of buffers per worker, reused by every tensor: fresh
-	// multi-megabyte buffers per tensor cost page faults and zeroing.
-	bufs := make(chan *tensorBufs, opt.Workers)
-	for range opt.Workers {
-		bufs <- &tensorBufs{}
-	}
-	defer func() {
-		for range opt.Workers {
-			(<-bufs).mover.Close()
-		}
-	}()
-	progress := func(read, written int64) {
-		if opt.Progress != nil {
-			opt.Progress(0, read, written)
-		}
+	// Memory bounds the workers' buffers together.
+	workers := int(max(1, min(int64(opt.Workers), opt.Memory/layout.MoverBytes)))
+	var progress func(read, written int64)
+	if opt.Progress != nil {
+		progress = func(read, written int64) { opt.Progress(0, read, written) }
 	}
 	for i, shard := range shards {
 		name := shardName(opt.Torch, i, len(shards))
@@ -80,28 +68,16 @@ func writeShards(ctx context.Context, r *ucpatomic.Reader, dir string, shards []
 		if err != nil {
 			return nil, err
 		}
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(opt.Workers)
+		fills := make([]layout.TensorFill, len(shard))
 		for j, t := range shard {
 			weightMap[t.Name] = name
 			total += t.NBytes()
-			if !t.AddOne {
-				// Cut into ranges the workers share: one large tensor (the
-				// embedding) would otherwise keep one worker busy alone.
-				if err := rangeTasks(gctx, g, r, w, bufs, index[j], t, progress); err != nil {
-					g.Wait()
-					w.Abort()
-					return nil, err
-				}
-				continue
+			if fills[j], err = tensorFill(t, index[j]); err != nil {
+				w.Abort()
+				return nil, err
 			}
-			g.Go(func() error {
-				b := <-bufs
-				defer func() { bufs <- b }()
-				return writeTensor(gctx, r, w, b, index[j], t, chunkElems(opt, t.DType), progress)
-			})
 		}
-		if err := g.Wait(); err != nil {
+		if err := layout.WriteFillsProgress(ctx, r, w, fills, workers, 0, progress); err != nil {
 			w.Abort()
 			return nil, err
 		}
@@ -124,6 +100,21 @@ func writeShards(ctx context.Context, r *ucpatomic.Reader, dir string, shards []
 		names = append(names, idx)
 	}
 	return names, nil
+}
+
+// tensorFill is t as tensor i of its file: its pieces of fp32 states one
+// after another.
+func tensorFill(t *Tensor, i int) (layout.TensorFill, error) {
+	f := layout.TensorFill{I: i, DType: t.DType, N: numel(t.Shape), Pieces: make([]layout.StatePiece, len(t.Pieces))}
+	var at int64
+	for k, p := range t.Pieces {
+		f.Pieces[k] = layout.StatePiece{Param: p.Param, State: fragment.FP32, Local: p.Start, N: p.Len, At: at, AddOne: t.AddOne}
+		at += p.Len
+	}
+	if at != f.N {
+		return f, fmt.Errorf("%s: pieces give %d elements for shape %v", t.Name, at, t.Shape)
+	}
+	return f, nil
 }
 
 // indexJSON is the shard index as transformers writes it:
@@ -178,172 +169,4 @@ func createSink(path string, shard []*Tensor, opt Options) (sink, []int, error) 
 		index[j] = i
 	}
 	return w, index, nil
-}
-
-// chunkElems is how many elements one worker converts at once: its share
-// of the memory budget over the float32 input and the output bytes.
-func chunkElems(opt Options, dt dtype.DType) int64 {
-	n := opt.Memory / int64(opt.Workers) / int64(4+dt.Size())
-	return max(4096, min(n, layout.Chunk))
-}
-
-// tensorBufs are one worker's input (as stored), float32 and cast output
-// buffers.
-type tensorBufs struct {
-	in, f32, out []byte
-	mover        layout.Mover // copies and casts tensors without AddOne (rangeTasks)
-}
-
-func growBuf(b []byte, n int64) []byte {
-	if int64(cap(b)) < n {
-		return make([]byte, n)
-	}
-	return b[:n]
-}
-
-// writeTensor streams one tensor with AddOne (Megatron's
-// apply_layernorm_1p norm weights: 1 added before the cast) through the
-// worker's buffers: ranged reads of each piece, cast and written at their
-// offsets.
-func writeTensor(ctx context.Context, r *ucpatomic.Reader, w sink, b *tensorBufs, i int, t *Tensor, chunk int64, progress func(read, written int64)) error {
-	es := int64(t.DType.Size())
-	b.out = growBuf(b.out, es*min(chunk, numel(t.Shape)))
-	var at int64 // output element
-	for _, p := range t.Pieces {
-		st, err := r.OpenState(p.Param, "fp32")
-		if err != nil {
-			return err
-		}
-		ss := int64(st.DType.Size())
-		b.in = growBuf(b.in, ss*min(chunk, numel(t.Shape)))
-		for done := int64(0); done < p.Len; {
-			if err := ctx.Err(); err != nil {
-				st.Close()
-				return err
-			}
-			m := min(p.Len-done, chunk)
-			out, err := b.cast(st, p.Start+done, m, t.DType, t.AddOne)
-			if err != nil {
-				st.Close()
-				return fmt.Errorf("%s: %w", t.Name, err)
-			}
-			if err := w.WriteAt(i, out, at*es); err != nil {
-				st.Close()
-				return err
-			}
-			progress(ss*m, es*m)
-			done += m
-			at += m
-		}
-		st.Close()
-	}
-	if at != numel(t.Shape) {
-		return fmt.Errorf("%s: pieces give %d elements for shape %v", t.Name, at, t.Shape)
-	}
-	return nil
-}
-
-// rangeJob bounds the elements of one task of rangeTasks.
-const rangeJob = 1 << 20
-
-// rangeTasks adds to g one task per range of at most rangeJob elements of
-// tensor t (blob i of w): copied or cast from its atomic fp32 state by
-// the workers' Movers.
-func rangeTasks(ctx context.Context, g *errgroup.Group, r *ucpatomic.Reader, w sink, bufs chan *tensorBufs, i int, t *Tensor, progress func(read, written int64)) error {
-	es := int64(t.DType.Size())
-	var at int64
-	for _, p := range t.Pieces {
-		for done := int64(0); done < p.Len; done += rangeJob {
-			n, start, pos, param := min(rangeJob, p.Len-done), p.Start+done, at+done, p.Param
-			g.Go(func() error {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				b := <-bufs
-				defer func() { bufs <- b }()
-				st, err := b.mover.Open(r, param, "fp32")
-				if err != nil {
-					return err
-				}
-				if err := b.mover.Range(w, i, pos*es, st, start, n, t.DType); err != nil {
-					return fmt.Errorf("%s: %w", t.Name, err)
-				}
-				progress(int64(st.DType.Size())*n, es*n)
-				return nil
-			})
-		}
-		at += p.Len
-	}
-	if at != numel(t.Shape) {
-		return fmt.Errorf("%s: pieces give %d elements for shape %v", t.Name, at, t.Shape)
-	}
-	return nil
-}
-
-// cast reads elements [start, start+m) of st and returns them as dt: the
-// bytes read when st has that dtype, else converted through float32.
-func (b *tensorBufs) cast(st *ucpatomic.State, start, m int64, dt dtype.DType, addOne bool) ([]byte, error) {
-	raw := b.in[:int64(st.DType.Size())*m]
-	if err := st.ReadRange(start, m, raw); err != nil {
-		return nil, err
-	}
-	if st.DType == dt && !addOne {
-		return raw, nil
-	}
-	f32 := raw
-	if st.DType != dtype.Float32 || addOne {
-		b.f32 = growBuf(b.f32, 4*m)
-		f32 = b.f32[:4*m]
-		if st.DType == dtype.Float32 {
-			copy(f32, raw)
-		} else if err := dtype.ToFloat32(f32, raw, st.DType); err != nil {
-			return nil, err
-		}
-	}
-	if addOne {
-		for k := 0; k < len(f32); k += 4 {
-			binary.LittleEndian.PutUint32(f32[k:], math.Float32bits(math.Float32frombits(binary.LittleEndian.Uint32(f32[k:]))+1))
-		}
-	}
-	out := b.out[:int64(dt.Size())*m]
-	return out, castFloat32(out, f32, dt)
-}
-
-// castFloat32 converts float32 elements to dt: the float types as torch's
-// .to() rounds them, float64 exactly, integers and bool (frozen buffers,
-// which atomic checkpoints written before ucp kept their dtype hold exactly
-// as float32) by
-// truncation toward zero, as torch's float-to-int cast does.
-func castFloat32(dst, src []byte, dt dtype.DType) error {
-	switch dt {
-	case dtype.Float32, dtype.BFloat16, dtype.Float16:
-		return dtype.FromFloat32(dst, src, dt)
-	}
-	le := binary.LittleEndian
-	n := len(src) / 4
-	for k := 0; k < n; k++ {
-		f := math.Float32frombits(le.Uint32(src[4*k:]))
-		switch dt {
-		case dtype.Float64:
-			le.PutUint64(dst[8*k:], math.Float64bits(float64(f)))
-		case dtype.Int64:
-			le.PutUint64(dst[8*k:], uint64(int64(f)))
-		case dtype.Int32:
-			le.PutUint32(dst[4*k:], uint32(int32(f)))
-		case dtype.Int16:
-			le.PutUint16(dst[2*k:], uint16(int16(f)))
-		case dtype.Int8:
-			dst[k] = byte(int8(f))
-		case dtype.Uint8:
-			dst[k] = byte(f)
-		case dtype.Bool:
-			dst[k] = 0
-			if f != 0 {
-				dst[k] = 1
-			}
-		default:
-			return fmt.Errorf("cannot write %v tensors", dt)
-		}
-	}
-	return nil
 }
