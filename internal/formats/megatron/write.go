@@ -153,10 +153,7 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 	}
 	rf := p.rankFolders()
 	if o.Place.Multi() {
-		units := make([]multinode.Unit, len(rf))
-		for i, f := range rf {
-			units[i] = multinode.Unit{Name: f.name, Bytes: p.rankBytes(f)}
-		}
+		units := multinode.Units(rf, func(f rankFolder) string { return f.name }, p.rankBytes)
 		folder := p.nodeFolder(iterDir, units, planKey(o), func(ctx context.Context, tmp string, mine []int) ([]string, error) {
 			var fs []rankFolder
 			for _, u := range mine {
@@ -198,9 +195,8 @@ func writeTracker(dst, tracker string, noSync bool, st *ReshardStats) error {
 // from the options that decide the bytes (o, without this process's place
 // and write settings) and the source's manifest.
 func (p *rsPlan) nodeFolder(iterDir string, units []multinode.Unit, o any, write func(ctx context.Context, tmp string, units []int) ([]string, error)) *multinode.Folder {
-	return &multinode.Folder{Dst: iterDir, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync, Units: units,
-		Plan:    fmt.Sprintf("megatron %+v source %s", o, multinode.Fingerprint(p.r.Manifest)),
-		Options: fmt.Sprintf("--to megatron %+v", o), Write: write}
+	f := &multinode.Folder{Dst: iterDir, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync, Units: units, Write: write}
+	return f.SetPlan("megatron", o, p.r.Manifest)
 }
 
 // planKey is o without what may differ between the nodes of one plan:
