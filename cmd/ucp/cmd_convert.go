@@ -224,6 +224,22 @@ func printPointer(out io.Writer, p *atomic.Pointer) {
 	}
 }
 
+// printNotes prints a writer's notes, one a line.
+func printNotes(out io.Writer, notes []string) {
+	for _, n := range notes {
+		fmt.Fprintln(out, "  note:", n)
+	}
+}
+
+// lookupTo is the target --to names among names, the targets of the
+// command, which lookup finds.
+func lookupTo(to string, names []string, lookup func(string) (formats.Target, error)) (formats.Target, error) {
+	if to == "" {
+		return formats.Target{}, fmt.Errorf("--to is required (one of: %s)", strings.Join(names, ", "))
+	}
+	return lookup(to)
+}
+
 // warn prints the writer's warnings: problems that left DST complete.
 func warn(errOut io.Writer, w *atomic.Writer) {
 	for _, m := range w.Warnings {
@@ -251,9 +267,7 @@ func summary(out io.Writer, opts convertOptions, t *fragment.Table, src, dst str
 	}
 	printPointer(out, w.Pointer)
 	stragglers(out, stats)
-	for _, n := range t.Notes {
-		fmt.Fprintln(out, "  note:", n)
-	}
+	printNotes(out, t.Notes)
 }
 
 // writeArrow writes the fragment table and plan as Arrow IPC files and

@@ -91,10 +91,7 @@ exactly is refused with the option's name. --arch FAMILY names the family,
 }
 
 func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportOptions) error {
-	if opts.To == "" {
-		return fmt.Errorf("--to is required (one of: %s)", strings.Join(formats.ExportTargets(), ", "))
-	}
-	tg, err := formats.LookupExport(opts.To)
+	tg, err := lookupTo(opts.To, formats.ExportTargets(), formats.LookupExport)
 	if err != nil {
 		return err
 	}
@@ -169,8 +166,6 @@ func runExport(ctx context.Context, out io.Writer, src, dst string, opts exportO
 	label, line := tg.Summary(st, humanBytes)
 	fmt.Fprintf(out, "exported %s -> %s (%s)\n", src, dst, label)
 	fmt.Fprintf(out, "  %s in %s\n", line, fmtDuration(time.Since(start)))
-	for _, n := range st.Notes {
-		fmt.Fprintln(out, "  note:", n)
-	}
+	printNotes(out, st.Notes)
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -131,10 +130,7 @@ same arguments). A failed node can be rerun alone.`,
 }
 
 func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshardOptions) error {
-	if opts.To == "" {
-		return fmt.Errorf("--to is required (one of: %s)", strings.Join(formats.ReshardTargets(), ", "))
-	}
-	tg, err := formats.LookupTarget(opts.To)
+	tg, err := lookupTo(opts.To, formats.ReshardTargets(), formats.LookupTarget)
 	if err != nil {
 		return err
 	}
@@ -198,9 +194,7 @@ func runReshard(ctx context.Context, out io.Writer, src, dst string, opts reshar
 		fmt.Fprintf(out, "  %d files, %s in %s\n", st.Files, humanBytes(st.Bytes), fmtDuration(time.Since(start)))
 	}
 	printPointer(out, st.Pointer)
-	for _, n := range st.Notes {
-		fmt.Fprintln(out, "  note:", n)
-	}
+	printNotes(out, st.Notes)
 	return nil
 }
 

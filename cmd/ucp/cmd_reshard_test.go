@@ -39,18 +39,25 @@ func TestReshardThenInspect(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(save, "latest")); err != nil || string(b) != "step3" {
 			t.Errorf("latest = %q, %v", b, err)
 		}
-		r = ucp(t, nil, "inspect", "--json", save)
-		if r.code != 0 {
-			t.Fatal(r.stderr)
-		}
-		var rep checkpointJSON
-		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-			t.Fatal(err)
-		}
+		rep := inspectJSON(t, save)
 		if rep.Degrees != c.want || len(rep.Params) != 29 {
 			t.Errorf("%v: inspect shows degrees %+v and %d parameters, want %+v and 29", c.args, rep.Degrees, len(rep.Params), c.want)
 		}
 	}
+}
+
+// inspectJSON is what ucp inspect --json says of the checkpoint at path.
+func inspectJSON(t *testing.T, path string) checkpointJSON {
+	t.Helper()
+	r := ucp(t, nil, "inspect", "--json", path)
+	if r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	var rep checkpointJSON
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
 
 func TestReshardBadFlags(t *testing.T) {
@@ -104,14 +111,7 @@ func TestReshardMegatronThenInspect(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("%v: exit %d\n%s%s", c.args, r.code, r.stdout, r.stderr)
 		}
-		r = ucp(t, nil, "inspect", "--json", save)
-		if r.code != 0 {
-			t.Fatal(r.stderr)
-		}
-		var rep checkpointJSON
-		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-			t.Fatal(err)
-		}
+		rep := inspectJSON(t, save)
 		if rep.Degrees != c.want || len(rep.Params) != 27 {
 			t.Errorf("%v: inspect shows degrees %+v and %d parameters, want %+v and 27", c.args, rep.Degrees, len(rep.Params), c.want)
 		}
@@ -143,11 +143,7 @@ func TestReshardMegatronThenInspect(t *testing.T) {
 	if r := ucp(t, nil, "reshard", atomic, save, "--to", "megatron", "--ckpt-format", "torch_dist", "--tp", "2", "--pp", "2", "--vpp", "2", "--dp", "2", "--dist-optim-sharding", "dp_reshardable"); r.code != 0 {
 		t.Fatalf("torch_dist --vpp 2: exit %d\n%s", r.code, r.stderr)
 	}
-	r := ucp(t, nil, "inspect", "--json", save)
-	var rep checkpointJSON
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rep) != nil {
-		t.Fatalf("inspect: exit %d, %s", r.code, r.stderr)
-	}
+	rep := inspectJSON(t, save)
 	if d := rep.Degrees; d.TP != 2 || d.PP != 2 || d.DP != 2 || len(rep.Params) != 27 {
 		t.Errorf("torch_dist --vpp 2: inspect shows degrees %+v and %d parameters", d, len(rep.Params))
 	}

@@ -191,14 +191,7 @@ func TestBadInputGivesCleanError(t *testing.T) {
 }
 
 func TestInspectCheckpointJSON(t *testing.T) {
-	r := ucp(t, nil, "inspect", "--json", testkit.Fixture("zero3", "paper_1024_dp3", "checkpoint"))
-	if r.code != 0 {
-		t.Fatal(r.stderr)
-	}
-	var rep checkpointJSON
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := inspectJSON(t, testkit.Fixture("zero3", "paper_1024_dp3", "checkpoint"))
 	if rep.Degrees.DP != 3 || rep.Degrees.ZeRO != 3 {
 		t.Errorf("degrees %+v", rep.Degrees)
 	}

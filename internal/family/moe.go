@@ -199,16 +199,13 @@ func qwenMoEFromHF(m map[string]any, c *Config) error {
 }
 
 func qwenMoEToHF(f *Family, c *Config) map[string]any {
-	m := hfCommon(f, c)
+	m := qwenToHF(f, c)
 	m["num_experts"] = c.Experts
 	m["num_experts_per_tok"] = c.TopK
 	m["moe_intermediate_size"] = c.MoEFFN
 	m["norm_topk_prob"] = c.NormTopK
 	m["decoder_sparse_step"] = 1
 	m["mlp_only_layers"] = []int{}
-	m["use_sliding_window"] = false
-	m["sliding_window"] = nil
-	m["max_window_layers"] = c.Layers
 	m["output_router_logits"] = false
 	return m
 }
@@ -219,28 +216,14 @@ func qwenMoEToHF(f *Family, c *Config) map[string]any {
 func qwen3MoE() *Family {
 	f := &Family{Name: "qwen3_moe", HFArch: "Qwen3MoeForCausalLM", HFModelType: "qwen3_moe",
 		Roles: withMoE(moeAttnRoles(), moeRoles(qmoL+"gate.weight", qmoL+"experts.{E}.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"))}
-	f.Check = func(c *Config) error {
-		switch {
-		case !c.QKNorm:
-			return fmt.Errorf("no q/k norms (qk_layernorm not set): %s always has them", f.HFArch)
-		case c.QKVBias != c.OutBias:
-			return fmt.Errorf("add_qkv_bias without add_bias_linear: %s's attention_bias puts a bias on q, k, v and o alike", f.HFArch)
-		case c.SharedFFN > 0:
+	f.Check = qwen3Check(f, func(c *Config) error {
+		if c.SharedFFN > 0 {
 			return fmt.Errorf("moe_shared_expert_intermediate_size %d: %s has no shared expert (qwen2_moe has one)", c.SharedFFN, f.HFArch)
 		}
 		return moeCheck(f, c)
-	}
-	f.ToHF = func(c *Config) (map[string]any, error) {
-		m := qwenMoEToHF(f, c)
-		m["attention_bias"] = c.QKVBias
-		return m, nil
-	}
-	f.FromHF = func(m map[string]any, c *Config) error {
-		if err := qwen3AttentionFromHF(m, c); err != nil {
-			return err
-		}
-		return qwenMoEFromHF(m, c)
-	}
+	})
+	f.ToHF = qwen3ToHF(f, qwenMoEToHF)
+	f.FromHF = qwen3FromHF(qwenMoEFromHF)
 	return f
 }
 

@@ -180,11 +180,7 @@ func qwen2() *Family {
 		return nil
 	}
 	f.ToHF = func(c *Config) (map[string]any, error) {
-		m := hfCommon(f, c)
-		m["use_sliding_window"] = false
-		m["sliding_window"] = nil
-		m["max_window_layers"] = c.Layers
-		return m, nil
+		return qwenToHF(f, c), nil
 	}
 	f.FromHF = func(m map[string]any, c *Config) error {
 		c.QKVBias = true
@@ -199,42 +195,59 @@ func qwen2() *Family {
 // models/qwen3 uses the rotate-half RoPE layout, as HF.
 func qwen3() *Family {
 	f := &Family{Name: "qwen3", HFArch: "Qwen3ForCausalLM", HFModelType: "qwen3", Roles: denseRoles()}
-	f.Check = func(c *Config) error {
+	f.Check = qwen3Check(f, func(c *Config) error {
+		return refuseIf(c.MLPBias, "add_bias_linear: %s has no MLP biases", f.HFArch)
+	})
+	f.ToHF = qwen3ToHF(f, qwenToHF)
+	f.FromHF = qwen3FromHF(qwenWindow)
+	return f
+}
+
+// qwenToHF writes the config.json fields the Qwen families share: hfCommon's
+// and no sliding window.
+func qwenToHF(f *Family, c *Config) map[string]any {
+	m := hfCommon(f, c)
+	m["use_sliding_window"] = false
+	m["sliding_window"] = nil
+	m["max_window_layers"] = c.Layers
+	return m
+}
+
+// qwen3Check refuses what qwen3's attention (also qwen3_moe's) cannot
+// hold, no q/k norms or biases on q/k/v but not o or the reverse, then
+// checks the rest.
+func qwen3Check(f *Family, rest func(*Config) error) func(*Config) error {
+	return func(c *Config) error {
 		switch {
 		case !c.QKNorm:
 			return fmt.Errorf("no q/k norms (qk_layernorm not set): %s always has them", f.HFArch)
 		case c.QKVBias != c.OutBias:
 			return fmt.Errorf("add_qkv_bias without add_bias_linear: %s's attention_bias puts a bias on q, k, v and o alike", f.HFArch)
-		case c.MLPBias:
-			return fmt.Errorf("add_bias_linear: %s has no MLP biases", f.HFArch)
 		}
-		return nil
+		return rest(c)
 	}
-	f.ToHF = func(c *Config) (map[string]any, error) {
-		m := hfCommon(f, c)
-		m["attention_bias"] = c.QKVBias
-		m["use_sliding_window"] = false
-		m["sliding_window"] = nil
-		m["max_window_layers"] = c.Layers
-		return m, nil
-	}
-	f.FromHF = func(m map[string]any, c *Config) error {
-		if err := qwen3AttentionFromHF(m, c); err != nil {
-			return err
-		}
-		return qwenWindow(m, c)
-	}
-	return f
 }
 
-// qwen3AttentionFromHF reads what qwen3 and qwen3_moe share in config.json:
-// q/k RMSNorm always, and attention_bias, which puts a bias on q, k, v and o alike.
-func qwen3AttentionFromHF(m map[string]any, c *Config) error {
-	c.QKNorm = true
-	var err error
-	if c.QKVBias, err = Args(m).bool("attention_bias"); err != nil {
-		return err
+// qwen3ToHF writes base's config.json fields and qwen3's attention_bias.
+func qwen3ToHF(f *Family, base func(*Family, *Config) map[string]any) func(*Config) (map[string]any, error) {
+	return func(c *Config) (map[string]any, error) {
+		m := base(f, c)
+		m["attention_bias"] = c.QKVBias
+		return m, nil
 	}
-	c.OutBias = c.QKVBias
-	return nil
+}
+
+// qwen3FromHF reads what qwen3 and qwen3_moe share in config.json (q/k
+// RMSNorm always, and attention_bias, which puts a bias on q, k, v and o
+// alike), then the rest.
+func qwen3FromHF(rest func(map[string]any, *Config) error) func(map[string]any, *Config) error {
+	return func(m map[string]any, c *Config) error {
+		c.QKNorm = true
+		var err error
+		if c.QKVBias, err = Args(m).bool("attention_bias"); err != nil {
+			return err
+		}
+		c.OutBias = c.QKVBias
+		return rest(m, c)
+	}
 }

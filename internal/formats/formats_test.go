@@ -29,18 +29,8 @@ func megatronFolder(t *testing.T, metadata string, tracker bool) string {
 			t.Fatal(err)
 		}
 	}
-	ents, err := os.ReadDir(src)
-	if err != nil {
+	if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
 		t.Fatal(err)
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, dcp.MegatronMetadataFile), []byte(metadata), 0o644); err != nil {
 		t.Fatal(err)

@@ -247,45 +247,21 @@ func (c *TCPComm) stepErr(ctx context.Context, what string, err error, timeout t
 	return fmt.Errorf("rank %d: %s: %w", c.rank, what, err)
 }
 
-// allGather is AllGather for small control blocks: each frame is bounded
-// by limit and every wait by timeout.
-func (c *TCPComm) allGather(ctx context.Context, block []byte, limit int, timeout time.Duration) ([][]byte, error) {
-	out := make([][]byte, c.size)
-	out[c.rank] = block
-	if c.size == 1 {
-		return out, nil
-	}
+// ring runs the size-1 steps of a ring exchange: in step s this rank
+// sends, in a goroutine, rank (rank-s)'s data to the next rank and
+// receives rank (rank-s-1)'s from the previous one; done follows each
+// step that both ends finished. A failure of either end closes the ring
+// (which unblocks the other); what names the failed step in the error.
+func (c *TCPComm) ring(ctx context.Context, timeout time.Duration, what func(s int) string,
+	send, recv func(rank int) error, done func(send, recv int)) error {
 	stop := context.AfterFunc(ctx, c.closeConns)
 	defer stop()
 	for s := 0; s < c.size-1; s++ {
-		send := (c.rank - s + c.size) % c.size
-		recv := (c.rank - s - 1 + 2*c.size) % c.size
+		to := (c.rank - s + c.size) % c.size
+		from := (c.rank - s - 1 + 2*c.size) % c.size
 		errc := make(chan error, 1)
-		go func() {
-			var h [12]byte
-			binary.LittleEndian.PutUint32(h[:4], uint32(send))
-			binary.LittleEndian.PutUint64(h[4:], uint64(len(out[send])))
-			err := writeAll(c.next, h[:], timeout)
-			if err == nil {
-				err = writeAll(c.next, out[send], timeout)
-			}
-			errc <- err
-		}()
-		var h [12]byte
-		err := readAll(c.prev, h[:], timeout)
-		var b []byte
-		if err == nil {
-			from, n := int(binary.LittleEndian.Uint32(h[:4])), binary.LittleEndian.Uint64(h[4:])
-			switch {
-			case from != recv:
-				err = fmt.Errorf("received the block of rank %d, expected rank %d", from, recv)
-			case n > uint64(limit):
-				err = fmt.Errorf("rank %d announced a block of %d bytes (at most %d)", from, n, limit)
-			default:
-				b = make([]byte, n)
-				err = readAll(c.prev, b, timeout)
-			}
-		}
+		go func() { errc <- send(to) }()
+		err := recv(from)
 		if err != nil {
 			c.closeConns() // unblocks our own send too
 		}
@@ -294,9 +270,52 @@ func (c *TCPComm) allGather(ctx context.Context, block []byte, limit int, timeou
 		}
 		if err != nil {
 			c.closeConns()
-			return nil, c.stepErr(ctx, fmt.Sprintf("exchanging requests (step %d)", s), err, timeout)
+			return c.stepErr(ctx, what(s), err, timeout)
 		}
-		out[recv] = b
+		done(to, from)
+	}
+	return nil
+}
+
+// allGather is AllGather for small control blocks: each frame is bounded
+// by limit and every wait by timeout.
+func (c *TCPComm) allGather(ctx context.Context, block []byte, limit int, timeout time.Duration) ([][]byte, error) {
+	out := make([][]byte, c.size)
+	out[c.rank] = block
+	if c.size == 1 {
+		return out, nil
+	}
+	var b []byte // the block received in this step
+	err := c.ring(ctx, timeout, func(s int) string { return fmt.Sprintf("exchanging requests (step %d)", s) },
+		func(send int) error {
+			var h [12]byte
+			binary.LittleEndian.PutUint32(h[:4], uint32(send))
+			binary.LittleEndian.PutUint64(h[4:], uint64(len(out[send])))
+			err := writeAll(c.next, h[:], timeout)
+			if err == nil {
+				err = writeAll(c.next, out[send], timeout)
+			}
+			return err
+		},
+		func(recv int) error {
+			b = nil
+			var h [12]byte
+			if err := readAll(c.prev, h[:], timeout); err != nil {
+				return err
+			}
+			from, n := int(binary.LittleEndian.Uint32(h[:4])), binary.LittleEndian.Uint64(h[4:])
+			switch {
+			case from != recv:
+				return fmt.Errorf("received the block of rank %d, expected rank %d", from, recv)
+			case n > uint64(limit):
+				return fmt.Errorf("rank %d announced a block of %d bytes (at most %d)", from, n, limit)
+			}
+			b = make([]byte, n)
+			return readAll(c.prev, b, timeout)
+		},
+		func(_, recv int) { out[recv] = b })
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -317,17 +336,11 @@ func (c *TCPComm) ringStep(ctx context.Context, layer int, blocks [][][]byte, ti
 		}
 		return n
 	}
-	stop := context.AfterFunc(ctx, c.closeConns)
-	defer stop()
-	for s := 0; s < c.size-1; s++ {
-		send := (c.rank - s + c.size) % c.size
-		recv := (c.rank - s - 1 + 2*c.size) % c.size
-		errc := make(chan error, 1)
-		ns, nr := size(send), size(recv)
-		go func() {
+	err = c.ring(ctx, timeout, func(s int) string { return fmt.Sprintf("exchanging layer %d (step %d)", layer, s) },
+		func(send int) error {
+			ns := size(send)
 			if ns == 0 {
-				errc <- nil
-				return
+				return nil
 			}
 			var h [16]byte
 			binary.LittleEndian.PutUint32(h[:4], uint32(layer))
@@ -343,12 +356,15 @@ func (c *TCPComm) ringStep(ctx context.Context, layer int, blocks [][][]byte, ti
 				}
 				err = writeAll(c.next, b, timeout)
 			}
-			errc <- err
-		}()
-		var err error
-		if nr > 0 {
+			return err
+		},
+		func(recv int) error {
+			nr := size(recv)
+			if nr == 0 {
+				return nil
+			}
 			var h [16]byte
-			err = readAll(c.prev, h[:], timeout)
+			err := readAll(c.prev, h[:], timeout)
 			if err == nil {
 				l, from, n := int(binary.LittleEndian.Uint32(h[:4])), int(binary.LittleEndian.Uint32(h[4:8])), int64(binary.LittleEndian.Uint64(h[8:]))
 				if l != layer || from != recv || n != nr {
@@ -364,19 +380,11 @@ func (c *TCPComm) ringStep(ctx context.Context, layer int, blocks [][][]byte, ti
 				}
 				err = readAll(c.prev, b, timeout)
 			}
-		}
-		if err != nil {
-			c.closeConns() // unblocks our own send too
-		}
-		if serr := <-errc; err == nil {
-			err = serr
-		}
-		if err != nil {
-			c.closeConns()
-			return sent, recvd, c.stepErr(ctx, fmt.Sprintf("exchanging layer %d (step %d)", layer, s), err, timeout)
-		}
-		sent += ns
-		recvd += nr
-	}
-	return sent, recvd, nil
+			return err
+		},
+		func(send, recv int) {
+			sent += size(send)
+			recvd += size(recv)
+		})
+	return sent, recvd, err
 }

@@ -311,6 +311,25 @@ func (f *Folder) finalize(ctx context.Context, tmp, id string, res *Result) erro
 	return nil
 }
 
+// SetPlan sets f's Plan and Options for the writer that --to names
+// format, with the options key (less what may differ between the nodes of
+// one plan: their place and write settings) and the source's manifest;
+// it returns f.
+func (f *Folder) SetPlan(format string, key, manifest any) *Folder {
+	f.Plan = fmt.Sprintf("%s %+v source %s", format, key, Fingerprint(manifest))
+	f.Options = fmt.Sprintf("--to %s %+v", format, key)
+	return f
+}
+
+// Units is one unit per item, named and sized by name and size.
+func Units[T any](items []T, name func(T) string, size func(T) int64) []Unit {
+	units := make([]Unit, len(items))
+	for i, it := range items {
+		units[i] = Unit{Name: name(it), Bytes: size(it)}
+	}
+	return units
+}
+
 // Fingerprint is 16 hex digits of a SHA-256 over v as JSON (a source's
 // manifest, for Folder.Plan).
 func Fingerprint(v any) string {

@@ -213,6 +213,20 @@ func Generate(dir string, c Config) error {
 	if c.Zero3 {
 		return generateZero3(dir, c)
 	}
+	return c.writeTag(dir, func(g *errgroup.Group, td string, ps []param) {
+		for t := 0; t < c.TP; t++ {
+			g.Go(func() error { return c.writeModelStates(td, ps, t) })
+			for dp := 0; dp < c.DP; dp++ {
+				g.Go(func() error { return c.writeOptim(td, ps, t, dp) })
+			}
+		}
+	})
+}
+
+// writeTag makes the tag folder td of dir, writes its files with the
+// jobs that add starts (at most a CPU's worth at once), then 'latest'
+// naming the tag.
+func (c Config) writeTag(dir string, add func(g *errgroup.Group, td string, ps []param)) error {
 	tag := "global_step100"
 	td := filepath.Join(dir, tag)
 	if err := os.MkdirAll(td, 0o755); err != nil {
@@ -221,12 +235,7 @@ func Generate(dir string, c Config) error {
 	ps := c.params()
 	var g errgroup.Group
 	g.SetLimit(runtime.NumCPU())
-	for t := 0; t < c.TP; t++ {
-		g.Go(func() error { return c.writeModelStates(td, ps, t) })
-		for dp := 0; dp < c.DP; dp++ {
-			g.Go(func() error { return c.writeOptim(td, ps, t, dp) })
-		}
-	}
+	add(&g, td, ps)
 	if err := g.Wait(); err != nil {
 		return err
 	}

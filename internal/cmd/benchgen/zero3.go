@@ -2,9 +2,7 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"runtime"
 
 	"golang.org/x/sync/errgroup"
 
@@ -23,22 +21,12 @@ func generateZero3(dir string, c Config) error {
 	if c.TP != 1 {
 		return fmt.Errorf("the ZeRO-3 benchmark checkpoint has no tensor parallelism (TP %d)", c.TP)
 	}
-	tag := "global_step100"
-	td := filepath.Join(dir, tag)
-	if err := os.MkdirAll(td, 0o755); err != nil {
-		return err
-	}
-	ps := c.params()
-	var g errgroup.Group
-	g.SetLimit(runtime.NumCPU())
-	for dp := 0; dp < c.DP; dp++ {
-		g.Go(func() error { return c.writeZero3Model(td, ps, dp) })
-		g.Go(func() error { return c.writeZero3Optim(td, ps, dp) })
-	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "latest"), []byte(tag), 0o644)
+	return c.writeTag(dir, func(g *errgroup.Group, td string, ps []param) {
+		for dp := 0; dp < c.DP; dp++ {
+			g.Go(func() error { return c.writeZero3Model(td, ps, dp) })
+			g.Go(func() error { return c.writeZero3Optim(td, ps, dp) })
+		}
+	})
 }
 
 func (c Config) writeZero3Model(td string, ps []param, dp int) error {

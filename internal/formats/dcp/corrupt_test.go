@@ -19,25 +19,7 @@ import (
 // copyCase copies a fixture's checkpoint folder so a test can break it.
 func copyCase(t *testing.T, c string) string {
 	t.Helper()
-	src := testkit.Fixture("dcp", c, "checkpoint")
-	dst := filepath.Join(t.TempDir(), "ckpt")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dst
+	return testkit.CopyTree(t, testkit.Fixture("dcp", c, "checkpoint"))
 }
 
 // rewrite changes the decoded metadata of a folder and pickles it again.

@@ -53,14 +53,11 @@ type group struct {
 // Index builds the fragment table of a DeepSpeed ZeRO-1/2 checkpoint at
 // path (a save folder with 'latest', or a tag folder).
 func Index(ctx context.Context, path string, opt Options) (*fragment.Table, error) {
-	dir, tag, err := opt.Scan.ResolveTag(path, opt.Tag)
+	files, err := opt.Scan.Files(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := opt.Scan.ListFiles(dir, tag)
-	if err != nil {
-		return nil, err
-	}
+	dir, tag := files.Dir, files.Tag
 	M, err := modelRanks(dir, files)
 	if err != nil {
 		return nil, err
@@ -779,17 +776,13 @@ func (b *builder) addWhole(name string, tensors []*torchfile.Tensor, paths []str
 	} else if pl, err = b.rules.Classify(name, shapes); err != nil {
 		return err
 	}
-	shards, shape, err := pl.Shards(name, b.T)
+	p, st, err := pl.Frozen(name, b.T)
 	if err != nil {
 		return err
 	}
-	p := pl.Param(name, shape)
-	p.Frozen = true
-	st := p.AddState(fragment.FP32)
-	st.Shards = shards
 	for t, tt := range tensors {
-		if tt.Numel() != torchfile.Numel(shards[t].Shape) {
-			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", paths[t], name, tt.Numel(), torchfile.Numel(shards[t].Shape))
+		if tt.Numel() != torchfile.Numel(st.Shards[t].Shape) {
+			return fmt.Errorf("%s: %s has %d elements, its shard needs %d", paths[t], name, tt.Numel(), torchfile.Numel(st.Shards[t].Shape))
 		}
 		st.Frags = append(st.Frags, fragment.Extract(fragment.Ref(paths[t], tt, 0), 0, tt.Numel(), t, 0))
 	}

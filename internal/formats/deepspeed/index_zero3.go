@@ -54,14 +54,11 @@ type rank struct {
 
 // IndexZero3 builds the fragment table of the ZeRO-3 checkpoint at path.
 func IndexZero3(ctx context.Context, path string, opt Zero3Options) (*fragment.Table, error) {
-	dir, tag, err := opt.Scan.ResolveTag(path, opt.Tag)
+	files, err := opt.Scan.Files(path, opt.Tag)
 	if err != nil {
 		return nil, err
 	}
-	files, err := opt.Scan.ListFiles(dir, tag)
-	if err != nil {
-		return nil, err
-	}
+	dir, tag := files.Dir, files.Tag
 	if len(files.Zero3) == 0 {
 		return nil, fmt.Errorf("%s: no zero_pp_rank_*_mp_rank_*_model_states.pt files (not a ZeRO-3 checkpoint)", dir)
 	}
@@ -380,14 +377,10 @@ func addFrozen(t *fragment.Table, grid [][]*rank, rules *Rules) error {
 		if err != nil {
 			return err
 		}
-		shards, shape, err := pl.Shards(name, T)
+		p, st, err := pl.Frozen(name, T)
 		if err != nil {
 			return err
 		}
-		p := pl.Param(name, shape)
-		p.Frozen = true
-		st := p.AddState(fragment.FP32)
-		st.Shards = shards
 		for tp := 0; tp < T; tp++ {
 			n := torchfile.Numel(ts[tp])
 			D := int64(len(grid[tp]))

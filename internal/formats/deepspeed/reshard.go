@@ -599,14 +599,10 @@ func (p *plan) writeFlushed(ctx context.Context, dir string, files []dsFile, st 
 // 'latest' beside the folder, which Reshard writes once it is complete.
 func (p *plan) nodeFolder(ctx context.Context, dst string, st *ReshardStats) *multinode.Folder {
 	files := p.files()
-	units := make([]multinode.Unit, len(files))
-	for i, f := range files {
-		units[i] = multinode.Unit{Name: p.name(f), Bytes: p.fileBytes(f)}
-	}
 	o := p.o
 	o.Place, o.Force, o.NoSync, o.NoLatest = multinode.Place{}, false, false, false
-	return &multinode.Folder{Dst: dst, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync, Units: units,
-		Plan: fmt.Sprintf("deepspeed %+v source %s", o, multinode.Fingerprint(p.r.Manifest)), Options: fmt.Sprintf("--to deepspeed %+v", o),
+	f := &multinode.Folder{Dst: dst, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync,
+		Units: multinode.Units(files, p.name, p.fileBytes),
 		Write: func(ctx context.Context, tmp string, units []int) ([]string, error) {
 			var mine []dsFile
 			var names []string
@@ -616,6 +612,7 @@ func (p *plan) nodeFolder(ctx context.Context, dst string, st *ReshardStats) *mu
 			}
 			return names, p.r.VerifyingReads(func() error { return p.writeFlushed(ctx, tmp, mine, st) })
 		}}
+	return f.SetPlan("deepspeed", o, p.r.Manifest)
 }
 
 // fileBytes estimates a file's size from its tensors, for sharing the

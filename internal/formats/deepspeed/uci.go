@@ -202,6 +202,21 @@ func (pl *Placement) Param(name string, shape []int64) *fragment.Param {
 	return &fragment.Param{Name: name, Shape: shape, Average: pl.Average, Info: pl.Info}
 }
 
+// Frozen returns the frozen parameter (requires_grad=False) of this
+// placement over T tensor-parallel ranks, with its one state (fp32)
+// sharded and still without fragments.
+func (pl *Placement) Frozen(name string, T int) (*fragment.Param, *fragment.State, error) {
+	shards, shape, err := pl.Shards(name, T)
+	if err != nil {
+		return nil, nil, err
+	}
+	p := pl.Param(name, shape)
+	p.Frozen = true
+	st := p.AddState(fragment.FP32)
+	st.Shards = shards
+	return p, st, nil
+}
+
 // Classify applies the first matching rule (formats/deepspeed/FORMAT.md, universal_checkpoint_info) to a parameter whose
 // tensor-parallel shards have the given shapes.
 func (r *Rules) Classify(name string, shapes [][]int64) (*Placement, error) {

@@ -3,7 +3,6 @@ package megatron
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -177,19 +176,10 @@ func ReshardDist(ctx context.Context, r *atomic.Reader, dst string, o DistOption
 		return nil, err
 	}
 	dst = filepath.Clean(dst)
-	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
+	iterDir, tracker, st, err := p.prepareDst(dst)
+	if err != nil {
 		return nil, err
 	}
-	iterDir, tracker := p.saveDir(dst)
-	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
-		if _, err := os.Stat(x); err == nil && !o.Force {
-			return nil, fmt.Errorf("%s exists; use --force to replace it", x)
-		}
-	}
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return nil, err
-	}
-	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
 	if p.release {
 		st.Notes = []string{fmt.Sprintf("the %s source's weights only, as a 'release' checkpoint (no optimizer state): Megatron loads it as iteration 0; start with --finetune", r.Manifest.Source.Format)}
 	}

@@ -89,14 +89,22 @@ func TestMissingFiles(t *testing.T) {
 		wantError(t, root, Options{}, p)
 	})
 	t.Run("optimizer", func(t *testing.T) {
-		root, iter := fixtureCopy(t, "novocab_tp2")
-		p := filepath.Join(iter, "mp_rank_01", "model_optim_rng.pt")
-		rewrite(t, p, func(r pyobj.Value) pyobj.Value {
-			r.(*pyobj.Dict).Delete("optimizer")
-			return r
-		})
-		wantError(t, root, Options{}, p, "no optimizer state")
+		wantRankError(t, "mp_rank_01", func(r pyobj.Value) { r.(*pyobj.Dict).Delete("optimizer") }, "no optimizer state")
 	})
+}
+
+// wantRankError edits the model_optim_rng.pt of rank (its folder) in a
+// copy of novocab_tp2 and wants Index to refuse the checkpoint, naming
+// the file and saying want.
+func wantRankError(t *testing.T, rank string, edit func(r pyobj.Value), want string) {
+	t.Helper()
+	root, iter := fixtureCopy(t, "novocab_tp2")
+	p := filepath.Join(iter, rank, "model_optim_rng.pt")
+	rewrite(t, p, func(r pyobj.Value) pyobj.Value {
+		edit(r)
+		return r
+	})
+	wantError(t, root, Options{}, p, want)
 }
 
 func TestTracker(t *testing.T) {
@@ -161,23 +169,11 @@ func TestMissingArgs(t *testing.T) {
 		{"tensor_model_parallel_size", `args has no attribute "tensor_model_parallel_size"`},
 	} {
 		t.Run(c.attr, func(t *testing.T) {
-			root, iter := fixtureCopy(t, "novocab_tp2")
-			p := filepath.Join(iter, "mp_rank_00", "model_optim_rng.pt")
-			rewrite(t, p, func(r pyobj.Value) pyobj.Value {
-				argsOf(r).Delete(c.attr)
-				return r
-			})
-			wantError(t, root, Options{}, p, c.want)
+			wantRankError(t, "mp_rank_00", func(r pyobj.Value) { argsOf(r).Delete(c.attr) }, c.want)
 		})
 	}
 	t.Run("args", func(t *testing.T) {
-		root, iter := fixtureCopy(t, "novocab_tp2")
-		p := filepath.Join(iter, "mp_rank_00", "model_optim_rng.pt")
-		rewrite(t, p, func(r pyobj.Value) pyobj.Value {
-			r.(*pyobj.Dict).Delete("args")
-			return r
-		})
-		wantError(t, root, Options{}, p, "no 'args'")
+		wantRankError(t, "mp_rank_00", func(r pyobj.Value) { r.(*pyobj.Dict).Delete("args") }, "no 'args'")
 	})
 }
 

@@ -147,26 +147,13 @@ func Reshard(ctx context.Context, r *atomic.Reader, dst string, o ReshardOptions
 		return nil, err
 	}
 	dst = filepath.Clean(dst)
-	if err := fsutil.CheckOverlap(r.Dir, dst, atomic.PartialSuffix); err != nil {
+	iterDir, tracker, st, err := p.prepareDst(dst)
+	if err != nil {
 		return nil, err
 	}
-	iterDir, tracker := p.saveDir(dst)
-	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
-		// Another checkpoint's tracker would be repointed: also only with --force.
-		if _, err := os.Stat(x); err == nil && !o.Force {
-			return nil, fmt.Errorf("%s exists; use --force to replace it", x)
-		}
-	}
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return nil, err
-	}
-	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
 	rf := p.rankFolders()
 	if o.Place.Multi() {
-		units := make([]multinode.Unit, len(rf))
-		for i, f := range rf {
-			units[i] = multinode.Unit{Name: f.name, Bytes: p.rankBytes(f)}
-		}
+		units := multinode.Units(rf, func(f rankFolder) string { return f.name }, p.rankBytes)
 		folder := p.nodeFolder(iterDir, units, planKey(o), func(ctx context.Context, tmp string, mine []int) ([]string, error) {
 			var fs []rankFolder
 			for _, u := range mine {
@@ -208,9 +195,8 @@ func writeTracker(dst, tracker string, noSync bool, st *ReshardStats) error {
 // from the options that decide the bytes (o, without this process's place
 // and write settings) and the source's manifest.
 func (p *rsPlan) nodeFolder(iterDir string, units []multinode.Unit, o any, write func(ctx context.Context, tmp string, units []int) ([]string, error)) *multinode.Folder {
-	return &multinode.Folder{Dst: iterDir, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync, Units: units,
-		Plan:    fmt.Sprintf("megatron %+v source %s", o, multinode.Fingerprint(p.r.Manifest)),
-		Options: fmt.Sprintf("--to megatron %+v", o), Write: write}
+	f := &multinode.Folder{Dst: iterDir, Place: p.o.Place, Force: p.o.Force, NoSync: p.o.NoSync, Units: units, Write: write}
+	return f.SetPlan("megatron", o, p.r.Manifest)
 }
 
 // planKey is o without what may differ between the nodes of one plan:
@@ -228,6 +214,28 @@ func (p *rsPlan) finishNode(ctx context.Context, f *multinode.Folder, dst, track
 		return err
 	}
 	return writeTracker(dst, tracker, noSync, st)
+}
+
+// prepareDst checks the clean destination dst before anything is written:
+// it must not overlap the source, and the save folder or the tracker
+// already there is replaced only with --force (another checkpoint's tracker
+// would be repointed). It makes dst and returns the save folder, the
+// tracker's text and the stats with the rng_state note.
+func (p *rsPlan) prepareDst(dst string) (string, string, *ReshardStats, error) {
+	if err := fsutil.CheckOverlap(p.r.Dir, dst, atomic.PartialSuffix); err != nil {
+		return "", "", nil, err
+	}
+	iterDir, tracker := p.saveDir(dst)
+	for _, x := range []string{iterDir, filepath.Join(dst, trackerFile)} {
+		if _, err := os.Stat(x); err == nil && !p.o.Force {
+			return "", "", nil, fmt.Errorf("%s exists; use --force to replace it", x)
+		}
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return "", "", nil, err
+	}
+	st := &ReshardStats{Notes: []string{"rng_state is not written: resume with --no-load-rng (the source's generators do not map onto new ranks)"}}
+	return iterDir, tracker, st, nil
 }
 
 // saveDir is the folder of the save in dst and the tracker's text: the
