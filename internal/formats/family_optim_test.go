@@ -14,6 +14,7 @@ import (
 	"github.com/ucp-project/ucp/internal/family"
 	"github.com/ucp-project/ucp/internal/fragment"
 	"github.com/ucp-project/ucp/internal/layout"
+	"github.com/ucp-project/ucp/internal/pyobj"
 	"github.com/ucp-project/ucp/internal/testkit"
 	"github.com/ucp-project/ucp/internal/torchfile"
 )
@@ -230,6 +231,7 @@ func TestMegatronToDeepSpeedOptimizer(t *testing.T) {
 				sameStates(t, want, roleStatesAs(t, b, mg.Manifest.Source.Model, "deepspeed"))
 				return
 			}
+			checkLossScaler(t, out)
 			if m := b.Manifest.Source.Model; m == nil || m.Family != "llama" {
 				t.Fatalf("family read back %+v", m)
 			}
@@ -289,12 +291,42 @@ func TestHFToDeepSpeed(t *testing.T) {
 					}
 				}
 				sameStates(t, want, roleStatesAs(t, b, c, "deepspeed"))
+				checkLossScaler(t, out)
 			})
 		}
 	}
 	_, err = ds.Reshard(context.Background(), mustOpen(t, "hf_family", "qwen3_fp32"), filepath.Join(t.TempDir(), "x", "t"), ReshardOptions{TP: 2, DP: 1, Zero: 1, NoSync: true})
 	if err == nil || !strings.Contains(err.Error(), "AutoTP") {
 		t.Errorf("--tp 2 with HF names: %v", err)
+	}
+}
+
+// checkLossScaler: every optimizer file in the DeepSpeed tag folder dir
+// holds a loss scaler object, as the engine saves it; a None there becomes
+// the engine's scaler on load and fails its first backward (DeepSpeed
+// v0.14.5, deepspeed/runtime/zero/stage_1_and_2.py, _load_global_state).
+func checkLossScaler(t *testing.T, dir string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*optim_states.pt"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no optimizer files in %s (%v)", dir, err)
+	}
+	for _, path := range files {
+		f, err := torchfile.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := pyobj.NewDec(path, f.Root)
+		ls, _ := d.Key("optimizer_state_dict").Opt("loss_scaler")
+		v := ls.Value()
+		obj, ok := v.(*pyobj.Object)
+		f.Close()
+		if err := d.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if !ok || obj.Class == nil || !strings.HasSuffix(obj.Class.Name, "LossScaler") {
+			t.Errorf("%s: loss_scaler is %s, want a LossScaler object", path, pyobj.Repr(v))
+		}
 	}
 }
 

@@ -186,7 +186,10 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 	if !fromDS {
 		// Another framework's module layout: the target's names and
 		// order from the model family.
-		return p, p.planFamily()
+		if err := p.planFamily(); err != nil {
+			return nil, err
+		}
+		return p, p.planScaler()
 	}
 	if o.BF16Optimizer && (p.dt != dtype.BFloat16 || o.Zero != 1) {
 		return nil, fmt.Errorf("--bf16-optimizer needs --dtype bfloat16 and --zero 1 (DeepSpeed uses BF16_Optimizer for bf16 at ZeRO stage 1 with fp32 gradient accumulation)")
@@ -223,12 +226,20 @@ func planReshard(r *atomic.Reader, o ReshardOptions) (*plan, error) {
 			return nil, err
 		}
 	}
-	if o.Zero == 3 || !o.BF16Optimizer { // the optimizers that save a loss scaler
-		if p.scaler, p.dynamicScale, err = p.lossScaler(); err != nil {
-			return nil, err
-		}
+	return p, p.planScaler()
+}
+
+// planScaler plans the loss scaler of the optimizers that save one (every
+// one but BF16_Optimizer): a source without one (another framework's)
+// gets what DeepSpeed's engine creates, never None, which the engine
+// would load as its scaler and fail on at the first backward.
+func (p *plan) planScaler() error {
+	if p.o.Zero != 3 && p.o.BF16Optimizer {
+		return nil
 	}
-	return p, nil
+	var err error
+	p.scaler, p.dynamicScale, err = p.lossScaler()
+	return err
 }
 
 // templates picks the model-state file each target TP rank starts from:
