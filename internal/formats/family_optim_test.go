@@ -317,8 +317,9 @@ func checkLossScaler(t *testing.T, dir string) {
 			t.Fatal(err)
 		}
 		d := pyobj.NewDec(path, f.Root)
-		ls, _ := d.Key("optimizer_state_dict").Opt("loss_scaler")
-		v := ls.Value()
+		// Key, not Opt: a missing loss_scaler is d's error, a None one
+		// the check below.
+		v := d.Key("optimizer_state_dict").Key("loss_scaler").Value()
 		obj, ok := v.(*pyobj.Object)
 		f.Close()
 		if err := d.Err(); err != nil {
